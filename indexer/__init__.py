@@ -1,0 +1,27 @@
+"""indexer: the lightning indexer of DeepSeek-style sparse attention over NVFP4 keys.
+
+    I[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :]),  then the top-k entries per query.
+
+Public surface: ``score_topk`` (NumPy reference or CUDA through CuPy), ``KeyPool`` (the
+paged NVFP4 key pool), ``nvfp4`` (the codec) and ``reference`` (the float64 specification).
+"""
+
+from . import nvfp4, reference
+from .ops import BACKENDS, PRECISIONS, score_topk
+from .pool import KeyPool
+from .validate import MAX_HEAD_DIM, MAX_HEADS, MAX_TOP_K
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "score_topk",
+    "KeyPool",
+    "nvfp4",
+    "reference",
+    "BACKENDS",
+    "PRECISIONS",
+    "MAX_TOP_K",
+    "MAX_HEADS",
+    "MAX_HEAD_DIM",
+    "__version__",
+]

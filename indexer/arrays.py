@@ -1,0 +1,124 @@
+"""Which array library an input belongs to, and moving arrays between host and device.
+
+NumPy is always there; CuPy is imported lazily, only when a GPU path is asked for or a
+device array is seen. PyTorch, JAX and other CUDA arrays enter through DLPack or
+``__cuda_array_interface__`` with zero copies and are never imported here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+__all__ = [
+    "cupy",
+    "gpu_available",
+    "is_cupy",
+    "is_device_array",
+    "module_of",
+    "to_cupy",
+    "to_numpy",
+    "framework_of",
+    "wrap_like",
+]
+
+
+@functools.cache
+def cupy():
+    """The ``cupy`` module, or None when it is not installed or finds no usable GPU."""
+    try:
+        import cupy as cp  # noqa: PLC0415  (imported lazily on purpose)
+
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            return None
+        return cp
+    except Exception:  # ImportError, CUDARuntimeError (no driver), ...
+        return None
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    return cupy() is not None
+
+
+def is_cupy(x) -> bool:
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+def is_device_array(x) -> bool:
+    """True for arrays living in CUDA device memory (CuPy, PyTorch CUDA tensors, JAX, ...)."""
+    if is_cupy(x):
+        return True
+    if hasattr(x, "__dlpack_device__"):
+        try:
+            dev_type, _ = x.__dlpack_device__()
+        except Exception:
+            return False
+        return int(dev_type) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def module_of(*xs):
+    """``cupy`` when any argument is a CuPy array, else ``numpy``."""
+    for x in xs:
+        if is_cupy(x):
+            return cupy() or _import_cupy_or_fail()
+    return np
+
+
+def _import_cupy_or_fail():
+    import cupy as cp  # noqa: PLC0415
+
+    return cp
+
+
+def framework_of(x) -> str:
+    """'numpy', 'cupy', 'torch' or 'other' (another DLPack device array)."""
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("numpy", "cupy", "torch"):
+        return mod
+    if isinstance(x, (list, tuple, int, float)):
+        return "numpy"
+    return "other"
+
+
+def to_cupy(x, dtype=None):
+    """A CuPy view of a device array (zero copy) or a device copy of a host array."""
+    cp = cupy()
+    if cp is None:
+        raise RuntimeError("the CUDA backend needs CuPy and a CUDA GPU; neither was found")
+    if is_cupy(x):
+        out = x
+    elif framework_of(x) == "torch" or (hasattr(x, "__dlpack__") and is_device_array(x)):
+        out = cp.from_dlpack(x)
+    elif hasattr(x, "__cuda_array_interface__"):
+        out = cp.asarray(x)
+    else:
+        out = cp.asarray(np.asarray(x))
+    if dtype is not None and out.dtype != dtype:
+        out = out.astype(dtype)
+    return out
+
+
+def to_numpy(x):
+    """A NumPy array of ``x`` (a host copy for device arrays)."""
+    if is_cupy(x):
+        return x.get()
+    if framework_of(x) == "torch":
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def wrap_like(result, like):
+    """Return ``result`` (a CuPy array) in the framework of ``like``."""
+    kind = framework_of(like)
+    if kind == "cupy":
+        return result
+    if kind == "torch":
+        import torch  # noqa: PLC0415  (only reached when the caller passed a tensor)
+
+        return torch.from_dlpack(result)
+    if kind == "numpy":
+        return result.get()
+    return result

@@ -1,0 +1,74 @@
+"""``score_topk``: validate, pick a backend, then run the NumPy reference or the CUDA kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import arrays, reference, validate as _validate
+
+__all__ = ["score_topk", "BACKENDS", "PRECISIONS"]
+
+BACKENDS = ("auto", "numpy", "cuda")
+PRECISIONS = ("exact",)
+
+_NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
+
+
+def _pick_backend(backend: str, inputs) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    on_device = [arrays.is_device_array(x) for x in inputs]
+    if backend == "auto":
+        return "cuda" if any(on_device) or arrays.gpu_available() else "numpy"
+    if backend == "cuda" and not arrays.gpu_available():
+        raise RuntimeError("backend='cuda': CuPy with a usable CUDA GPU is required (pip install 'indexer[cuda13]')")
+    return backend
+
+
+def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
+               backend="auto", precision="exact", return_scores=False, physical=False,
+               validate=True):
+    """Score every visible key of each query and return the top-k entries, highest first.
+
+    ``I[t, s] = sum_h w[t, h] * max(0, q[t, h, :] . k[s, :])`` over the entries
+    ``0 <= s < valid_lens[t]`` of query ``t``, entry ``s`` living in physical block
+    ``block_table[t, s // E]``, slot ``s % E`` of the NVFP4 key pool.
+
+    Parameters
+    ----------
+    q : float32 (T, H, D)            index queries, D a multiple of 32
+    w : float32 (T, H)               per-token, per-head weights
+    keys_fp4 : uint8 (P, E, D/2)     packed E2M1 codes of the pool
+    key_scale : uint8 (P, E, D/16)   float8_e4m3fn block scales
+    key_gscale : float32 (P,)        global decode scale of each physical block (> 0)
+    block_table : int32 (T, L)       logical -> physical block, per query token
+    valid_lens : int32 (T,)          entries visible to each query, 0 <= n <= L*E
+    top_k : int                      1 <= top_k <= indexer.MAX_TOP_K
+    backend : 'auto' | 'numpy' | 'cuda'
+        'auto' runs on the GPU when CuPy sees one (or the inputs live there), else NumPy.
+    precision : 'exact'
+        'exact' is the FP32 path (per-entry error <= 1e-6 of the score's magnitude).
+    return_scores : also return the float32 scores (T, top_k), -inf at padding.
+    physical : return pool slots ``block_table[t, s // E] * E + s % E`` instead of ``s``.
+    validate : run the argument checks (cheap, but they synchronise with the device);
+        switch off in a hot loop once the inputs are known good.
+
+    Returns
+    -------
+    indices : int32 (T, top_k), highest score first, ties to the lower index, -1 padding;
+        NumPy for NumPy inputs, CuPy for device inputs.
+    scores : float32 (T, top_k), only with ``return_scores``.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    inputs = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
+    chosen = _pick_backend(backend, inputs)
+    if chosen == "numpy":
+        host = [arrays.to_numpy(x) for x in inputs]
+        _validate.check_score_topk(*host, top_k, values=True)
+        out = reference.score_topk(*host, int(top_k), return_scores=return_scores, physical=physical)
+        return out
+    from . import cuda_ops  # noqa: PLC0415  (needs CuPy; imported only for the GPU path)
+
+    return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,
+                               physical=physical, validate=validate)

@@ -1,0 +1,86 @@
+"""The NumPy float64 implementation: ``docs/semantics.md`` in executable form.
+
+Meant to be trusted by reading: keys are gathered through the block table and decoded
+bit-exactly, every score is computed in float64, and the selection is a stable sort by
+(score descending, index ascending) over the entries whose score is not NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import nvfp4
+
+__all__ = ["row_keys", "row_scores", "select_top_k", "to_physical", "score_topk"]
+
+
+def row_keys(keys_fp4, key_scale, key_gscale, block_table_row, n, start=0):
+    """Decoded keys of logical entries ``start .. n-1`` of one row, float32 (n - start, D).
+
+    Entry ``s`` lives in physical block ``block_table_row[s // E]``, slot ``s % E``.
+    """
+    E = keys_fp4.shape[1]
+    s = np.arange(start, n)
+    blocks = block_table_row[s // E]
+    slots = s % E
+    return nvfp4.dequantize(keys_fp4[blocks, slots], key_scale[blocks, slots], key_gscale[blocks])
+
+
+def row_scores(q_t, w_t, keys_fp4, key_scale, key_gscale, block_table_row, n, chunk=16384):
+    """float64 scores (n,) of one query: ``sum_h w[h] * max(0, q[h] . k[s])``; NaN propagates."""
+    q64 = q_t.astype(np.float64)
+    w64 = w_t.astype(np.float64)
+    out = np.empty(n, dtype=np.float64)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        k = row_keys(keys_fp4, key_scale, key_gscale, block_table_row, stop, start).astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            dots = q64 @ k.T  # (H, chunk)
+            relu = np.where(dots < 0, 0.0, dots)  # keeps NaN, unlike np.maximum's sibling fmax
+            out[start:stop] = w64 @ relu
+    return out
+
+
+def select_top_k(scores, top_k):
+    """Indices (top_k,) int32 of the highest non-NaN scores, highest first, ties to the lower
+    index, padded with -1; and their scores (top_k,) float64, -inf at padding."""
+    n = scores.shape[0]
+    idx = np.arange(n)
+    keep = ~np.isnan(scores)
+    cand_idx = idx[keep]
+    cand = scores[keep] + 0.0  # -0.0 and +0.0 are equal scores
+    order = np.lexsort((cand_idx, -cand))[:top_k]
+    out_idx = np.full(top_k, -1, dtype=np.int32)
+    out_sc = np.full(top_k, -np.inf, dtype=np.float64)
+    out_idx[: order.size] = cand_idx[order]
+    out_sc[: order.size] = cand[order]
+    return out_idx, out_sc
+
+
+def to_physical(indices, block_table, E):
+    """Physical pool slots ``block_table[t, s // E] * E + s % E`` of logical ``indices``; -1 stays -1."""
+    t = np.arange(indices.shape[0])[:, None]
+    safe = np.where(indices >= 0, indices, 0)
+    phys = block_table[t, safe // E].astype(np.int64) * E + safe % E
+    return np.where(indices >= 0, phys, -1).astype(np.int32)
+
+
+def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
+               *, return_scores=False, physical=False):
+    """Reference score + top-k on NumPy arrays (shapes and dtypes as ``indexer.score_topk``).
+
+    Returns int32 indices (T, top_k) and, with ``return_scores``, float32 scores (T, top_k).
+    """
+    T = q.shape[0]
+    indices = np.full((T, top_k), -1, dtype=np.int32)
+    scores = np.full((T, top_k), -np.inf, dtype=np.float32)
+    for t in range(T):
+        n = int(valid_lens[t])
+        if n == 0:
+            continue
+        s = row_scores(q[t], w[t], keys_fp4, key_scale, key_gscale, block_table[t], n)
+        indices[t], sc = select_top_k(s, top_k)
+        scores[t] = sc.astype(np.float32)
+    if physical:
+        indices = to_physical(indices, block_table, keys_fp4.shape[1])
+    return (indices, scores) if return_scores else indices

@@ -1,0 +1,213 @@
+"""Problem builders and the precision-contract checker shared by tests, CLI and benchmarks.
+
+``check_topk`` is ``docs/semantics.md`` "Precision" as code: an output is correct when no
+unselected entry beats a selected one by more than both error bounds, the order is right
+within the bounds, and exact ties (identical keys; plateaus of exact zeros) go to the
+lower index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import nvfp4, reference
+
+__all__ = ["Problem", "random_problem", "exact_scores", "check_topk", "TOL_EXACT", "TOL_FAST"]
+
+#: per-entry error bound of the exact paths, as a fraction of the magnitude ``mag``
+TOL_EXACT = 1e-6
+#: per-entry error bound of the fast (tensor-core) path
+TOL_FAST = 2.0**-11
+
+# a dot this far below zero (relative to sum |q k|) is negative in every precision
+_ZERO_MARGIN = 2.0**-7
+
+ARRAY_NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
+
+
+@dataclass
+class Problem:
+    """One score + top-k input, NumPy arrays named as in the contract."""
+
+    q: np.ndarray
+    w: np.ndarray
+    keys_fp4: np.ndarray
+    key_scale: np.ndarray
+    key_gscale: np.ndarray
+    block_table: np.ndarray
+    valid_lens: np.ndarray
+    top_k: int
+    notes: dict = field(default_factory=dict)
+
+    def arrays(self):
+        """The seven arrays in ``score_topk``'s positional order."""
+        return tuple(getattr(self, n) for n in ARRAY_NAMES)
+
+    def args(self):
+        """``score_topk``'s positional arguments: the seven arrays and top_k."""
+        return self.arrays() + (self.top_k,)
+
+
+def random_problem(rng, *, T=4, H=8, D=64, E=16, lens=None, top_k=32, L=None, P=None,
+                   key_scale=1.0, gscale_spread=4.0, shared_blocks=False, dtype_q=np.float32):
+    """A random problem with a shuffled pool and a block table per query.
+
+    ``lens``: visible entries per query (an int for all, a sequence, or None for random
+    lengths up to L*E). Pool blocks are quantized from Gaussian keys, each block with its
+    own global scale (spread by ``gscale_spread``). With ``shared_blocks`` all queries see
+    the same logical-to-physical map (as the tokens of one sequence do); otherwise each
+    query gets its own random physical blocks, some of which other queries share.
+    """
+    if lens is None:
+        L = L or 4
+        lens = rng.integers(0, L * E + 1, size=T)
+    lens = np.broadcast_to(np.asarray(lens, dtype=np.int64), (T,)).copy()
+    need_L = int(max(1, -(-int(lens.max(initial=0)) // E)))
+    L = max(L or need_L, need_L)
+    P = P or max(L * (1 if shared_blocks else 2), 1)
+    keys = rng.standard_normal((P, E, D)).astype(np.float32) * np.float32(key_scale)
+    keys *= np.exp2(rng.uniform(-gscale_spread, gscale_spread, size=(P, 1, 1))).astype(np.float32)
+    codes, scales, gs = quantize_blocks(keys)
+    if shared_blocks:
+        row = rng.permutation(P)[:L].astype(np.int32)
+        block_table = np.tile(row, (T, 1))
+    else:
+        block_table = np.stack([rng.choice(P, size=L, replace=L > P).astype(np.int32) for _ in range(T)])
+    # ids past a row's visible blocks are never read: make them garbage on purpose
+    for t in range(T):
+        first_unused = -(-int(lens[t]) // E)
+        block_table[t, first_unused:] = rng.integers(-5, 2**20, size=L - first_unused)
+    q = rng.standard_normal((T, H, D)).astype(dtype_q)
+    w = rng.standard_normal((T, H)).astype(np.float32)
+    return Problem(q=q, w=w, keys_fp4=codes, key_scale=scales, key_gscale=gs,
+                   block_table=np.ascontiguousarray(block_table, dtype=np.int32),
+                   valid_lens=lens.astype(np.int32), top_k=int(top_k))
+
+
+def quantize_blocks(keys):
+    """NVFP4-encode float32 keys (P, E, D), one global scale per physical block."""
+    amax = np.abs(keys).reshape(keys.shape[0], -1).max(axis=1)
+    gs = nvfp4.global_scale_for(amax)
+    codes, scales, _ = nvfp4.quantize(keys, gs[:, None])
+    return codes, scales, np.ascontiguousarray(gs, dtype=np.float32)
+
+
+def exact_scores(p: Problem):
+    """Per query: float64 scores (n,), magnitudes ``mag`` (n,), and a "certain zero" mask.
+
+    ``mag[s] = sum_h |w[h]| * sum_d |q[h, d] * k[s, d]|`` is the rounding scale of the
+    score. An entry is a certain zero when every head's dot is negative by more than the
+    exact path's error bound, so every precision computes exactly 0 for it.
+    """
+    out = []
+    for t in range(p.q.shape[0]):
+        n = int(p.valid_lens[t])
+        k = reference.row_keys(p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[t], n).astype(np.float64)
+        q = p.q[t].astype(np.float64)
+        w = p.w[t].astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            dots = q @ k.T
+            absdots = np.abs(q) @ np.abs(k).T
+            scores = w @ np.where(dots < 0, 0.0, dots)
+            mag = np.abs(w) @ absdots
+            certain_zero = np.all(dots < -_ZERO_MARGIN * absdots - 1e-300, axis=0) & np.isfinite(scores)
+        out.append((scores, mag, certain_zero))
+    return out
+
+
+def _key_identity(p: Problem, t, n):
+    """One bytes object per entry of row t: equal keys give exactly equal scores."""
+    E = p.keys_fp4.shape[1]
+    s = np.arange(n)
+    b, e = p.block_table[t][s // E], s % E
+    rows = np.concatenate([p.keys_fp4[b, e], p.key_scale[b, e], p.key_gscale[b].view(np.uint8).reshape(-1, 4)], axis=1)
+    return [r.tobytes() for r in rows]
+
+
+def check_topk(p: Problem, indices, scores=None, *, tol=TOL_EXACT, exact=None, physical=False):
+    """Assert that ``indices`` (T, top_k) (and ``scores``) meet the contract for problem ``p``.
+
+    ``exact``: the output of ``exact_scores(p)``, to reuse across several checks.
+    Raises AssertionError naming the row and the broken rule.
+    """
+    indices = np.asarray(indices)
+    T, k = p.q.shape[0], p.top_k
+    assert indices.shape == (T, k) and indices.dtype == np.int32, f"indices: shape {indices.shape} dtype {indices.dtype}"
+    if physical:
+        logical = _physical_to_logical(p, indices)
+    else:
+        logical = indices
+    exact = exact if exact is not None else exact_scores(p)
+    for t in range(T):
+        _check_row(p, t, logical[t], None if scores is None else np.asarray(scores)[t], tol, exact[t])
+
+
+def _physical_to_logical(p, indices):
+    E = p.keys_fp4.shape[1]
+    out = np.full_like(indices, -1)
+    for t in range(indices.shape[0]):
+        n = int(p.valid_lens[t])
+        s = np.arange(n)
+        phys = p.block_table[t][s // E].astype(np.int64) * E + s % E
+        lookup = {int(v): i for i, v in enumerate(phys)}
+        for j, v in enumerate(indices[t]):
+            if v >= 0:
+                assert int(v) in lookup, f"row {t}: physical index {v} is not visible to this query"
+                out[t, j] = lookup[int(v)]
+    return out
+
+
+def _check_row(p, t, idx, sc, tol, exact_row):
+    score, mag, certain_zero = exact_row
+    n, k = score.shape[0], idx.shape[0]
+    selectable = ~np.isnan(score)
+    m = min(k, int(selectable.sum()))
+    chosen, pad = idx[:m], idx[m:]
+    assert np.all(pad == -1), f"row {t}: expected {k - m} padding entries of -1 after {m} selections, got {idx.tolist()[:64]}"
+    assert np.all((chosen >= 0) & (chosen < n)), f"row {t}: index out of [0, {n}): {chosen[(chosen < 0) | (chosen >= n)][:8]}"
+    assert np.unique(chosen).size == m, f"row {t}: duplicate indices"
+    assert np.all(selectable[chosen]), f"row {t}: selected an entry with a NaN score"
+    if m == 0:
+        return
+    err = tol * mag
+    lo = score[chosen] - err[chosen]
+    hi = score[chosen] + err[chosen]
+    unsel = np.ones(n, dtype=bool)
+    unsel[chosen] = False
+    unsel &= selectable
+    if unsel.any():
+        best_left = np.max(score[unsel] - err[unsel])
+        worst_in = np.min(hi)
+        assert not best_left > worst_in, (
+            f"row {t}: an unselected entry (score {best_left:.9g} - err) beats a selected one "
+            f"({worst_in:.9g} + err)")
+    # sorted within the bounds: no later entry clearly above an earlier one
+    later_above = lo[1:] > np.minimum.accumulate(hi)[:-1]
+    assert not later_above.any(), f"row {t}: output not sorted within the error bounds at position {int(np.argmax(later_above)) + 1}"
+    # exact ties: identical keys, and plateaus of certain zeros, go to the lower index
+    ident = _key_identity(p, t, n)
+    first_of = {}
+    for s in range(n):
+        first_of.setdefault(ident[s], []).append(s)
+    pos = {int(s): j for j, s in enumerate(chosen)}
+    for members in first_of.values():
+        if len(members) < 2 or not selectable[members[0]]:
+            continue
+        sel = [s for s in members if s in pos]
+        assert sel == members[: len(sel)], f"row {t}: identical keys {members[:6]}: selected {sel[:6]}, expected the lowest indices"
+        assert all(pos[a] < pos[b] for a, b in zip(sel, sel[1:])), f"row {t}: identical keys out of index order"
+    zeros_sel = [s for s in chosen if certain_zero[s]]
+    zeros_all = np.flatnonzero(certain_zero)
+    assert zeros_sel == sorted(zeros_sel), f"row {t}: zero-score plateau not in index order"
+    assert list(zeros_all[: len(zeros_sel)]) == zeros_sel, f"row {t}: zero-score plateau did not take the lowest indices"
+    if sc is not None:
+        assert np.all(np.isneginf(sc[m:])), f"row {t}: padding scores must be -inf"
+        got = sc[:m].astype(np.float64)
+        bound = err[chosen] + np.abs(score[chosen]) * 2.0**-24 + 1e-37
+        bad = ~(np.abs(got - score[chosen]) <= bound) & ~(np.isinf(got) & (got == score[chosen]))
+        assert not bad.any(), f"row {t}: returned scores off by more than the bound at positions {np.flatnonzero(bad)[:8]}"
+        if len(zeros_sel):
+            zpos = [pos[s] for s in zeros_sel]
+            assert np.all(sc[zpos] == 0), f"row {t}: certain-zero entries must score exactly 0"

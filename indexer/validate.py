@@ -1,0 +1,151 @@
+"""The one set of argument checks every entry point shares.
+
+Each failure raises ``ValueError`` (or ``TypeError`` for a wrong type) whose message
+starts with the argument's name and says what was expected. The checks are cheap
+(shapes, dtypes, and reductions over the small int32 tables and the (P,) scales); on
+device arrays the reductions synchronise with the host once, which is why a hot loop
+may switch validation off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import arrays
+
+__all__ = ["MAX_TOP_K", "MAX_HEADS", "MAX_HEAD_DIM", "Problem", "check_score_topk", "check_top_k"]
+
+#: largest supported ``top_k``
+MAX_TOP_K = 4096
+#: largest supported number of heads H
+MAX_HEADS = 128
+#: largest supported head dimension D (a multiple of 32)
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The integers that shape one score + top-k call."""
+
+    T: int  # query tokens
+    H: int  # heads
+    D: int  # head dim
+    P: int  # physical blocks in the pool
+    E: int  # entries per block
+    L: int  # logical blocks per block-table row
+    top_k: int
+
+    @property
+    def max_len(self) -> int:
+        """Most entries a row can see: L * E."""
+        return self.L * self.E
+
+
+def _kind(x) -> str:
+    if arrays.is_cupy(x):
+        return f"cuda:{x.device.id}"
+    if isinstance(x, np.ndarray):
+        return "cpu"
+    return type(x).__name__
+
+
+def _check_array(name, x, dtype, ndim, xp):
+    if not (isinstance(x, np.ndarray) or arrays.is_cupy(x)):
+        raise TypeError(f"{name}: expected a NumPy or CuPy array, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+
+
+def _check_shape(name, x, expected):
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def check_top_k(top_k) -> int:
+    if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, (int, np.integer)):
+        raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
+    if not 1 <= int(top_k) <= MAX_TOP_K:
+        raise ValueError(f"top_k: expected 1 <= top_k <= {MAX_TOP_K}, got {int(top_k)}")
+    return int(top_k)
+
+
+def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
+                     *, values: bool = True) -> Problem:
+    """Check the arguments of ``score_topk`` and return the problem's shape.
+
+    ``values=False`` keeps the shape, dtype and device checks and skips the reductions
+    over values (valid_lens range, block ids, global scales), which are the only ones
+    that synchronise with a device.
+    """
+    top_k = check_top_k(top_k)
+    args = {
+        "q": (q, np.float32, 3),
+        "w": (w, np.float32, 2),
+        "keys_fp4": (keys_fp4, np.uint8, 3),
+        "key_scale": (key_scale, np.uint8, 3),
+        "key_gscale": (key_gscale, np.float32, 1),
+        "block_table": (block_table, np.int32, 2),
+        "valid_lens": (valid_lens, np.int32, 1),
+    }
+    for name, (x, dtype, ndim) in args.items():
+        _check_array(name, x, dtype, ndim, None)
+    places = {name: _kind(x) for name, (x, _, _) in args.items()}
+    if len(set(places.values())) != 1:
+        where = ", ".join(f"{k} on {v}" for k, v in places.items())
+        raise ValueError(f"q: all arrays must be on one device, got {where}")
+
+    T, H, D = (int(n) for n in q.shape)
+    P, E, half_d = (int(n) for n in keys_fp4.shape)
+    L = int(block_table.shape[1])
+    if T < 1:
+        raise ValueError(f"q: expected at least one query token, got shape {tuple(q.shape)}")
+    if not 1 <= H <= MAX_HEADS:
+        raise ValueError(f"q: expected 1 <= H <= {MAX_HEADS} heads, got H = {H}")
+    if D % 32 or not 32 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim D must be a multiple of 32 in [32, {MAX_HEAD_DIM}], got D = {D}")
+    _check_shape("w", w, (T, H))
+    if half_d * 2 != D:
+        raise ValueError(f"keys_fp4: expected last dimension D/2 = {D // 2} for D = {D}, got shape {tuple(keys_fp4.shape)}")
+    if P < 1 or E < 1:
+        raise ValueError(f"keys_fp4: expected at least one block of at least one entry, got shape {tuple(keys_fp4.shape)}")
+    _check_shape("key_scale", key_scale, (P, E, D // 16))
+    _check_shape("key_gscale", key_gscale, (P,))
+    if block_table.shape[0] != T:
+        raise ValueError(f"block_table: expected {T} rows (one per query token), got shape {tuple(block_table.shape)}")
+    _check_shape("valid_lens", valid_lens, (T,))
+    if L < 1:
+        raise ValueError(f"block_table: expected at least one column, got shape {tuple(block_table.shape)}")
+    if L * E >= 2**31:
+        raise ValueError(f"block_table: L * E = {L * E} entries per row exceeds the int32 range")
+    prob = Problem(T=T, H=H, D=D, P=P, E=E, L=L, top_k=top_k)
+    if values:
+        _check_values(prob, key_gscale, block_table, valid_lens)
+    return prob
+
+
+def _check_values(prob: Problem, key_gscale, block_table, valid_lens):
+    xp = arrays.module_of(valid_lens)
+    lo, hi = int(valid_lens.min()), int(valid_lens.max())
+    if lo < 0 or hi > prob.max_len:
+        raise ValueError(
+            f"valid_lens: expected 0 <= n <= L*E = {prob.max_len}, got values in [{lo}, {hi}]"
+        )
+    if not bool(xp.all(xp.isfinite(key_gscale) & (key_gscale > 0))):
+        bad = int(xp.argmax(~(xp.isfinite(key_gscale) & (key_gscale > 0))))
+        raise ValueError(f"key_gscale: expected finite values > 0, got {float(key_gscale[bad])} at block {bad}")
+    # Block ids of visible blocks only: ids past a row's visible blocks are never read.
+    visible_blocks = (valid_lens.astype(xp.int64) + prob.E - 1) // prob.E
+    visible = xp.arange(prob.L)[None, :] < visible_blocks[:, None]
+    bad = visible & ((block_table < 0) | (block_table >= prob.P))
+    if bool(xp.any(bad)):
+        t, j = (int(i) for i in np.unravel_index(int(xp.argmax(bad)), bad.shape))
+        raise ValueError(
+            f"block_table: expected block ids in [0, {prob.P}) for visible entries, "
+            f"got {int(block_table[t, j])} at row {t}, logical block {j}"
+        )
