@@ -1,5 +1,572 @@
-"""Placeholder: the paged key pool is being written."""
+"""The paged NVFP4 key pool: where the indexer's keys live, block by block, as the kernel reads them.
+
+The pool owns ``P`` physical blocks of ``E`` entries (keys) of ``D`` elements each:
+
+==============  =======  ===============  ==============================================
+attribute       dtype    shape            meaning
+==============  =======  ===============  ==============================================
+``keys_fp4``    uint8    (P, E, D/2)      packed E2M1 codes (element 2j in the low nibble)
+``key_scale``   uint8    (P, E, D/16)     float8_e4m3fn bits, one scale per 16 elements
+``key_gscale``  float32  (P,)             global decode scale per block (1.0 when unused)
+==============  =======  ===============  ==============================================
+
+A sequence is a list of physical blocks filled in order; ``block_table`` and ``lengths``
+turn a list of sequence ids into the ``block_table`` / ``valid_lens`` arguments of
+``indexer.score_topk``. Keys are quantized on write with ``indexer.nvfp4``. The arrays are
+NumPy arrays (``device="cpu"``) or CuPy arrays on one GPU (``device="cuda[:N]"``); all
+bookkeeping (block lists, lengths, free list) is plain Python on the host.
+
+Global-scale policy
+-------------------
+Each physical block has its own global decode scale ``g``, always a power of two::
+
+    g = 2 ** ceil(log2(amax / (6 * 448)))     (1.0 when amax is 0)
+
+over the block's content, so that the block holds values up to its capacity
+``6 * 448 * g`` without saturating (``g`` is kept >= 2**-126, a normal float32, so a
+kernel that flushes subnormals still sees ``g > 0``).
+
+* A block taking its first keys (or holding only zeros so far) gets ``g`` from the keys
+  written into it.
+* Keys appended to a block that already holds data are encoded with the block's ``g``
+  (``nvfp4.quantize(keys, g)``). If their amax exceeds the capacity, ``g`` first grows to
+  ``g * 2**m`` (smallest ``m`` that covers them) and the block's existing entries are
+  rescaled: each 16-element group's E4M3 scale ``s`` becomes ``s / 2**m``. That keeps the
+  codes and the decoded values bit-identical whenever ``s / 2**m`` is exactly an E4M3
+  value; only groups where it is not (scales ~2**14 below the block's largest, deep in
+  E4M3's subnormal range) are re-quantized from their exactly decoded values with the new
+  ``g`` (ordinary NVFP4 rounding).
+
+So no value is ever clipped beyond what NVFP4 rounding itself does, and because ``g`` is a
+power of two, decode stays the contract's bit-exact ``(e2m1 * e4m3) * g``.
+
+Freed blocks are zeroed (codes, scales, ``g = 1``) and reused LIFO: the most recently
+freed blocks are handed out first (they are the likeliest to still sit in cache), a freed
+sequence's blocks in their original order. A fresh pool hands out blocks 0, 1, 2, ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import numbers
+import os
+import re
+
+import numpy as np
+
+from . import arrays, nvfp4, ops
+
+__all__ = ["KeyPool", "PoolFullError"]
+
+#: what ``pool_meta`` names itself, and the version of its layout
+FORMAT = "indexer.KeyPool"
+FORMAT_VERSION = 1
+_ARRAY_NAMES = ("keys_fp4", "key_scale", "key_gscale")
+_META_NAME = "pool_meta"
+
+# a block with global scale g holds values up to _CAPACITY * g (E2M1 max times E4M3 max)
+_CAPACITY = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX
+# smallest global scale: a normal float32, never flushed to zero by an FTZ kernel
+_MIN_EXP = -126
+# physical slots (block * E + slot) and lengths are int32 in the kernel's interface
+_INT32_MAX = 2**31 - 1
+# bytes of packed codes per 16-element scale group
+_GROUP_BYTES = nvfp4.GROUP // 2
 
 
-class KeyPool:  # pragma: no cover
-    pass
+class PoolFullError(RuntimeError):
+    """The pool has too few free blocks for an append; the pool was left unchanged."""
+
+
+def _pow2_scales(amax):
+    """The policy's global scales: float64 amax (n,) -> float32 (n,).
+
+    The smallest power of two ``g`` with ``amax <= 6 * 448 * g`` (at least 2**-126), and
+    1.0 where amax is 0.
+    """
+    amax = np.asarray(amax, dtype=np.float64)
+    _, e = np.frexp(amax / _CAPACITY)  # amax / CAP in [2**(e-1), 2**e)
+    # the division rounds: settle the exponent with exact comparisons against CAP * 2**e
+    e = np.where(amax > np.ldexp(_CAPACITY, e), e + 1, e)
+    e = np.where(amax <= np.ldexp(_CAPACITY, e - 1), e - 1, e)
+    e = np.maximum(e, _MIN_EXP)
+    return np.where(amax > 0, np.ldexp(1.0, e), 1.0).astype(np.float32)
+
+
+def _check_seq(seq, name="seq"):
+    """A sequence id: a str, or an int (NumPy integers become int); bool is refused."""
+    if isinstance(seq, str):
+        return seq
+    if isinstance(seq, numbers.Integral) and not isinstance(seq, bool):
+        return int(seq)
+    raise TypeError(f"{name}: expected an int or str sequence id, got {type(seq).__name__} {seq!r}")
+
+
+def _check_seq_list(seqs):
+    """A list of sequence ids from any iterable of ids (a lone id is refused, not iterated)."""
+    if isinstance(seqs, (str, bytes, numbers.Integral)):
+        raise TypeError(f"seqs: expected a list of sequence ids, got a single {type(seqs).__name__}")
+    try:
+        items = list(seqs)
+    except TypeError:
+        raise TypeError(f"seqs: expected a list of sequence ids, got {type(seqs).__name__}") from None
+    return [_check_seq(s, "seqs") for s in items]
+
+
+def _check_dims(num_blocks, entries_per_block, head_dim):
+    """Validate the pool's shape; TypeError / ValueError naming the argument."""
+    for name, v in (("num_blocks", num_blocks), ("entries_per_block", entries_per_block),
+                    ("head_dim", head_dim)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+        if v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v}")
+    if head_dim % 32:
+        raise ValueError(f"head_dim: expected a positive multiple of 32, got {head_dim}")
+    if num_blocks * entries_per_block > _INT32_MAX:
+        raise ValueError(f"num_blocks: {num_blocks} blocks of {entries_per_block} entries exceed the "
+                         f"int32 slot range ({_INT32_MAX} entries)")
+    return int(num_blocks), int(entries_per_block), int(head_dim)
+
+
+def _parse_device(device):
+    """None for 'cpu', else the CUDA device number of 'cuda' (the current one) or 'cuda:N'."""
+    if not isinstance(device, str):
+        raise TypeError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {type(device).__name__}")
+    if device == "cpu":
+        return None
+    match = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if match is None:
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    cp = arrays.cupy()
+    if cp is None:
+        raise RuntimeError(f"device={device!r}: CuPy with a usable CUDA GPU is required "
+                           "(pip install 'indexer[cuda13]')")
+    index = cp.cuda.runtime.getDevice() if match.group(1) is None else int(match.group(1))  # pragma: no cover
+    count = cp.cuda.runtime.getDeviceCount()  # pragma: no cover
+    if index >= count:  # pragma: no cover
+        raise ValueError(f"device: {device!r} but only {count} CUDA device(s) are visible")
+    return index  # pragma: no cover
+
+
+def _file_kind(path):
+    if path.endswith(".npz"):
+        return "npz"
+    if path.endswith(".safetensors"):
+        return "safetensors"
+    raise ValueError(f"path: expected a file name ending in .npz or .safetensors, got {path!r}")
+
+
+def _safetensors():
+    """The optional ``safetensors`` package, or an ImportError that says how to get it."""
+    try:
+        import safetensors  # noqa: PLC0415  (optional dependency, imported on use)
+        import safetensors.numpy  # noqa: PLC0415, F401
+    except ImportError as e:
+        raise ImportError(".safetensors files need the optional 'safetensors' package "
+                          "(pip install safetensors, or indexer[safetensors])") from e
+    return safetensors
+
+
+def _read_npz(path):
+    """All arrays of an .npz (pickles refused) and the ``pool_meta`` bytes (None if absent)."""
+    try:
+        data = np.load(path, allow_pickle=False)
+    except Exception as e:  # a pickle, a truncated zip, not a NumPy file at all, ...
+        raise ValueError(f"{path}: not a readable .npz file ({e})") from e
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError(f"{path}: not an .npz archive (it holds a single .npy array)")
+    with data:
+        try:
+            tensors = {name: data[name] for name in data.files}
+        except Exception as e:  # object arrays: np.load refuses to unpickle them
+            raise ValueError(f"{path}: cannot read its arrays without unpickling ({e})") from e
+    meta = tensors.pop(_META_NAME, None)
+    if meta is None:
+        return tensors, None
+    if meta.dtype != np.uint8 or meta.ndim != 1:
+        raise ValueError(f"{path}: pool_meta: expected a 1-D uint8 array of UTF-8 JSON, got "
+                         f"{meta.dtype} {meta.shape}")
+    return tensors, meta.tobytes()
+
+
+def _read_safetensors(path):
+    """All tensors of a .safetensors file and its ``pool_meta`` metadata string (None if absent)."""
+    st = _safetensors()
+    try:
+        with st.safe_open(path, framework="numpy") as f:
+            meta = (f.metadata() or {}).get(_META_NAME)
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:  # SafetensorError: bad header, truncated data, ...
+        raise ValueError(f"{path}: not a readable .safetensors file ({e})") from e
+    return tensors, meta
+
+
+class KeyPool:
+    """A paged pool of NVFP4 index keys: ``num_blocks`` blocks of ``entries_per_block`` keys.
+
+    Parameters
+    ----------
+    num_blocks : int >= 1                 physical blocks P
+    entries_per_block : int >= 1          entries (keys) per block E
+    head_dim : int, a multiple of 32      elements per key D
+    device : 'cpu' (NumPy arrays) or 'cuda' / 'cuda:N' (CuPy arrays on that GPU)
+
+    Attributes (C-contiguous, what ``indexer.score_topk`` takes)
+    ------------------------------------------------------------
+    keys_fp4 : uint8 (P, E, D/2)      packed E2M1 codes, element 2j in the low nibble
+    key_scale : uint8 (P, E, D/16)    float8_e4m3fn block scales
+    key_gscale : float32 (P,)         global decode scale per block: a power of two, 1.0
+        for unused blocks. Policy (see the module docstring): per block,
+        ``g = 2**ceil(log2(amax / (6*448)))`` from the first nonzero keys written into it,
+        grown by a power of two (existing entries rescaled exactly, except groups whose
+        scale would fall out of E4M3's exact range) when a later key exceeds ``6*448*g``.
+
+    Sequences are identified by ints or strs. A sequence exists from its first non-empty
+    ``append`` until ``free``; an id never appended reads as empty (length 0, no blocks).
+    Freed blocks are zeroed and reused LIFO.
+    """
+
+    def __init__(self, num_blocks, entries_per_block=64, head_dim=128, *, device="cpu"):
+        P, E, D = _check_dims(num_blocks, entries_per_block, head_dim)
+        self._device_id = _parse_device(device)
+        self._xp = np if self._device_id is None else arrays.cupy()
+        self.num_blocks, self.entries_per_block, self.head_dim = P, E, D
+        self.device = device
+        xp = self._xp
+        with self._on_device():
+            self.keys_fp4 = xp.zeros((P, E, D // 2), dtype=xp.uint8)
+            self.key_scale = xp.zeros((P, E, D // nvfp4.GROUP), dtype=xp.uint8)
+            self.key_gscale = xp.ones((P,), dtype=xp.float32)
+        # a stack: pop() hands out the last element, so a fresh pool gives 0, 1, 2, ...
+        self._free = list(range(P - 1, -1, -1))
+        self._blocks = {}  # seq id -> physical blocks in logical order (insertion = first append)
+        self._lengths = {}  # seq id -> number of entries
+
+    # ----------------------------------------------------------------- bookkeeping views
+    @property
+    def free_blocks(self) -> int:
+        """Number of blocks on the free list."""
+        return len(self._free)
+
+    @property
+    def sequences(self):
+        """The ids of the sequences holding keys, in order of first append."""
+        return list(self._blocks)
+
+    def length(self, seq) -> int:
+        """Entries held by ``seq`` (0 for an id that holds none)."""
+        return self._lengths.get(_check_seq(seq), 0)
+
+    def lengths(self, seqs):
+        """int32 (len(seqs),): the length of each sequence (the kernel's ``valid_lens``)."""
+        ids = _check_seq_list(seqs)
+        return self._to_xp(np.array([self._lengths.get(s, 0) for s in ids], dtype=np.int32))
+
+    def block_table(self, seqs, width=None):
+        """int32 (len(seqs), L): row i lists the physical blocks of ``seqs[i]`` in order, -1 after.
+
+        ``L`` is the largest block count over ``seqs`` (at least 1), or ``width`` when given
+        (a fixed width lets a caller reuse one buffer shape; ValueError if too small).
+        """
+        ids = _check_seq_list(seqs)
+        rows = [self._blocks.get(s, ()) for s in ids]
+        need = max(1, max((len(r) for r in rows), default=0))
+        if width is None:
+            width = need
+        else:
+            if not isinstance(width, numbers.Integral) or isinstance(width, bool):
+                raise TypeError(f"width: expected an int, got {type(width).__name__}")
+            if width < need:
+                raise ValueError(f"width: {width} is too small, a sequence among seqs holds {need} blocks")
+        table = np.full((len(ids), int(width)), -1, dtype=np.int32)
+        for i, r in enumerate(rows):
+            table[i, : len(r)] = r
+        return self._to_xp(table)
+
+    def keys(self, seq):
+        """float32 (n, D): the decoded keys of ``seq``, bit-exactly ``nvfp4.dequantize`` of the pool."""
+        seq = _check_seq(seq)
+        n = self._lengths.get(seq, 0)
+        with self._on_device():
+            b = self._xp.asarray(np.asarray(self._blocks.get(seq, []), dtype=np.int64))
+            k = nvfp4.dequantize(self.keys_fp4[b], self.key_scale[b], self.key_gscale[b][:, None])
+            return k.reshape(-1, self.head_dim)[:n]
+
+    # ----------------------------------------------------------------- writing
+    def append(self, seq, keys) -> int:
+        """Quantize ``keys`` and add them at the end of ``seq``; returns its new length.
+
+        keys : float (n, D) or (D,); NumPy, CuPy or anything ``np.asarray`` takes. Float64
+            is cast to float32; integer dtypes are a TypeError, NaN/Inf a ValueError. n = 0
+            is a no-op.
+
+        The sequence's last, partly filled block is filled first; then blocks come off the
+        free list. Raises PoolFullError, changing nothing, when the free list is too short.
+        """
+        seq = _check_seq(seq)
+        k = self._as_keys(keys)
+        n = int(k.shape[0])
+        length = self._lengths.get(seq, 0)
+        if n == 0:
+            return length
+        E = self.entries_per_block
+        used = length % E  # entries already in the last block (0: it is full, or there is none)
+        head = min(n, E - used) if used else 0
+        need = -(-(n - head) // E)
+        if need > len(self._free):
+            raise PoolFullError(f"append to {seq!r}: {n} keys need {need} free blocks, "
+                                f"the pool has {len(self._free)} free of {self.num_blocks}")
+        blocks = self._blocks.get(seq, [])
+        with self._on_device():
+            if head:
+                self._write_into(blocks[-1], used, k[:head])
+            new = [self._free.pop() for _ in range(need)]
+            if new:
+                self._write_new(new, k[head:])
+        self._blocks[seq] = blocks + new
+        self._lengths[seq] = length + n
+        return length + n
+
+    def free(self, seq) -> None:
+        """Drop ``seq``: its blocks are zeroed (``g`` back to 1.0) and return to the free list."""
+        seq = _check_seq(seq)
+        if seq not in self._blocks:
+            raise ValueError(f"seq: unknown sequence id {seq!r}")
+        blocks = self._blocks.pop(seq)
+        del self._lengths[seq]
+        with self._on_device():
+            b = self._xp.asarray(np.asarray(blocks, dtype=np.int64))
+            # zeroed so that freed keys do not linger and the next owner starts clean
+            self.keys_fp4[b] = 0
+            self.key_scale[b] = 0
+            self.key_gscale[b] = 1.0
+        # LIFO, reversed so that pop() gives them back in the sequence's order
+        self._free.extend(reversed(blocks))
+
+    def _as_keys(self, keys):
+        """``keys`` as a C-contiguous float32 (n, D) array of the pool's array library."""
+        if self._xp is np:
+            k = np.asarray(arrays.to_numpy(keys))
+        else:  # pragma: no cover  (needs a GPU)
+            with self._on_device():
+                k = arrays.to_cupy(keys)
+        if not np.issubdtype(k.dtype, np.floating):
+            raise TypeError(f"keys: expected a float array, got dtype {k.dtype}")
+        if k.ndim == 1:
+            k = k[None, :]
+        if k.ndim != 2 or k.shape[1] != self.head_dim:
+            raise ValueError(f"keys: expected shape (n, {self.head_dim}) or ({self.head_dim},), "
+                             f"got {tuple(k.shape)}")
+        with self._on_device(), np.errstate(over="ignore"):  # float64 overflow -> Inf, caught below
+            k = self._xp.ascontiguousarray(k, dtype=self._xp.float32)
+            if not bool(self._xp.all(self._xp.isfinite(k))):
+                raise ValueError("keys: NaN or Inf cannot be encoded")
+        return k
+
+    def _write_new(self, new, k):
+        """Fill the fresh blocks ``new`` with the rows of ``k`` (m, D), E rows per block."""
+        xp, E, D = self._xp, self.entries_per_block, self.head_dim
+        # pad to whole blocks: zero rows encode as zero codes and scales, clearing the tail
+        padded = xp.zeros((len(new) * E, D), dtype=xp.float32)
+        padded[: k.shape[0]] = k
+        padded = padded.reshape(len(new), E, D)
+        amax = arrays.to_numpy(xp.max(xp.abs(padded), axis=(1, 2)))
+        g = xp.asarray(_pow2_scales(amax))
+        codes, scales, _ = nvfp4.quantize(padded, g[:, None])
+        b = xp.asarray(np.asarray(new, dtype=np.int64))
+        self.keys_fp4[b] = codes
+        self.key_scale[b] = scales
+        self.key_gscale[b] = g
+
+    def _write_into(self, p, used, k):
+        """Write ``k`` (h, D) into block ``p`` after its ``used`` entries, growing ``g`` if needed."""
+        xp = self._xp
+        amax = float(xp.max(xp.abs(k)))
+        g = float(self.key_gscale[p])
+        if not bool(xp.any(self.key_scale[p, :used])):
+            # only zeros so far: they decode to zero under any g, so take g from the new keys
+            g = float(_pow2_scales([amax])[0])
+        elif amax > _CAPACITY * g:
+            g_new = float(_pow2_scales([amax])[0])
+            self._rescale(p, used, g, g_new)
+            g = g_new
+        codes, scales, _ = nvfp4.quantize(k, np.float32(g))
+        self.keys_fp4[p, used : used + k.shape[0]] = codes
+        self.key_scale[p, used : used + k.shape[0]] = scales
+        self.key_gscale[p] = g
+
+    def _rescale(self, p, used, g_old, g_new):
+        """Re-express the first ``used`` entries of block ``p`` at global scale ``g_new = g_old * 2**m``.
+
+        Scale s -> s / 2**m keeps every decoded value bit-identical where s / 2**m is an
+        E4M3 value; the other groups are re-quantized from their exactly decoded values.
+        """
+        xp = self._xp
+        m = round(math.log2(g_new / g_old))  # both are powers of two: the ratio is exact
+        codes, scales = self.keys_fp4[p, :used], self.key_scale[p, :used]
+        shifted = nvfp4.e4m3_decode(scales).astype(xp.float64) * 2.0**-m  # exact in float64
+        enc = nvfp4.e4m3_encode(shifted.astype(xp.float32))
+        exact = nvfp4.e4m3_decode(enc).astype(xp.float64) == shifted  # (used, D/16)
+        decoded = nvfp4.dequantize(codes, scales, np.float32(g_old))
+        re_codes, re_scales, _ = nvfp4.quantize(decoded, np.float32(g_new))
+        self.key_scale[p, :used] = xp.where(exact, enc, re_scales)
+        self.keys_fp4[p, :used] = xp.where(xp.repeat(exact, _GROUP_BYTES, axis=-1), codes, re_codes)
+
+    # ----------------------------------------------------------------- scoring
+    def score_topk(self, q, w, seqs, top_k, **kwargs):
+        """``indexer.score_topk`` over this pool, query row t reading sequence ``seqs[t]``.
+
+        q : float32 (T, H, D); w : float32 (T, H); seqs : T sequence ids. Keyword
+        arguments (backend, return_scores, physical, ...) go to ``indexer.score_topk``.
+        Returns int32 indices (T, top_k) (and float32 scores with ``return_scores``).
+        """
+        ids = _check_seq_list(seqs)
+        shape = np.shape(q)
+        if len(shape) >= 1 and shape[0] != len(ids):
+            raise ValueError(f"seqs: expected one sequence id per query row ({shape[0]}), got {len(ids)}")
+        return ops.score_topk(q, w, self.keys_fp4, self.key_scale, self.key_gscale,
+                              self.block_table(ids), self.lengths(ids), top_k, **kwargs)
+
+    # ----------------------------------------------------------------- files
+    def save(self, path) -> None:
+        """Write the pool to ``path``: ``.npz`` (np.savez) or ``.safetensors`` (optional package).
+
+        Arrays ``keys_fp4``, ``key_scale``, ``key_gscale``; the bookkeeping as JSON, in
+        ``.npz`` a uint8 array ``pool_meta``, in ``.safetensors`` the metadata key ``pool_meta``.
+        """
+        path = os.fspath(path)
+        kind = _file_kind(path)
+        tensors = {name: np.ascontiguousarray(arrays.to_numpy(getattr(self, name))) for name in _ARRAY_NAMES}
+        meta = json.dumps(self._meta(), separators=(",", ":"))
+        if kind == "npz":
+            with open(path, "wb") as f:  # a file object: np.savez does not rename it
+                np.savez(f, **tensors, **{_META_NAME: np.frombuffer(meta.encode("utf-8"), dtype=np.uint8)})
+        else:
+            _safetensors().numpy.save_file(tensors, path, metadata={_META_NAME: meta})
+
+    @classmethod
+    def load(cls, path, *, device="cpu"):
+        """Read a pool written by ``save``, validating everything read.
+
+        Raises FileNotFoundError for a missing file and ValueError naming the file and the
+        problem for anything inconsistent (arrays, shapes, dtypes, block ids, lengths);
+        ``.npz`` files are read with ``allow_pickle=False``.
+        """
+        path = os.fspath(path)
+        kind = _file_kind(path)
+        _parse_device(device)  # a bad device is the caller's error, not the file's
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file")
+        tensors, meta = (_read_npz if kind == "npz" else _read_safetensors)(path)
+        return cls._from_parts(path, tensors, meta, device)
+
+    def _meta(self):
+        """The bookkeeping as a JSON-able dict (what ``save`` writes as ``pool_meta``)."""
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "num_blocks": self.num_blocks,
+            "entries_per_block": self.entries_per_block,
+            "head_dim": self.head_dim,
+            "sequences": [{"id": s, "length": self._lengths[s], "blocks": list(b)}
+                          for s, b in self._blocks.items()],
+            "free": list(self._free),
+        }
+
+    @classmethod
+    def _from_parts(cls, path, tensors, meta_text, device):
+        def bad(problem):
+            return ValueError(f"{path}: {problem}")
+
+        missing = [n for n in _ARRAY_NAMES if n not in tensors]
+        if missing:
+            raise bad(f"missing array(s) {missing}")
+        extra = sorted(set(tensors) - set(_ARRAY_NAMES))
+        if extra:
+            raise bad(f"unexpected array(s) {extra}")
+        if meta_text is None:
+            raise bad(f"missing {_META_NAME}")
+        try:
+            meta = json.loads(meta_text)
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise bad(f"{_META_NAME} is not UTF-8 JSON ({e})") from e
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+            raise bad(f"{_META_NAME}: expected a {FORMAT!r} object of version {FORMAT_VERSION}")
+        try:
+            P, E, D = _check_dims(meta.get("num_blocks"), meta.get("entries_per_block"), meta.get("head_dim"))
+        except (TypeError, ValueError) as e:
+            raise bad(f"{_META_NAME}: {e}") from e
+
+        for name, dtype, shape in (("keys_fp4", np.uint8, (P, E, D // 2)),
+                                   ("key_scale", np.uint8, (P, E, D // nvfp4.GROUP)),
+                                   ("key_gscale", np.float32, (P,))):
+            a = tensors[name]
+            if a.dtype != dtype or a.shape != shape:
+                raise bad(f"{name}: expected {np.dtype(dtype)} {shape}, got {a.dtype} {a.shape}")
+        if np.any(tensors["key_scale"] >= 0x7F):
+            raise bad("key_scale: negative or NaN E4M3 scales (bytes >= 0x7F) are never written")
+        g = tensors["key_gscale"]
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(g) & (g >= 2.0**_MIN_EXP) & (np.frexp(g)[0] == 0.5)
+        if not ok.all():
+            raise bad(f"key_gscale: expected powers of two >= 2**{_MIN_EXP}, got {g[~ok][:4]}")
+
+        owner = {}  # block -> who holds it, to catch blocks shared or left out
+
+        def claim(b, who):
+            if type(b) is not int or not 0 <= b < P:
+                raise bad(f"{_META_NAME}: block id {b!r} of {who} is not an int in [0, {P})")
+            if b in owner:
+                raise bad(f"{_META_NAME}: block {b} belongs to both {owner[b]} and {who}")
+            owner[b] = who
+
+        seqs, free = meta.get("sequences"), meta.get("free")
+        if not isinstance(seqs, list) or not isinstance(free, list):
+            raise bad(f"{_META_NAME}: expected lists 'sequences' and 'free'")
+        blocks_of, lengths = {}, {}
+        for entry in seqs:
+            if not isinstance(entry, dict) or set(entry) != {"id", "length", "blocks"}:
+                raise bad(f"{_META_NAME}: a sequence entry must be {{id, length, blocks}}, got {entry!r}")
+            sid, n, blocks = entry["id"], entry["length"], entry["blocks"]
+            if type(sid) not in (int, str) or sid in blocks_of:
+                raise bad(f"{_META_NAME}: sequence id {sid!r} is not a unique int or str")
+            if type(n) is not int or n < 1 or not isinstance(blocks, list) or len(blocks) != -(-n // E):
+                raise bad(f"{_META_NAME}: sequence {sid!r}: length {n!r} needs ceil(length / {E}) blocks, "
+                          f"got {len(blocks) if isinstance(blocks, list) else blocks!r}")
+            for b in blocks:
+                claim(b, f"sequence {sid!r}")
+            blocks_of[sid], lengths[sid] = list(blocks), n
+        for b in free:
+            claim(b, "the free list")
+        if len(owner) != P:
+            lost = sorted(set(range(P)) - set(owner))
+            raise bad(f"{_META_NAME}: blocks {lost[:8]} are neither in a sequence nor free")
+
+        pool = cls(P, E, D, device=device)
+        with pool._on_device():
+            for name in _ARRAY_NAMES:
+                setattr(pool, name, pool._xp.ascontiguousarray(pool._xp.asarray(tensors[name])))
+        pool._blocks, pool._lengths, pool._free = blocks_of, lengths, list(free)
+        return pool
+
+    # ----------------------------------------------------------------- device plumbing
+    def _on_device(self):
+        """A context that makes this pool's GPU current (nothing on the CPU)."""
+        if self._device_id is None:
+            return contextlib.nullcontext()
+        return self._xp.cuda.Device(self._device_id)  # pragma: no cover
+
+    def _to_xp(self, host):
+        """A host NumPy array as an array of the pool's library and device."""
+        if self._xp is np:
+            return host
+        with self._on_device():  # pragma: no cover
+            return self._xp.asarray(host)
+
+    def __repr__(self):
+        return (f"KeyPool(num_blocks={self.num_blocks}, entries_per_block={self.entries_per_block}, "
+                f"head_dim={self.head_dim}, device={self.device!r}, sequences={len(self._blocks)}, "
+                f"free_blocks={len(self._free)})")

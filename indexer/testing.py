@@ -14,7 +14,8 @@ import numpy as np
 
 from . import nvfp4, reference
 
-__all__ = ["Problem", "random_problem", "exact_scores", "check_topk", "TOL_EXACT", "TOL_FAST"]
+__all__ = ["Problem", "random_problem", "adversarial_problem", "ADVERSARIAL_KINDS", "quantize_blocks",
+           "exact_scores", "check_topk", "TOL_EXACT", "TOL_FAST"]
 
 #: per-entry error bound of the exact paths, as a fraction of the magnitude ``mag``
 TOL_EXACT = 1e-6
@@ -211,3 +212,57 @@ def _check_row(p, t, idx, sc, tol, exact_row):
         if len(zeros_sel):
             zpos = [pos[s] for s in zeros_sel]
             assert np.all(sc[zpos] == 0), f"row {t}: certain-zero entries must score exactly 0"
+
+
+ADVERSARIAL_KINDS = ("ties", "zero_plateau", "short_rows", "nan", "off_edges", "extreme_scales", "shared_block")
+
+
+def adversarial_problem(kind, rng, *, H=8, D=64, E=16, T=6, top_k=24):
+    """A problem built to break selection or arithmetic; ``kind`` one of ``ADVERSARIAL_KINDS``.
+
+    ties: whole physical blocks duplicated (identical keys must tie to the lower index);
+    zero_plateau: almost every score exactly 0 (keys >= 0, queries < 0), a few positive;
+    short_rows: lengths 0, 1 and below top_k; nan: NaN in q, in w, and NaN scale bytes;
+    off_edges: lengths one off block edges; extreme_scales: global scales from 2**-60 to
+    2**60 and queries scaled 1e-8..1e8; shared_block: every query sees one physical block.
+    """
+    if kind == "ties":
+        p = random_problem(rng, T=T, H=H, D=D, E=E, lens=4 * E, top_k=top_k, L=4)
+        P = p.keys_fp4.shape[0]
+        for dst in range(1, P, 2):  # odd blocks copy even ones, scales included
+            for a in (p.keys_fp4, p.key_scale, p.key_gscale):
+                a[dst] = a[dst - 1]
+        p.block_table[:, :4] = np.arange(4, dtype=np.int32)  # rows see blocks 0,1 (equal), 2,3 (equal)
+    elif kind == "zero_plateau":
+        p = random_problem(rng, T=T, H=H, D=D, E=E, lens=3 * E + 5, top_k=max(top_k, 2 * E), L=4)
+        keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (D,))).astype(np.float32)
+        pos = rng.random(keys.shape[:2]) < 0.1  # ~10% of entries can score above zero
+        keys[pos] *= -1
+        p.keys_fp4, p.key_scale, p.key_gscale = quantize_blocks(keys)
+        p.q = -np.abs(p.q) - np.float32(0.1)
+        p.w = np.abs(p.w) + np.float32(0.1)
+    elif kind == "short_rows":
+        lens = np.array([0, 1, top_k - 1, top_k, top_k + 1, 0][:T] + [3] * max(0, T - 6))
+        p = random_problem(rng, T=T, H=H, D=D, E=E, lens=lens, top_k=top_k)
+    elif kind == "nan":
+        p = random_problem(rng, T=T, H=H, D=D, E=E, lens=3 * E, top_k=top_k, L=3)
+        p.q[0, 0, 0] = np.nan            # row 0: every score NaN
+        p.w[1, H - 1] = np.nan           # row 1: every score NaN
+        b = p.block_table[2, 0]
+        p.key_scale[b, : E // 2, 0] = 0x7F  # half of a block's keys NaN for every row that sees it
+        p.key_scale[p.block_table[3, 1], 1, -1] = 0xFF
+    elif kind == "off_edges":
+        lens = np.array([E - 1, E, E + 1, 2 * E - 1, 2 * E + 1, 3 * E][:T])
+        p = random_problem(rng, T=len(lens), H=H, D=D, E=E, lens=lens, top_k=top_k)
+    elif kind == "extreme_scales":
+        p = random_problem(rng, T=T, H=H, D=D, E=E, lens=4 * E, top_k=top_k, L=4)
+        P = p.keys_fp4.shape[0]
+        p.key_gscale[:] = np.exp2(rng.integers(-60, 61, size=P)).astype(np.float32)
+        p.q *= np.float32(10.0) ** rng.integers(-8, 9, size=(T, 1, 1)).astype(np.float32)
+    elif kind == "shared_block":
+        p = random_problem(rng, T=T, H=H, D=D, E=E, lens=E, top_k=top_k, L=1, P=3)
+        p.block_table[:, 0] = 1
+    else:
+        raise ValueError(f"kind: expected one of {ADVERSARIAL_KINDS}, got {kind!r}")
+    p.notes["kind"] = kind
+    return p

@@ -1,0 +1,127 @@
+"""Run-time compilation of the CUDA sources in ``kernels/`` through CuPy's ``RawModule``.
+
+* Sources are read from one folder, ``kernel_dir()``: ``indexer/kernels`` in an installed
+  wheel, ``<repo>/kernels`` in a source checkout.
+* Local ``#include "x.cuh"`` lines are inlined, and a hash of every file in the folder is
+  stamped into the source: CuPy's disk cache key covers the source string and options but
+  not included files, so an edited header would otherwise reuse a stale binary.
+* Each kernel template instance is compiled on first use into its own module (one module
+  per source, name expression, options and device), cached in process; CuPy's disk cache
+  (``cache_dir()``) spares later processes the compile.
+* ``INSTANCES`` is the table of every template instance a launch may ask for; CI compiles
+  all of them for sm_90a without a GPU (``scripts/compile_kernels.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from pathlib import Path
+
+__all__ = ["kernel_dir", "cache_dir", "read_source", "kernels_hash", "arch_for", "compile_options",
+           "INSTANCES", "instances", "get_kernel"]
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+_PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.MULTILINE)
+
+
+def kernel_dir() -> Path:
+    """The folder holding the ``.cu``/``.cuh`` sources."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels", here.parent / "kernels"):
+        if (candidate / "common.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(f"CUDA sources not found next to {here} (looked for kernels/common.cuh)")
+
+
+def cache_dir() -> Path:
+    """CuPy's on-disk kernel cache folder (``CUPY_CACHE_DIR`` or ``~/.cupy/kernel_cache``)."""
+    return Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache"))
+
+
+@functools.cache
+def kernels_hash() -> str:
+    """sha256 over the names and contents of every source file in ``kernel_dir()``."""
+    h = hashlib.sha256()
+    for path in sorted(kernel_dir().glob("*.cu*")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _inline(path: Path, seen: set) -> str:
+    text = _PRAGMA_ONCE.sub("", path.read_text())
+
+    def include(match):
+        target = path.parent / match.group(1)
+        if not target.is_file():
+            return match.group(0)  # not ours: leave it for NVRTC (e.g. a built-in header)
+        if target in seen:
+            return ""
+        seen.add(target)
+        return f"// ---- begin {target.name}\n{_inline(target, seen)}\n// ---- end {target.name}\n"
+
+    return _INCLUDE.sub(include, text)
+
+
+@functools.cache
+def read_source(name: str) -> str:
+    """The source of ``kernels/<name>`` with local includes inlined and the folder hash stamped."""
+    path = kernel_dir() / name
+    return f"// indexer kernels {kernels_hash()}\n" + _inline(path, {path})
+
+
+def arch_for(compute_capability: int) -> str:
+    """The NVRTC target: ``sm_90a`` on Hopper (wgmma, setmaxnreg), else ``sm_XY``."""
+    return "sm_90a" if compute_capability == 90 else f"sm_{compute_capability}"
+
+
+def compile_options(compute_capability: int) -> tuple:
+    return ("-std=c++17", f"-arch={arch_for(compute_capability)}")
+
+
+def _heads_instances():
+    return [f"score_fp32_kernel<{hg}>" for hg in (1, 2, 4, 8, 16)]
+
+
+#: every template instance, by source file: the table launches and CI draw from
+INSTANCES = {
+    "score_fp32.cu": _heads_instances(),
+    "select_topk.cu": ["select_topk_kernel<1024, 4096>", "select_topk_kernel<256, 4096>"],
+}
+
+
+def instances():
+    """(source, name expression) for every instance in ``INSTANCES``."""
+    return [(src, name) for src, names in INSTANCES.items() for name in names]
+
+
+@functools.cache
+def _module(source: str, name_expression: str, device_id: int, compute_capability: int):
+    import cupy as cp  # noqa: PLC0415  (GPU path only)
+
+    with cp.cuda.Device(device_id):
+        return cp.RawModule(code=read_source(source), options=compile_options(compute_capability),
+                            name_expressions=(name_expression,))
+
+
+@functools.cache
+def _kernel(source: str, name_expression: str, device_id: int):
+    import cupy as cp  # noqa: PLC0415
+
+    if name_expression not in INSTANCES.get(source, ()):
+        raise KeyError(f"{name_expression} is not in the instance table of {source}")
+    cc = int(cp.cuda.Device(device_id).compute_capability)
+    return _module(source, name_expression, device_id, cc).get_function(name_expression)
+
+
+def get_kernel(source: str, name_expression: str, device_id: int | None = None):
+    """The compiled ``RawKernel`` for ``name_expression`` of ``kernels/<source>`` on a device
+    (the current CuPy device by default)."""
+    import cupy as cp  # noqa: PLC0415
+
+    if device_id is None:
+        device_id = cp.cuda.Device().id
+    return _kernel(source, name_expression, int(device_id))

@@ -1,0 +1,91 @@
+"""Launch geometry: pure functions from problem shapes and device facts to grid, block,
+shared memory and template arguments. No CUDA here, so every choice is unit-tested on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Device", "H200", "ScoreLaunch", "SelectLaunch", "score_fp32_launch", "select_launch",
+           "workspace_rows", "TILE_ENTRIES", "SELECT_MAX_K"]
+
+#: entries per score tile (kernels/score_fp32.cu: kTileEntries)
+TILE_ENTRIES = 128
+#: candidate buffer of the select kernel (kernels/select_topk.cu: kMaxK)
+SELECT_MAX_K = 4096
+_CHUNK = 32  # dimensions decoded per stage (kChunk)
+
+
+@dataclass(frozen=True)
+class Device:
+    """The device facts geometry needs."""
+
+    sm_count: int
+    max_smem_per_block: int  # opt-in limit, bytes
+    compute_capability: int
+
+
+#: the H200 as seen here (132 SMs, 227 KB opt-in shared memory per block)
+H200 = Device(sm_count=132, max_smem_per_block=232448, compute_capability=90)
+
+
+@dataclass(frozen=True)
+class ScoreLaunch:
+    name: str              # kernel name expression
+    grid: tuple            # (T, chunks per row)
+    block: tuple
+    smem: int              # dynamic shared memory, bytes
+    tiles_per_cta: int
+    ld: int                # workspace row stride in floats (a multiple of TILE_ENTRIES)
+
+
+@dataclass(frozen=True)
+class SelectLaunch:
+    name: str
+    grid: tuple
+    block: tuple
+
+
+def head_groups(H: int) -> int:
+    """Groups of 8 heads, rounded up to a power of two (1..16)."""
+    g = 1
+    while 8 * g < H:
+        g *= 2
+    if g > 16:
+        raise ValueError(f"q: at most 128 heads are supported, got H = {H}")
+    return g
+
+
+def tiles_per_row(max_len: int) -> int:
+    return max(1, -(-max_len // TILE_ENTRIES))
+
+
+def score_fp32_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
+                      ctas_per_sm: int = 8) -> ScoreLaunch:
+    """Geometry of ``score_fp32_kernel``: one CTA per (query, run of tiles).
+
+    Runs of tiles are long enough to amortise staging the query (H x D floats) and short
+    enough that T * chunks CTAs give every SM ``ctas_per_sm`` of them: a single long row
+    (decode at batch 1) still spreads over the whole chip.
+    """
+    hg = head_groups(H)
+    tiles = tiles_per_row(max_len)
+    target = dev.sm_count * ctas_per_sm
+    per_cta = max(1, min(tiles, (T * tiles) // target))
+    chunks = -(-tiles // per_cta)
+    smem = 4 * (D * 8 * hg + _CHUNK * TILE_ENTRIES + 8 * hg + TILE_ENTRIES) + 8 * TILE_ENTRIES + 8 * 256
+    if smem > dev.max_smem_per_block:
+        raise ValueError(f"q: H = {H}, D = {D} needs {smem} bytes of shared memory, the device has {dev.max_smem_per_block}")
+    return ScoreLaunch(name=f"score_fp32_kernel<{hg}>", grid=(T, chunks), block=(32 * hg,), smem=smem,
+                       tiles_per_cta=per_cta, ld=tiles * TILE_ENTRIES)
+
+
+def select_launch(T: int, max_len: int) -> SelectLaunch:
+    """Geometry of ``select_topk_kernel``: one CTA per row, fewer threads for short rows."""
+    threads = 1024 if max_len > 4096 else 256
+    return SelectLaunch(name=f"select_topk_kernel<{threads}, {SELECT_MAX_K}>", grid=(T,), block=(threads,))
+
+
+def workspace_rows(T: int, ld: int, budget_bytes: int = 256 << 20) -> int:
+    """How many query rows of float32 scores fit the workspace budget (at least one)."""
+    return max(1, min(T, budget_bytes // (4 * ld)))

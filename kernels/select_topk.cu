@@ -1,0 +1,141 @@
+// select_topk.cu: exact top-k of float32 score rows by radix select.
+//
+// One CTA per row. The row's scores become order-preserving u32 keys (NaN -> 0, never
+// selected). Four 8-bit histogram passes, most significant digit first, find the key of
+// the k-th best entry; one collection pass takes every entry above it and, in index
+// order (a block scan), the lowest-indexed entries equal to it; a bitonic sort orders the
+// k winners by (score descending, index ascending). No locks, no divergent barriers: every
+// loop that contains a barrier has the same trip count in every thread.
+#include "common.cuh"
+
+// Returns the key of entry i of the row (0 for NaN).
+__device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { return score_to_key(row[i]); }
+
+template <int kThreads, int kMaxK>
+__global__ void __launch_bounds__(kThreads)
+select_topk_kernel(const float* __restrict__ scores,   // [rows, ld]
+                   long long ld,                        // row stride of scores, in floats
+                   const int* __restrict__ valid_lens,  // [rows]: entries 0..n-1 of a row are scored
+                   int max_len,                         // L * E: valid_lens is clamped to [0, max_len]
+                   int top_k,
+                   const int* __restrict__ block_table,  // [rows, L]; only read when physical != 0
+                   int L, int E, int num_blocks, int physical,
+                   int* __restrict__ out_idx,            // [rows, top_k]
+                   float* __restrict__ out_scores)       // [rows, top_k] or nullptr
+{
+    static_assert((kMaxK & (kMaxK - 1)) == 0, "kMaxK must be a power of two");
+    __shared__ u32 hist[256];
+    __shared__ u32 scratch[32];
+    __shared__ u32 s_bin, s_above;
+    __shared__ u64 cand[kMaxK];
+
+    const int row = blockIdx.x;
+    const int tid = threadIdx.x;
+    int n = valid_lens[row];
+    n = n < 0 ? 0 : (n > max_len ? max_len : n);
+    const float* __restrict__ r = scores + (long long)row * ld;
+
+    // ---- radix select: find the threshold key `prefix` and how many equal to it to take
+    u32 prefix = 0u, mask = 0u;
+    u32 k_rem = (u32)top_k;
+    bool take_all = false;
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        for (int b = tid; b < 256; b += kThreads) hist[b] = 0u;
+        __syncthreads();
+        for (int i = tid; i < n; i += kThreads) {
+            const u32 key = row_key(r, i);
+            const bool match = key != 0u && (key & mask) == prefix;
+            const u32 digit = (key >> shift) & 255u;
+            // warp-aggregated increment: equal digits (plateaus) would otherwise serialize
+            const u32 active = __ballot_sync(__activemask(), match);
+            if (match) {
+                const u32 peers = __match_any_sync(active, digit);
+                if ((__ffs(peers) - 1) == (tid & 31)) atomicAdd(&hist[digit], (u32)__popc(peers));
+            }
+        }
+        __syncthreads();
+        // Suffix scan over bins from 255 down: thread j < 256 owns bin 255 - j.
+        u32 total;
+        const u32 mine = tid < 256 ? hist[255 - tid] : 0u;
+        const u32 above = block_exclusive_scan<kThreads>(mine, scratch, &total);
+        if (pass == 0 && total <= k_rem) take_all = true;  // same value in every thread
+        if (take_all) break;
+        if (tid < 256 && above < k_rem && k_rem <= above + mine) {
+            s_bin = 255u - (u32)tid;
+            s_above = above;
+        }
+        __syncthreads();
+        prefix |= s_bin << shift;
+        mask |= 255u << shift;
+        k_rem -= s_above;
+        __syncthreads();
+    }
+    // take_all: every selectable entry (key > 0) is a winner. Else: keys > prefix, plus the
+    // k_rem lowest-indexed keys == prefix.
+    const u32 thr = take_all ? 0u : prefix;
+    const u32 take_eq = take_all ? 0u : k_rem;
+
+    // ---- collection in index order: positions from a block scan, so the result is deterministic
+    u32 gt_base = 0u, eq_base = 0u;
+    const u32 n_gt = take_all ? 0u : (u32)top_k - k_rem;  // entries strictly above thr
+    for (int start = 0; start < n; start += kThreads) {
+        const int i = start + tid;
+        const u32 key = i < n ? row_key(r, i) : 0u;
+        const u32 gt = key > thr;
+        const u32 eq = (!take_all && key == thr && key != 0u);
+        u32 total;
+        const u32 pre = block_exclusive_scan<kThreads>((gt << 16) | eq, scratch, &total);
+        if (gt) {
+            const u32 pos = gt_base + (pre >> 16);
+            if (pos < (u32)kMaxK) cand[pos] = ((u64)key << 32) | (u64)(~(u32)i);
+        } else if (eq) {
+            const u32 rank = eq_base + (pre & 0xffffu);
+            if (rank < take_eq) cand[n_gt + rank] = ((u64)key << 32) | (u64)(~(u32)i);
+        }
+        gt_base += total >> 16;
+        eq_base += total & 0xffffu;
+    }
+    const u32 m_raw = take_all ? gt_base : (u32)top_k;
+    const u32 m = m_raw < (u32)top_k ? m_raw : (u32)top_k;
+
+    // ---- bitonic sort of the m winners, descending by (key, ~index)
+    u32 size = 32u;
+    while (size < m) size <<= 1;
+    for (u32 i = m + tid; i < size; i += kThreads) cand[i] = 0ull;
+    __syncthreads();
+    for (u32 k = 2u; k <= size; k <<= 1) {
+        for (u32 j = k >> 1; j > 0u; j >>= 1) {
+            for (u32 i = tid; i < size; i += kThreads) {
+                const u32 p = i ^ j;
+                if (p > i) {
+                    const u64 a = cand[i], b = cand[p];
+                    const bool descending = (i & k) == 0u;
+                    if (descending ? (a < b) : (a > b)) {
+                        cand[i] = b;
+                        cand[p] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+    // ---- write indices (logical or physical) and scores; -1 / -inf padding
+    for (int i = tid; i < top_k; i += kThreads) {
+        int idx = -1;
+        float sc = -__int_as_float(0x7f800000);
+        if ((u32)i < m) {
+            const u64 c = cand[i];
+            const int s = (int)(~(u32)(c & 0xffffffffull));
+            sc = key_to_score((u32)(c >> 32));
+            idx = s;
+            if (physical) {
+                const int b = block_table[(long long)row * L + s / E];
+                idx = (b >= 0 && b < num_blocks) ? b * E + s % E : -1;
+            }
+        }
+        out_idx[(long long)row * top_k + i] = idx;
+        if (out_scores) out_scores[(long long)row * top_k + i] = sc;
+    }
+}

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of the indexer against its floor and its peers, in one run.
+
+    python scripts/bench.py                          # decode cases, every path
+    python scripts/bench.py --cases decode-128K,mtp-2 --paths exact,torch-composed
+    python scripts/bench.py --json out.json
+
+Per case it prints one aligned line per path: median ms, time/floor, TFLOP/s, GB/s, extra
+device memory (MB) and speed-up over torch-composed. The floor is
+max(bytes / copy bandwidth, flops / bf16 rate) with both ceilings measured in this run
+(docs/benchmarks.md of the project). Inputs are random NVFP4 pools (never zeros); cases
+whose inputs fit in L2 rotate several input sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from indexer import arrays, nvfp4, score_topk  # noqa: E402
+
+H, D = 64, 128
+L2_BYTES = 60 << 20
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    what: str
+    seqs: int            # sequences (requests)
+    queries_per_seq: int
+    top_k: int
+    E: int = 64
+    kind: str = "decode"  # decode | ragged | mtp | prefill
+    entries: int = 0      # visible entries per query (decode), prefix length (prefill)
+    prefill_tokens: int = 0
+    ratio: int = 4
+
+
+CASES = [
+    Case("decode-1M", "V4-Pro decode at 1M context", 64, 1, 1024, entries=262_144),
+    Case("decode-128K", "V4-Flash decode at 128K", 128, 1, 512, entries=32_768),
+    Case("decode-latency", "one request, 1M context", 1, 1, 1024, entries=262_144),
+    Case("decode-ragged", "mixed batch, lengths uniform in [1, 262144]", 64, 1, 1024, kind="ragged", entries=262_144),
+    Case("decode-E256", "256-entry blocks", 64, 1, 1024, E=256, entries=65_536),
+    Case("mtp-2", "two draft tokens per request", 64, 2, 1024, kind="mtp", entries=65_536),
+    Case("prefill-8K", "one sequence, 8192 tokens, 4:1", 1, 8192, 512, kind="prefill", entries=0, prefill_tokens=8192),
+    Case("prefill-chunk", "4096 new tokens after 1M", 1, 4096, 1024, kind="prefill", entries=262_144, prefill_tokens=4096),
+]
+DEFAULT_CASES = "decode-1M,decode-128K,decode-latency,decode-ragged,decode-E256,mtp-2"
+
+
+def build(case: Case, cp, seed: int):
+    """Device arrays for one case, and the counts the floor needs."""
+    rng = np.random.default_rng(seed)
+    E = case.E
+    T = case.seqs * case.queries_per_seq
+    if case.kind == "prefill":
+        t = np.arange(case.prefill_tokens)
+        lens = case.entries + (t + 1) // case.ratio
+        seq_len = np.array([int(lens.max())])
+    elif case.kind == "ragged":
+        seq_len = rng.integers(1, case.entries + 1, size=case.seqs)
+        lens = seq_len
+    elif case.kind == "mtp":
+        seq_len = np.full(case.seqs, case.entries + case.queries_per_seq - 1)
+        lens = (np.full((case.seqs, case.queries_per_seq), case.entries) + np.arange(case.queries_per_seq)).reshape(-1)
+    else:
+        seq_len = np.full(case.seqs, case.entries)
+        lens = seq_len
+    blocks = -(-seq_len // E)
+    P = int(blocks.sum())
+    L = int(blocks.max())
+    perm = rng.permutation(P).astype(np.int32)
+    table = np.full((case.seqs, L), -1, dtype=np.int32)
+    start = 0
+    for s, nb in enumerate(blocks):
+        table[s, :nb] = perm[start:start + nb]
+        start += nb
+    block_table = np.repeat(table, case.queries_per_seq if case.kind != "prefill" else T, axis=0)
+    g = cp.random.default_rng(seed)
+    keys_fp4 = g.integers(0, 256, size=(P, E, D // 2), dtype=cp.uint8)
+    # scales: E4M3 bytes 0x28..0x47 (0.25 .. 3.75), never NaN, never zero
+    key_scale = g.integers(0x28, 0x48, size=(P, E, D // 16), dtype=cp.uint8)
+    key_gscale = (cp.exp2(g.uniform(-12, -4, size=P)).astype(cp.float32))
+    q = g.standard_normal((T, H, D), dtype=cp.float32)
+    w = g.standard_normal((T, H), dtype=cp.float32)
+    arrays_ = dict(q=q, w=w, keys_fp4=keys_fp4, key_scale=key_scale, key_gscale=key_gscale,
+                   block_table=cp.asarray(block_table), valid_lens=cp.asarray(lens.astype(np.int32)))
+    pairs = int(lens.sum())
+    key_entries = int(seq_len.sum())  # each key counted once, however many queries see it
+    key_bytes = key_entries * (D // 2 + D // 16) + int(blocks.sum()) * 4
+    io_bytes = T * H * D * 4 + T * H * 4 + T * case.top_k * 4
+    counts = dict(T=T, pairs=pairs, bytes=key_bytes + io_bytes, flops=2 * H * D * pairs, P=P, L=L)
+    return arrays_, counts
+
+
+def time_it(cp, fn, sets, warmup=3, repeats=20, max_seconds=20.0):
+    """Median milliseconds of fn(inputs) with CUDA events, rotating over the input sets."""
+    for i in range(warmup):
+        fn(sets[i % len(sets)])
+    cp.cuda.Device().synchronize()
+    times = []
+    t_end = time.perf_counter() + max_seconds
+    for i in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn(sets[i % len(sets)])
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+        if time.perf_counter() > t_end and len(times) >= 3:
+            break
+    return statistics.median(times)
+
+
+def ceilings(cp):
+    """Copy bandwidth (bytes read + written per second) and dense fp16 tensor rate, measured now."""
+    n = 1 << 30
+    a = cp.random.default_rng(1).integers(0, 255, size=n, dtype=cp.uint8)
+    b = cp.empty_like(a)
+    ms = time_it(cp, lambda _: cp.copyto(b, a), [None], warmup=3, repeats=10)
+    bw = 2 * n / (ms * 1e-3)
+    del a, b
+    m = 8192
+    x = cp.random.default_rng(2).standard_normal((m, m), dtype=cp.float32).astype(cp.float16)
+    y = cp.random.default_rng(3).standard_normal((m, m), dtype=cp.float32).astype(cp.float16)
+    ms = time_it(cp, lambda _: cp.matmul(x, y), [None], warmup=3, repeats=10)
+    rate = 2 * m**3 / (ms * 1e-3)
+    return bw, rate
+
+
+def torch_composed_fn(torch, top_k, E, chunk_bytes=4 << 30):
+    """What a PyTorch user writes: dequantize the pool, gather by block table, bf16 einsum,
+    ReLU, weighted head sum, torch.topk; queries chunked so it fits."""
+    lut = torch.tensor(nvfp4.E2M1_VALUES, device="cuda")
+
+    def run(a):
+        codes, scales, gs = a["keys_fp4"], a["key_scale"], a["key_gscale"]
+        P, Ee, half = codes.shape
+        el = torch.stack([lut[(codes & 0xF).long()], lut[(codes >> 4).long()]], dim=-1).reshape(P, Ee, 2 * half)
+        sc = scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=-1)
+        pool = (el * sc * gs[:, None, None]).to(torch.bfloat16)
+        q, w, bt, lens = a["q"], a["w"], a["block_table"], a["valid_lens"]
+        T, L = bt.shape
+        S = L * Ee
+        per_query = S * (D * 2 + H * 2 + 8)
+        step = max(1, chunk_bytes // per_query)
+        outs = []
+        for t0 in range(0, T, step):
+            t1 = min(T, t0 + step)
+            keys = pool[bt[t0:t1].clamp(min=0).long()].reshape(t1 - t0, S, D)
+            logits = torch.einsum("thd,tsd->ths", q[t0:t1].to(torch.bfloat16), keys)
+            scores = torch.einsum("th,ths->ts", w[t0:t1], torch.relu(logits).float())
+            mask = torch.arange(S, device="cuda")[None, :] >= lens[t0:t1, None]
+            scores = scores.masked_fill(mask, float("-inf"))
+            outs.append(torch.topk(scores, min(top_k, S), dim=1).indices)
+        return torch.cat(outs)
+
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list, or 'all' (known: {', '.join(c.name for c in CASES)})")
+    ap.add_argument("--paths", default="exact,torch-composed,torch-topk")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--json", dest="json_path", default=None)
+    args = ap.parse_args(argv)
+    cp = arrays.cupy()
+    if cp is None:
+        print("bench: needs CuPy and a CUDA GPU")
+        return 2
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        torch = None
+    names = [c.name for c in CASES] if args.cases == "all" else args.cases.split(",")
+    cases = [c for c in CASES if c.name in names]
+    paths = args.paths.split(",")
+    bw, rate = ceilings(cp)
+    dev_name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    print(f"# {dev_name}  {time.strftime('%Y-%m-%d %H:%M')}  copy {bw / 1e12:.2f} TB/s  fp16 tensor {rate / 1e12:.0f} TFLOP/s")
+    header = f"{'case':15s} {'path':15s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} {'extra MB':>9s} {'vs torch':>8s}"
+    print(header)
+    results = dict(device=dev_name, date=time.strftime("%Y-%m-%d"), copy_bw=bw, tensor_rate=rate, cases=[])
+    for ci, case in enumerate(cases):
+        sets = []
+        a, counts = build(case, cp, seed=100 + ci)
+        sets.append(a)
+        one = sum(x.nbytes for x in a.values())
+        for r in range(1, min(4, max(1, (3 * L2_BYTES) // max(one, 1)))):
+            sets.append(build(case, cp, seed=1000 * r + ci)[0])
+        floor_s = max(counts["bytes"] / bw, counts["flops"] / rate)
+        row = dict(case=case.name, floor_ms=floor_s * 1e3, **counts, paths={})
+        torch_ms = None
+        for path in paths:
+            ms, extra = None, 0.0
+            if path in ("exact",):
+                def fn(x, _p=path):
+                    return score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
+                                      x["block_table"], x["valid_lens"], case.top_k, backend="cuda",
+                                      precision=_p, validate=False)
+                # extra device memory: everything one call allocates beyond its output
+                pool = cp.cuda.MemoryPool()
+                with cp.cuda.using_allocator(pool.malloc):
+                    fn(sets[0])
+                    cp.cuda.Device().synchronize()
+                extra = (pool.total_bytes() - counts["T"] * case.top_k * 4) / 2**20
+                del pool
+                ms = time_it(cp, fn, sets, repeats=args.repeats)
+            elif path == "torch-composed" and torch is not None:
+                run = torch_composed_fn(torch, case.top_k, case.E)
+                tsets = [{k: torch.from_dlpack(v) for k, v in s.items()} for s in sets]
+                ms = time_it(cp, run, tsets, warmup=1, repeats=min(args.repeats, 5), max_seconds=10)
+                torch_ms = ms
+            elif path == "torch-topk" and torch is not None:
+                S = counts["L"] * case.E
+                sc = torch.randn(counts["T"], S, device="cuda")
+                ms = time_it(cp, lambda _: torch.topk(sc, case.top_k, dim=1), [None], repeats=args.repeats)
+                del sc
+            if ms is None:
+                continue
+            s = ms * 1e-3
+            line = dict(ms=ms, x_floor=s / floor_s, tflops=counts["flops"] / s / 1e12,
+                        gbs=counts["bytes"] / s / 1e9, extra_mb=extra)
+            row["paths"][path] = line
+        for path, line in row["paths"].items():
+            speed = f"{torch_ms / line['ms']:.1f}x" if torch_ms and path != "torch-composed" else ""
+            line["vs_torch"] = torch_ms / line["ms"] if torch_ms else None
+            print(f"{case.name:15s} {path:15s} {line['ms']:9.3f} {line['x_floor']:8.2f} {line['tflops']:8.1f} "
+                  f"{line['gbs']:8.0f} {line['extra_mb']:9.1f} {speed:>8s}", flush=True)
+        print(f"{case.name:15s} {'floor':15s} {row['floor_ms']:9.3f}", flush=True)
+        results["cases"].append(row)
+        del sets, a
+        cp.get_default_memory_pool().free_all_blocks()
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

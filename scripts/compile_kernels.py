@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Compile every kernel instance with NVRTC for a target architecture, no GPU needed.
+
+This is the compile that ``indexer._jit`` asks CuPy for at run time (same sources with
+includes inlined, same name expressions, same options), done here through NVRTC's C API
+with ctypes, so CI catches a kernel that does not compile on a machine without a GPU.
+
+    python scripts/compile_kernels.py                 # sm_90a, every instance
+    python scripts/compile_kernels.py --arch sm_80 -v # another target, print resource use
+
+libnvrtc is taken from $INDEXER_NVRTC, the ``nvidia-cuda-nvrtc`` wheel, CuPy's CUDA path or
+/usr/local/cuda. Exit status 1 if any instance fails, with NVRTC's log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from indexer import _jit  # noqa: E402
+
+
+def find_nvrtc() -> str:
+    candidates = []
+    if os.environ.get("INDEXER_NVRTC"):
+        candidates.append(os.environ["INDEXER_NVRTC"])
+    try:
+        import nvidia  # the nvidia-cuda-nvrtc wheel  # noqa: PLC0415
+
+        for base in nvidia.__path__:
+            candidates += sorted(glob.glob(os.path.join(base, "*", "lib", "libnvrtc.so*")))
+            candidates += sorted(glob.glob(os.path.join(base, "cuda_nvrtc", "lib", "libnvrtc.so*")))
+    except ImportError:
+        pass
+    for root in (os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            candidates += sorted(glob.glob(os.path.join(root, "lib64", "libnvrtc.so*")))
+    for c in candidates:
+        if "alt" in os.path.basename(c) or "builtins" in os.path.basename(c):
+            continue
+        if os.path.isfile(c):
+            return c
+    raise SystemExit("libnvrtc not found: pip install 'nvidia-cuda-nvrtc==13.0.*' or set INDEXER_NVRTC")
+
+
+class Nvrtc:
+    def __init__(self, path: str):
+        # NVRTC dlopens its builtins library by name: load it first from the same folder
+        for builtins in sorted(glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so*"))):
+            if ".alt." not in builtins:
+                ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                break
+        self.lib = ctypes.CDLL(path)
+        self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    def check(self, status, what):
+        if status != 0:
+            raise RuntimeError(f"{what}: {self.lib.nvrtcGetErrorString(status).decode()}")
+
+    def version(self):
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self.check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        return major.value, minor.value
+
+    def compile(self, source: str, name: str, name_expression: str, options) -> tuple[bool, str, int]:
+        """Compile to CUBIN; returns (ok, log, cubin size)."""
+        prog = ctypes.c_void_p()
+        self.check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
+                   "nvrtcCreateProgram")
+        try:
+            self.check(self.lib.nvrtcAddNameExpression(prog, name_expression.encode()), "nvrtcAddNameExpression")
+            opts = [o.encode() for o in options]
+            arr = (ctypes.c_char_p * len(opts))(*opts)
+            status = self.lib.nvrtcCompileProgram(prog, len(opts), arr)
+            size = ctypes.c_size_t()
+            self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            buf = ctypes.create_string_buffer(size.value)
+            self.lib.nvrtcGetProgramLog(prog, buf)
+            log = buf.value.decode(errors="replace").strip()
+            if status != 0:
+                return False, log, 0
+            cubin_size = ctypes.c_size_t()
+            self.check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(cubin_size)), "nvrtcGetCUBINSize")
+            return True, log, cubin_size.value
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="sm_90a", help="NVRTC target, e.g. sm_90a, sm_80")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print NVRTC's log (ptxas resource use)")
+    args = ap.parse_args(argv)
+    nvrtc = Nvrtc(find_nvrtc())
+    cc = int(args.arch[3:5])
+    options = list(_jit.compile_options(cc))
+    options = [o for o in options if not o.startswith("-arch=")] + [f"-arch={args.arch}", "-ftz=true"]
+    if args.verbose:
+        options.append("-Xptxas=-v")
+    print(f"NVRTC {'.'.join(map(str, nvrtc.version()))}, options {' '.join(options)}")
+    failures = 0
+    for source, name_expression in _jit.instances():
+        t0 = time.perf_counter()
+        ok, log, size = nvrtc.compile(_jit.read_source(source), source, name_expression, options)
+        status = "ok  " if ok else "FAIL"
+        print(f"{status} {source:18s} {name_expression:40s} {size:8d} B  {time.perf_counter() - t0:5.1f} s")
+        if log and (args.verbose or not ok):
+            print("    " + log.replace("\n", "\n    "))
+        failures += not ok
+    print(f"{len(_jit.instances()) - failures} compiled, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The CUDA exact path against the float64 reference (tol 1e-6 of each score's magnitude)."""
+
+import numpy as np
+import pytest
+
+from indexer import arrays, reference, score_topk, testing
+from tests.gpu import requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+
+def run_cuda(p, **kw):
+    cp = arrays.cupy()
+    dev = [cp.asarray(a) for a in p.arrays()]
+    out = score_topk(*dev, p.top_k, backend="cuda", precision="exact", return_scores=True, **kw)
+    return out[0].get(), out[1].get()
+
+
+@pytest.mark.parametrize("H,D,E,top_k,T", [
+    (1, 32, 16, 1, 3),
+    (5, 64, 16, 7, 4),
+    (8, 128, 64, 100, 3),
+    (16, 64, 32, 64, 5),
+    (33, 96, 64, 200, 2),
+    (64, 128, 64, 512, 3),
+    (64, 256, 256, 1024, 2),
+    (128, 64, 16, 50, 2),
+    (64, 128, 16, 4096, 2),
+])
+def test_random_matches_reference(H, D, E, top_k, T):
+    rng = np.random.default_rng(1000 + H + D + E + top_k)
+    p = testing.random_problem(rng, T=T, H=H, D=D, E=E, L=max(2, -(-3 * top_k // E) // 2), top_k=top_k)
+    idx, sc = run_cuda(p)
+    testing.check_topk(p, idx, sc, tol=testing.TOL_EXACT)
+
+
+@pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS)
+@pytest.mark.parametrize("H,D,E", [(8, 64, 16), (64, 128, 64)])
+def test_adversarial_matches_reference(kind, H, D, E):
+    rng = np.random.default_rng(7)
+    p = testing.adversarial_problem(kind, rng, H=H, D=D, E=E)
+    idx, sc = run_cuda(p)
+    testing.check_topk(p, idx, sc, tol=testing.TOL_EXACT)
+
+
+def test_long_row_split_over_ctas_and_large_k():
+    # one query, many entries: the scoring spreads over many CTAs, the select sees 40k entries
+    rng = np.random.default_rng(11)
+    p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=40_000, top_k=4096)
+    idx, sc = run_cuda(p)
+    testing.check_topk(p, idx, sc, tol=testing.TOL_EXACT)
+
+
+def test_physical_indices_match_reference():
+    rng = np.random.default_rng(12)
+    p = testing.random_problem(rng, T=4, H=16, D=64, E=32, L=5, top_k=40)
+    cp = arrays.cupy()
+    got = score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", physical=True).get()
+    logical = run_cuda(p)[0]
+    np.testing.assert_array_equal(got, reference.to_physical(logical, p.block_table, p.keys_fp4.shape[1]))
+    testing.check_topk(p, got, physical=True)
+
+
+def test_bit_identical_reruns():
+    rng = np.random.default_rng(13)
+    p = testing.random_problem(rng, T=8, H=64, D=128, E=64, lens=5000, top_k=512)
+    first = run_cuda(p)
+    for _ in range(3):
+        again = run_cuda(p)
+        np.testing.assert_array_equal(first[0], again[0])
+        assert first[1].tobytes() == again[1].tobytes()
+
+
+def test_numpy_in_numpy_out_and_cupy_in_cupy_out():
+    cp = arrays.cupy()
+    rng = np.random.default_rng(14)
+    p = testing.random_problem(rng, T=2, H=8, D=64, E=16, L=3, top_k=10)
+    host = score_topk(*p.args(), backend="cuda")
+    assert isinstance(host, np.ndarray)
+    dev = score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k)  # auto picks CUDA for device arrays
+    assert isinstance(dev, cp.ndarray)
+    np.testing.assert_array_equal(host, dev.get())
+
+
+def test_validate_false_never_follows_bad_block_ids():
+    # out-of-range ids for visible blocks and lengths past L*E: no fault, those entries skipped
+    cp = arrays.cupy()
+    rng = np.random.default_rng(15)
+    p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=48, L=3, top_k=64)
+    bt = p.block_table.copy()
+    bt[0, 1] = 10**6
+    bt[1, 0] = -7
+    lens = p.valid_lens.copy()
+    lens[2] = 10**6
+    args = [cp.asarray(a) for a in (p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, bt, lens)]
+    idx = score_topk(*args, p.top_k, backend="cuda", validate=False).get()
+    cp.cuda.Device().synchronize()
+    E = p.keys_fp4.shape[1]
+    assert not np.any((idx[0] >= E) & (idx[0] < 2 * E))  # the bad block's entries never chosen
+    assert not np.any((idx[1] >= 0) & (idx[1] < E))
+    assert idx[2].max() < 3 * E  # clamped to L * E
+    with pytest.raises(ValueError, match="valid_lens"):
+        score_topk(*args, p.top_k, backend="cuda")
+    args[-1] = cp.asarray(p.valid_lens)
+    with pytest.raises(ValueError, match="block_table"):
+        score_topk(*args, p.top_k, backend="cuda")
+
+
+def test_nvfp4_codec_on_device_equals_host():
+    from indexer import nvfp4
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(16)
+    x = (rng.standard_normal((64, 128)) * np.exp2(rng.uniform(-20, 20, size=(64, 1)))).astype(np.float32)
+    c_h, s_h, g_h = nvfp4.quantize(x)
+    c_d, s_d, g_d = nvfp4.quantize(cp.asarray(x))
+    assert isinstance(c_d, cp.ndarray)
+    np.testing.assert_array_equal(c_h, c_d.get())
+    np.testing.assert_array_equal(s_h, s_d.get())
+    assert float(g_h) == float(g_d)
+    y_h = nvfp4.dequantize(c_h, s_h, g_h)
+    y_d = nvfp4.dequantize(c_d, s_d, g_d)
+    assert y_h.tobytes() == y_d.get().tobytes()
