@@ -86,9 +86,14 @@ def _heads_instances():
     return [f"score_fp32_kernel<{hg}>" for hg in (1, 2, 4, 8, 16)]
 
 
+def _mma_instances():
+    return [f"score_mma_kernel<{d}, {nb}>" for d in range(32, 257, 32) for nb in (2, 4, 8, 16)]
+
+
 #: every template instance, by source file: the table launches and CI draw from
 INSTANCES = {
     "score_fp32.cu": _heads_instances(),
+    "score_mma.cu": _mma_instances(),
     "select_topk.cu": ["select_topk_kernel<1024, 4096>", "select_topk_kernel<256, 4096>"],
 }
 

@@ -41,7 +41,7 @@ def _check_alignment(name, x):
 
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
-               precision="exact", return_scores=False, physical=False, validate=True,
+               precision="fast", return_scores=False, physical=False, validate=True,
                workspace_budget=256 << 20):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
     inputs and NumPy arrays when ``q`` came from the host."""
@@ -63,8 +63,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         dev = device_facts(device_id)
         indices = cp.empty((prob.T, prob.top_k), dtype=cp.int32)
         scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
-        _launch_exact(prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-                      valid_lens, indices, scores, physical, workspace_budget)
+        _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
+                valid_lens, indices, scores, physical, workspace_budget)
     if arrays.framework_of(like) == "numpy" and isinstance(like, np.ndarray):
         indices = indices.get()
         scores = scores.get() if scores is not None else None
@@ -74,23 +74,29 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     return (indices, scores) if return_scores else indices
 
 
-def _launch_exact(prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-                  valid_lens, indices, scores, physical, workspace_budget):
-    """FP32 scores of a run of query rows into a workspace, then the exact radix select."""
-    sl = geometry.score_fp32_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
+def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
+            valid_lens, indices, scores, physical, workspace_budget):
+    """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact',
+    fp16 tensor cores for 'fast'), then the exact radix select."""
+    i32 = np.int32
+    if precision == "exact":
+        sl = geometry.score_fp32_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
+        score_k = _kernel("score_fp32.cu", sl.name, device_id, sl.smem)
+        shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
+    else:
+        sl = geometry.score_mma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
+        score_k = _kernel("score_mma.cu", sl.name, device_id, sl.smem)
+        shape_args = (i32(prob.H), i32(prob.P), i32(prob.E), i32(prob.L))
     rows = geometry.workspace_rows(prob.T, sl.ld, workspace_budget)
-    score_k = _kernel("score_fp32.cu", sl.name, device_id, sl.smem)
     sel = geometry.select_launch(rows, prob.max_len)
     select_k = _kernel("select_topk.cu", sel.name, device_id)
     workspace = cp.empty((rows, sl.ld), dtype=cp.float32)
-    i32 = np.int32
     for r0 in range(0, prob.T, rows):
         r1 = min(prob.T, r0 + rows)
         nr = r1 - r0
         score_k((nr, sl.grid[1]), sl.block,
                 (q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], valid_lens[r0:r1],
-                 i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L), i32(sl.tiles_per_cta),
-                 workspace, np.int64(sl.ld)),
+                 *shape_args, i32(sl.tiles_per_cta), workspace, np.int64(sl.ld)),
                 shared_mem=sl.smem)
         select_k((nr,), sel.block,
                  (workspace, np.int64(sl.ld), valid_lens[r0:r1], i32(prob.max_len), i32(prob.top_k),

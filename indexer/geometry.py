@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Device", "H200", "ScoreLaunch", "SelectLaunch", "score_fp32_launch", "select_launch",
-           "workspace_rows", "TILE_ENTRIES", "SELECT_MAX_K"]
+__all__ = ["Device", "H200", "ScoreLaunch", "SelectLaunch", "score_fp32_launch", "score_mma_launch",
+           "select_launch", "workspace_rows", "TILE_ENTRIES", "SELECT_MAX_K"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -70,13 +70,33 @@ def score_fp32_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
     """
     hg = head_groups(H)
     tiles = tiles_per_row(max_len)
-    target = dev.sm_count * ctas_per_sm
-    per_cta = max(1, min(tiles, (T * tiles) // target))
-    chunks = -(-tiles // per_cta)
+    per_cta, chunks = _tile_runs(T, tiles, dev.sm_count * ctas_per_sm)
     smem = 4 * (D * 8 * hg + _CHUNK * TILE_ENTRIES + 8 * hg + TILE_ENTRIES) + 8 * TILE_ENTRIES + 8 * 256
     if smem > dev.max_smem_per_block:
         raise ValueError(f"q: H = {H}, D = {D} needs {smem} bytes of shared memory, the device has {dev.max_smem_per_block}")
     return ScoreLaunch(name=f"score_fp32_kernel<{hg}>", grid=(T, chunks), block=(32 * hg,), smem=smem,
+                       tiles_per_cta=per_cta, ld=tiles * TILE_ENTRIES)
+
+
+def _tile_runs(T: int, tiles: int, target_ctas: int) -> tuple:
+    """(tiles per CTA, CTAs per row) so that T rows give about ``target_ctas`` CTAs."""
+    per_cta = max(1, min(tiles, (T * tiles) // target_ctas))
+    return per_cta, -(-tiles // per_cta)
+
+
+def mma_head_blocks(H: int) -> int:
+    """8-head column blocks of the tensor-core kernel: even, a power of two, 2..16."""
+    return max(2, head_groups(H))
+
+
+def score_mma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
+                     ctas_per_sm: int = 8) -> ScoreLaunch:
+    """Geometry of ``score_mma_kernel``: 4 warps, 128 entries per CTA iteration, one CTA
+    per (query, run of tiles); the query is staged in static shared memory."""
+    nb = mma_head_blocks(H)
+    tiles = tiles_per_row(max_len)
+    per_cta, chunks = _tile_runs(T, tiles, dev.sm_count * ctas_per_sm)
+    return ScoreLaunch(name=f"score_mma_kernel<{D}, {nb}>", grid=(T, chunks), block=(128,), smem=0,
                        tiles_per_cta=per_cta, ld=tiles * TILE_ENTRIES)
 
 

@@ -146,7 +146,8 @@ def global_scale_for(amax):
     xp = arrays.module_of(amax)
     amax = xp.asarray(amax, dtype=xp.float32)
     g = amax / xp.float32(E2M1_MAX * E4M3_MAX)
-    return xp.where(amax > 0, g, xp.float32(1.0)).astype(xp.float32)
+    # g = 1 for all-zero data, and also where amax / 2688 underflows to 0 (amax < ~1.9e-42)
+    return xp.where(g > 0, g, xp.float32(1.0)).astype(xp.float32)
 
 
 def _check_global_scale(xp, g, batch_shape):

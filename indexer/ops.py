@@ -9,7 +9,7 @@ from . import arrays, reference, validate as _validate
 __all__ = ["score_topk", "BACKENDS", "PRECISIONS"]
 
 BACKENDS = ("auto", "numpy", "cuda")
-PRECISIONS = ("exact",)
+PRECISIONS = ("fast", "exact")
 
 _NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
 
@@ -26,7 +26,7 @@ def _pick_backend(backend: str, inputs) -> str:
 
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
-               backend="auto", precision="exact", return_scores=False, physical=False,
+               backend="auto", precision="fast", return_scores=False, physical=False,
                validate=True):
     """Score every visible key of each query and return the top-k entries, highest first.
 
@@ -46,8 +46,10 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     top_k : int                      1 <= top_k <= indexer.MAX_TOP_K
     backend : 'auto' | 'numpy' | 'cuda'
         'auto' runs on the GPU when CuPy sees one (or the inputs live there), else NumPy.
-    precision : 'exact'
-        'exact' is the FP32 path (per-entry error <= 1e-6 of the score's magnitude).
+    precision : 'fast' | 'exact'
+        'fast' (the GPU default) runs the dot products on fp16 tensor cores with exact keys
+        and fp16-rounded queries (per-entry error <= 2**-11 of the score's magnitude);
+        'exact' is the FP32 path (<= 1e-6). The NumPy backend is always exact (float64).
     return_scores : also return the float32 scores (T, top_k), -inf at padding.
     physical : return pool slots ``block_table[t, s // E] * E + s % E`` instead of ``s``.
     validate : run the argument checks (cheap, but they synchronise with the device);

@@ -136,27 +136,35 @@ def check_topk(p: Problem, indices, scores=None, *, tol=TOL_EXACT, exact=None, p
     indices = np.asarray(indices)
     T, k = p.q.shape[0], p.top_k
     assert indices.shape == (T, k) and indices.dtype == np.int32, f"indices: shape {indices.shape} dtype {indices.dtype}"
+    if scores is not None:
+        scores = np.asarray(scores)
+        assert scores.shape == (T, k) and scores.dtype == np.float32, f"scores: shape {scores.shape} dtype {scores.dtype}"
     if physical:
         logical = _physical_to_logical(p, indices)
     else:
         logical = indices
     exact = exact if exact is not None else exact_scores(p)
     for t in range(T):
-        _check_row(p, t, logical[t], None if scores is None else np.asarray(scores)[t], tol, exact[t])
+        _check_row(p, t, logical[t], None if scores is None else scores[t], tol, exact[t])
 
 
 def _physical_to_logical(p, indices):
+    """Map physical slots back to logical entries. A row's table may list one physical block
+    twice; each output position then takes the lowest logical entry of that slot not yet
+    taken, which is the one the tie rule would pick."""
     E = p.keys_fp4.shape[1]
     out = np.full_like(indices, -1)
     for t in range(indices.shape[0]):
         n = int(p.valid_lens[t])
         s = np.arange(n)
         phys = p.block_table[t][s // E].astype(np.int64) * E + s % E
-        lookup = {int(v): i for i, v in enumerate(phys)}
+        lookup = {}
+        for logical, v in enumerate(phys):
+            lookup.setdefault(int(v), []).append(logical)
         for j, v in enumerate(indices[t]):
             if v >= 0:
-                assert int(v) in lookup, f"row {t}: physical index {v} is not visible to this query"
-                out[t, j] = lookup[int(v)]
+                assert lookup.get(int(v)), f"row {t}: physical index {v} is not visible to this query (or repeated too often)"
+                out[t, j] = lookup[int(v)].pop(0)
     return out
 
 
@@ -170,6 +178,8 @@ def _check_row(p, t, idx, sc, tol, exact_row):
     assert np.all((chosen >= 0) & (chosen < n)), f"row {t}: index out of [0, {n}): {chosen[(chosen < 0) | (chosen >= n)][:8]}"
     assert np.unique(chosen).size == m, f"row {t}: duplicate indices"
     assert np.all(selectable[chosen]), f"row {t}: selected an entry with a NaN score"
+    if sc is not None:
+        assert np.all(np.isneginf(sc[m:])), f"row {t}: padding scores must be -inf"
     if m == 0:
         return
     err = tol * mag
@@ -204,7 +214,6 @@ def _check_row(p, t, idx, sc, tol, exact_row):
     assert zeros_sel == sorted(zeros_sel), f"row {t}: zero-score plateau not in index order"
     assert list(zeros_all[: len(zeros_sel)]) == zeros_sel, f"row {t}: zero-score plateau did not take the lowest indices"
     if sc is not None:
-        assert np.all(np.isneginf(sc[m:])), f"row {t}: padding scores must be -inf"
         got = sc[:m].astype(np.float64)
         bound = err[chosen] + np.abs(score[chosen]) * 2.0**-24 + 1e-37
         bad = ~(np.abs(got - score[chosen]) <= bound) & ~(np.isinf(got) & (got == score[chosen]))

@@ -121,6 +121,8 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
     _check_shape("valid_lens", valid_lens, (T,))
     if L < 1:
         raise ValueError(f"block_table: expected at least one column, got shape {tuple(block_table.shape)}")
+    if P * E >= 2**31:
+        raise ValueError(f"keys_fp4: P * E = {P * E} pool entries exceeds the int32 range of physical indices")
     if L * E >= 2**31:
         raise ValueError(f"block_table: L * E = {L * E} entries per row exceeds the int32 range")
     prob = Problem(T=T, H=H, D=D, P=P, E=E, L=L, top_k=top_k)

@@ -172,7 +172,7 @@ def torch_composed_fn(torch, top_k, E, chunk_bytes=4 << 30):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list, or 'all' (known: {', '.join(c.name for c in CASES)})")
-    ap.add_argument("--paths", default="exact,torch-composed,torch-topk")
+    ap.add_argument("--paths", default="fast,exact,torch-composed,torch-topk")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args(argv)
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
         torch_ms = None
         for path in paths:
             ms, extra = None, 0.0
-            if path in ("exact",):
+            if path in ("fast", "exact"):
                 def fn(x, _p=path):
                     return score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
                                       x["block_table"], x["valid_lens"], case.top_k, backend="cuda",

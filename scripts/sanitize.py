@@ -31,28 +31,35 @@ def cases():
 
     cp = arrays.cupy()
     rng = np.random.default_rng(0)
-    shapes = [(1, 32, 16, 5), (16, 64, 16, 20), (32, 64, 32, 40), (64, 128, 64, 300), (128, 64, 16, 64)]
+    shapes = [(1, 32, 16, 5), (16, 64, 16, 20), (32, 64, 32, 40), (64, 128, 64, 300), (128, 64, 16, 64),
+              (24, 96, 16, 10), (8, 256, 16, 12), (40, 160, 32, 9)]
     ran = 0
     for H, D, E, k in shapes:
         p = testing.random_problem(rng, T=3, H=H, D=D, E=E, L=6, top_k=k)
-        score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", return_scores=True)
-        ran += 1
+        for precision in ("exact", "fast"):
+            score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", precision=precision,
+                       return_scores=True)
+            ran += 1
     # the 1024-thread select: rows longer than 4096 entries
     p = testing.random_problem(rng, T=2, H=8, D=64, E=64, lens=[5000, 4097], top_k=4096)
     score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", physical=True)
     ran += 1
     for kind in testing.ADVERSARIAL_KINDS:
         p = testing.adversarial_problem(kind, rng)
-        score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", return_scores=True)
-        ran += 1
+        for precision in ("exact", "fast"):
+            score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", precision=precision,
+                       return_scores=True)
+            ran += 1
     # validation off, bad inputs: ids out of range for visible blocks, lengths past L*E
     p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=48, L=3, top_k=64)
     p.block_table[0, 1] = 10**6
     p.block_table[1, 0] = -7
     p.valid_lens[2] = 10**6
     p.valid_lens[1] = -3
-    score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", validate=False, physical=True)
-    ran += 1
+    for precision in ("exact", "fast"):
+        score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", precision=precision,
+                   validate=False, physical=True)
+        ran += 1
     cp.cuda.Device().synchronize()
     print(f"sanitize workload: {ran} calls ran")
 

@@ -1,4 +1,5 @@
-"""The CUDA exact path against the float64 reference (tol 1e-6 of each score's magnitude)."""
+"""The CUDA paths against the float64 reference: 'exact' within 1e-6 of each score's
+magnitude, 'fast' (tensor cores) within 2**-11."""
 
 import numpy as np
 import pytest
@@ -9,10 +10,14 @@ from tests.gpu import requires_gpu
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
 
-def run_cuda(p, **kw):
+TOL = {"exact": testing.TOL_EXACT, "fast": testing.TOL_FAST}
+PRECISIONS = pytest.mark.parametrize("precision", ["exact", "fast"])
+
+
+def run_cuda(p, precision="exact", **kw):
     cp = arrays.cupy()
     dev = [cp.asarray(a) for a in p.arrays()]
-    out = score_topk(*dev, p.top_k, backend="cuda", precision="exact", return_scores=True, **kw)
+    out = score_topk(*dev, p.top_k, backend="cuda", precision=precision, return_scores=True, **kw)
     return out[0].get(), out[1].get()
 
 
@@ -27,28 +32,40 @@ def run_cuda(p, **kw):
     (128, 64, 16, 50, 2),
     (64, 128, 16, 4096, 2),
 ])
-def test_random_matches_reference(H, D, E, top_k, T):
+@PRECISIONS
+def test_random_matches_reference(H, D, E, top_k, T, precision):
     rng = np.random.default_rng(1000 + H + D + E + top_k)
     p = testing.random_problem(rng, T=T, H=H, D=D, E=E, L=max(2, -(-3 * top_k // E) // 2), top_k=top_k)
-    idx, sc = run_cuda(p)
-    testing.check_topk(p, idx, sc, tol=testing.TOL_EXACT)
+    idx, sc = run_cuda(p, precision)
+    testing.check_topk(p, idx, sc, tol=TOL[precision])
+
+
+@pytest.mark.parametrize("D", [32, 96, 160, 224])
+def test_fast_path_every_head_dim_layout(D):
+    # D/8 bytes per thread and row: 4, 12, 20, 28 -> every load width and scale-group split
+    rng = np.random.default_rng(D)
+    p = testing.random_problem(rng, T=3, H=24, D=D, E=16, L=6, top_k=30)
+    idx, sc = run_cuda(p, "fast")
+    testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
 
 
 @pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS)
 @pytest.mark.parametrize("H,D,E", [(8, 64, 16), (64, 128, 64)])
-def test_adversarial_matches_reference(kind, H, D, E):
+@PRECISIONS
+def test_adversarial_matches_reference(kind, H, D, E, precision):
     rng = np.random.default_rng(7)
     p = testing.adversarial_problem(kind, rng, H=H, D=D, E=E)
-    idx, sc = run_cuda(p)
-    testing.check_topk(p, idx, sc, tol=testing.TOL_EXACT)
+    idx, sc = run_cuda(p, precision)
+    testing.check_topk(p, idx, sc, tol=TOL[precision])
 
 
-def test_long_row_split_over_ctas_and_large_k():
+@PRECISIONS
+def test_long_row_split_over_ctas_and_large_k(precision):
     # one query, many entries: the scoring spreads over many CTAs, the select sees 40k entries
     rng = np.random.default_rng(11)
     p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=40_000, top_k=4096)
-    idx, sc = run_cuda(p)
-    testing.check_topk(p, idx, sc, tol=testing.TOL_EXACT)
+    idx, sc = run_cuda(p, precision)
+    testing.check_topk(p, idx, sc, tol=TOL[precision])
 
 
 def test_physical_indices_match_reference():
@@ -61,12 +78,13 @@ def test_physical_indices_match_reference():
     testing.check_topk(p, got, physical=True)
 
 
-def test_bit_identical_reruns():
+@PRECISIONS
+def test_bit_identical_reruns(precision):
     rng = np.random.default_rng(13)
     p = testing.random_problem(rng, T=8, H=64, D=128, E=64, lens=5000, top_k=512)
-    first = run_cuda(p)
+    first = run_cuda(p, precision)
     for _ in range(3):
-        again = run_cuda(p)
+        again = run_cuda(p, precision)
         np.testing.assert_array_equal(first[0], again[0])
         assert first[1].tobytes() == again[1].tobytes()
 
@@ -82,7 +100,8 @@ def test_numpy_in_numpy_out_and_cupy_in_cupy_out():
     np.testing.assert_array_equal(host, dev.get())
 
 
-def test_validate_false_never_follows_bad_block_ids():
+@PRECISIONS
+def test_validate_false_never_follows_bad_block_ids(precision):
     # out-of-range ids for visible blocks and lengths past L*E: no fault, those entries skipped
     cp = arrays.cupy()
     rng = np.random.default_rng(15)
@@ -93,7 +112,7 @@ def test_validate_false_never_follows_bad_block_ids():
     lens = p.valid_lens.copy()
     lens[2] = 10**6
     args = [cp.asarray(a) for a in (p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, bt, lens)]
-    idx = score_topk(*args, p.top_k, backend="cuda", validate=False).get()
+    idx = score_topk(*args, p.top_k, backend="cuda", precision=precision, validate=False).get()
     cp.cuda.Device().synchronize()
     E = p.keys_fp4.shape[1]
     assert not np.any((idx[0] >= E) & (idx[0] < 2 * E))  # the bad block's entries never chosen

@@ -1,0 +1,411 @@
+"""The ``indexer`` command line: ``demo``, ``score``, ``pack`` and ``info``.
+
+Thin on purpose: reading and writing files is ``indexer.io``, scoring is
+``indexer.score_topk``, the pool is ``indexer.KeyPool``, checking is ``indexer.testing``.
+
+Errors from the library or from the files (``ValueError``, ``TypeError``, ``RuntimeError``
+such as ``PoolFullError``, ``OSError``) and malformed command lines print one line,
+``error: ...``, to stderr and exit with code 2; set ``INDEXER_DEBUG=1`` to get the
+traceback instead. ``demo`` exits with 1 when its result does not match the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+
+import click
+import numpy as np
+
+from . import __version__, arrays, io, ops, testing
+
+__all__ = ["main"]
+
+_USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError)
+
+
+class CliError(click.ClickException):
+    """A user-facing error: shown as one line ``error: ...`` on stderr, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file=None):
+        click.echo(f"error: {self.format_message()}", err=True, file=file)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+class _Group(click.Group):
+    """Turns library errors and usage errors into one ``error:`` line."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:  # the group's own options ('indexer --bogus')
+            raise CliError(f"{exc.format_message()} (see '{info_name} --help')") from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.Abort, CliError):
+            raise  # Exit and Abort are RuntimeErrors: let click handle them
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            raise CliError(f"{exc.format_message()} (see '{where} --help')") from None
+        except _USER_ERRORS as exc:
+            if os.environ.get("INDEXER_DEBUG", "0") not in ("", "0"):
+                raise
+            raise CliError(_one_line(exc)) from None
+
+
+def _echo_json(obj, indent=2) -> None:
+    click.echo(json.dumps(obj, indent=indent))
+
+
+def _num(x):
+    """A JSON-safe float: None for -inf padding (and any non-finite value)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _table(headers, rows) -> str:
+    """Right-aligned columns under their headers."""
+    cells = [list(map(str, headers))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.rjust(wd) for c, wd in zip(r, widths)) for r in cells)
+
+
+def _top_rows(indices, scores, show=None):
+    """(query, rank, index[, score]) rows, ``show`` ranks per query (all when None)."""
+    rows = []
+    T, k = indices.shape
+    for t in range(T):
+        for r in range(k if show is None else min(show, k)):
+            row = [t, r, int(indices[t, r])]
+            if scores is not None:
+                row.append(f"{float(scores[t, r]):.6g}")
+            rows.append(row)
+    return rows
+
+
+@click.group("indexer", cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="indexer")
+def main():
+    """Lightning indexer of DeepSeek-style sparse attention over NVFP4 keys in a paged pool.
+
+    For every query token t, score each visible key s of its sequence with
+    I[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :]) and keep the top-k entries,
+    on the GPU (CuPy) or with the NumPy reference.
+
+    \b
+    Examples:
+      indexer demo --backend numpy
+      indexer pack keys.npz --out pool.npz
+      indexer score problem.npz --top-k 512 --out topk.npz
+      indexer info
+    """
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "cuda" if arrays.gpu_available() else "numpy"
+    return backend
+
+
+@main.command()
+@click.option("--backend", type=click.Choice(ops.BACKENDS), default="auto", show_default=True,
+              help="'auto' runs on the GPU when CuPy finds one, else on NumPy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="random seed of keys, queries and weights.")
+@click.option("--queries", "T", type=click.IntRange(min=1), default=4, show_default=True,
+              help="query tokens T; each reads its own sequence.")
+@click.option("--entries", "N", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="key entries per sequence.")
+@click.option("--top-k", "top_k", type=int, default=512, show_default=True, help="entries kept per query.")
+@click.option("--show", type=click.IntRange(min=0), default=5, show_default=True,
+              help="top entries printed per query.")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text.")
+@click.pass_context
+def demo(ctx, backend, seed, T, N, top_k, show, as_json):
+    """Score a realistic random case and check it against the float64 reference.
+
+    H = 64 heads, D = 128, a KeyPool of 64-entry blocks holding T sequences of N Gaussian
+    keys (NVFP4 on write), one random query per sequence, top_k 512 by default. Prints
+    the backend, sizes, time, whether the result matches the reference, and each
+    query's best entries. Exits with 1 when the check fails.
+
+    \b
+    Example:
+      indexer demo --backend numpy --entries 1024 --top-k 64
+    """
+    from .pool import KeyPool  # noqa: PLC0415
+
+    H, D, E = 64, 128, 64
+    chosen = _resolve_backend(backend)
+    if chosen == "cuda" and not arrays.gpu_available():
+        raise RuntimeError("backend 'cuda': CuPy with a usable CUDA GPU is required (pip install 'indexer[cuda13]')")
+    rng = np.random.default_rng(seed)
+    blocks = T * -(-N // E)
+    on_gpu = chosen == "cuda"
+    # on the GPU the pool and the queries live there, so the time is the kernels' alone
+    pool = KeyPool(blocks, entries_per_block=E, head_dim=D, device="cuda" if on_gpu else "cpu")
+    seqs = list(range(T))
+    for s in seqs:
+        pool.append(s, rng.standard_normal((N, D), dtype=np.float32))
+    q = rng.standard_normal((T, H, D), dtype=np.float32)
+    w = rng.standard_normal((T, H), dtype=np.float32)
+    q_in, w_in = (arrays.to_cupy(q), arrays.to_cupy(w)) if on_gpu else (q, w)
+
+    def run():
+        out = pool.score_topk(q_in, w_in, seqs, top_k, backend=chosen, return_scores=True)
+        return arrays.to_numpy(out[0]), arrays.to_numpy(out[1])  # waits for the device
+
+    first_ms = None
+    if on_gpu:  # pragma: no cover  (needs a GPU)
+        # the first call compiles the kernels (or loads them from CuPy's cache): time it apart
+        t0 = time.perf_counter()
+        run()
+        first_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    indices, scores = run()
+    ms = (time.perf_counter() - t0) * 1e3
+
+    problem = testing.Problem(
+        q=q, w=w,
+        keys_fp4=arrays.to_numpy(pool.keys_fp4), key_scale=arrays.to_numpy(pool.key_scale),
+        key_gscale=arrays.to_numpy(pool.key_gscale),
+        block_table=arrays.to_numpy(pool.block_table(seqs)), valid_lens=arrays.to_numpy(pool.lengths(seqs)),
+        top_k=top_k)
+    try:
+        testing.check_topk(problem, indices, scores, tol=testing.TOL_EXACT)
+        ok, check = True, "matches the reference"
+    except AssertionError as exc:
+        ok, check = False, f"does NOT match the reference: {_one_line(exc)}"
+
+    sizes = {"queries": T, "heads": H, "head_dim": D, "entries_per_block": E, "entries_per_sequence": N,
+             "pool_blocks": blocks, "top_k": top_k}
+    if as_json:
+        _echo_json({
+            "backend": chosen, "sizes": sizes, "time_ms": ms, "first_call_ms": first_ms,
+            "ok": ok, "check": check, "tol": testing.TOL_EXACT,
+            "top": [[{"index": int(i), "score": _num(sc)} for i, sc in zip(indices[t, :show], scores[t, :show])]
+                    for t in range(T)],
+        })
+    else:
+        click.echo(f"backend   {chosen}")
+        click.echo(f"sizes     {T} queries x {H} heads x D {D}; {T} sequences x {N} entries "
+                   f"in {blocks} blocks of {E}; top_k {top_k}")
+        timing = f"{ms:.2f} ms" + (f" (first call {first_ms:.1f} ms, with kernel load)" if first_ms is not None else "")
+        click.echo(f"time      {timing}")
+        click.echo(f"check     {check} (tol {testing.TOL_EXACT:g})")
+        if show:
+            click.echo()
+            click.echo(_table(("query", "rank", "index", "score"), _top_rows(indices, scores, show)))
+    if not ok:
+        ctx.exit(1)
+
+
+# ----------------------------------------------------------------------------- score
+
+
+@main.command()
+@click.argument("input_path", metavar="INPUT")
+@click.option("--top-k", "top_k", type=int, default=None,
+              help="entries kept per query (default: the array 'top_k' of INPUT).")
+@click.option("--out", "out", default=None, metavar="FILE",
+              help="write 'indices' (and 'scores' with --scores) to FILE (.npz, .safetensors or .npy).")
+@click.option("--backend", type=click.Choice(ops.BACKENDS), default="auto", show_default=True,
+              help="'auto' runs on the GPU when CuPy finds one, else on NumPy.")
+@click.option("--physical", is_flag=True, help="return pool slots block * E + slot instead of logical entries.")
+@click.option("--scores/--no-scores", "with_scores", default=None,
+              help="include the scores (default: yes on stdout, no in --out files).")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
+def score(input_path, top_k, out, backend, physical, with_scores, as_json):
+    """Score the queries saved in INPUT and print or save their top-k entries.
+
+    INPUT (.npz, .safetensors) holds either the seven score_topk arrays q, w, keys_fp4,
+    key_scale, key_gscale, block_table, valid_lens, or a saved KeyPool (it has an array
+    'pool_meta', see 'indexer pack') plus q (T,H,D), w (T,H) and seqs (T,), the integer
+    sequence id each query reads. Either may hold top_k as a one-element integer array.
+    Arrays are used as stored: a wrong dtype or shape is reported, never converted.
+
+    Without --out, prints a table (query, rank, index, score); -1 pads rows with fewer
+    than top_k visible entries.
+
+    \b
+    Examples:
+      indexer score problem.npz --top-k 512
+      indexer score pool_and_queries.npz --top-k 64 --physical --out topk.npz --scores
+    """
+    data = io.read_arrays(input_path)
+    if out is not None:
+        io.file_format(out)  # an unknown output type fails before the work
+    problem, k = io.load_problem(data, top_k=top_k, name=input_path)
+    t0 = time.perf_counter()
+    indices, scores = ops.score_topk(*problem, k, backend=backend, return_scores=True, physical=physical)
+    indices, scores = arrays.to_numpy(indices), arrays.to_numpy(scores)
+    ms = (time.perf_counter() - t0) * 1e3
+    if out is not None:
+        result = {"indices": indices}
+        if with_scores:
+            result["scores"] = scores
+        io.write_arrays(out, result)
+        if as_json:
+            _echo_json({"out": out, "arrays": {n: list(a.shape) for n, a in result.items()}, "time_ms": ms})
+        else:
+            shapes = ", ".join(f"{n} {a.dtype}{tuple(a.shape)}" for n, a in result.items())
+            click.echo(f"wrote {shapes} to {out} ({ms:.1f} ms)")
+        return
+    with_scores = True if with_scores is None else with_scores
+    if as_json:
+        obj = {"top_k": int(k), "physical": physical, "indices": indices.tolist()}
+        if with_scores:
+            obj["scores"] = [[_num(x) for x in row] for row in scores]
+        _echo_json(obj, indent=None)  # one line: the arrays can be long
+    else:
+        headers = ("query", "rank", "index") + (("score",) if with_scores else ())
+        click.echo(_table(headers, _top_rows(indices, scores if with_scores else None)))
+
+
+# ----------------------------------------------------------------------------- pack
+
+
+@main.command()
+@click.argument("keys_path", metavar="KEYS")
+@click.option("--out", "out", required=True, metavar="POOL", help="the pool file to write (.npz or .safetensors).")
+@click.option("--entries-per-block", "E", type=click.IntRange(min=1), default=64, show_default=True,
+              help="entries E of each pool block.")
+@click.option("--num-blocks", "num_blocks", type=click.IntRange(min=1), default=None,
+              help="pool size in blocks (default: exactly what the sequences need, at least 1).")
+def pack(keys_path, out, E, num_blocks):
+    """Quantize key sequences to NVFP4 into a paged KeyPool and save it.
+
+    KEYS (.npz or .safetensors) holds one float32 (n, D) array per sequence; the array's
+    name is the sequence id (a name of decimal digits becomes an int id, any other name a
+    str id). Every sequence is appended to a new KeyPool, saved to POOL, which
+    'indexer score' reads together with q, w and seqs arrays.
+
+    \b
+    Example:
+      indexer pack keys.npz --out pool.npz --entries-per-block 64
+    """
+    from .pool import KeyPool  # noqa: PLC0415
+
+    if io.file_format(out) == ".npy":
+        raise ValueError(f"{out}: a pool is saved as .npz or .safetensors, not .npy")
+    sequences = io.key_sequences(io.read_arrays(keys_path), name=keys_path)
+    D = next(iter(sequences.values())).shape[1]
+    needed = io.blocks_needed(sequences, E)
+    blocks = num_blocks if num_blocks is not None else max(1, needed)
+    pool = KeyPool(blocks, entries_per_block=E, head_dim=D)
+    for sid, keys in sequences.items():
+        pool.append(sid, keys)
+    pool.save(out)
+    total = sum(a.shape[0] for a in sequences.values())
+    empty = len(sequences) - len(pool.sequences)
+    note = f"; {empty} empty sequence(s) hold no keys and are not stored" if empty else ""
+    click.echo(f"packed {len(pool.sequences)} sequences ({total} keys, D {D}) into {blocks} blocks "
+               f"of {E} entries ({needed} used{note}) -> {out}")
+
+
+# ----------------------------------------------------------------------------- info
+
+
+def _version_of(dist: str, module: str | None = None) -> str:
+    try:
+        from importlib import metadata  # noqa: PLC0415
+
+        return metadata.version(dist)
+    except Exception:  # noqa: BLE001  (not installed, or installed without metadata)
+        pass
+    try:
+        mod = __import__(module or dist)
+        return str(mod.__version__)
+    except Exception:  # noqa: BLE001
+        return "not installed"
+
+
+def _cupy_version() -> str:
+    try:
+        import cupy  # noqa: PLC0415
+
+        return str(cupy.__version__)
+    except ImportError:
+        return "not installed"
+    except Exception as exc:  # noqa: BLE001  (installed but broken: say why)
+        return f"unusable ({_one_line(exc)})"
+
+
+def _gpu_state() -> dict:
+    try:
+        cp = arrays.cupy()
+        if cp is None:
+            return {"count": 0, "devices": [], "state": "no GPU"}
+        devices = []
+        for i in range(cp.cuda.runtime.getDeviceCount()):
+            props = cp.cuda.runtime.getDeviceProperties(i)
+            name = props["name"]
+            devices.append({"id": i, "name": name.decode() if isinstance(name, bytes) else str(name),
+                            "compute_capability": f"{props['major']}.{props['minor']}"})
+        return {"count": len(devices), "devices": devices, "state": "ok"}
+    except Exception as exc:  # noqa: BLE001  (a broken driver must not break 'info')
+        return {"count": 0, "devices": [], "state": f"no GPU ({_one_line(exc)})"}
+
+
+def _folder(getter_name: str):
+    try:
+        from . import _jit  # noqa: PLC0415
+
+        return str(getattr(_jit, getter_name)()), None
+    except Exception as exc:  # noqa: BLE001
+        return None, _one_line(exc)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text.")
+def info(as_json):
+    """Show versions, the GPUs CuPy sees, and where the kernel sources and cache are.
+
+    \b
+    Example:
+      indexer info --json
+    """
+    versions = {
+        "indexer": __version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "ml_dtypes": _version_of("ml_dtypes"),
+        "click": _version_of("click"),
+        "safetensors": _version_of("safetensors"),
+        "cupy": _cupy_version(),
+    }
+    gpu = _gpu_state()
+    kdir, kerr = _folder("kernel_dir")
+    cdir, cerr = _folder("cache_dir")
+    if as_json:
+        _echo_json({"versions": versions, "gpu": gpu, "kernel_dir": kdir, "kernel_cache_dir": cdir,
+                    "errors": {k: v for k, v in (("kernel_dir", kerr), ("kernel_cache_dir", cerr)) if v}})
+        return
+    rows = [(name, v) for name, v in versions.items()]
+    if gpu["devices"]:
+        rows += [(f"gpu {d['id']}", f"{d['name']} (compute capability {d['compute_capability']})")
+                 for d in gpu["devices"]]
+    else:
+        rows.append(("gpu", gpu["state"]))
+    rows.append(("kernels", kdir if kdir is not None else f"unavailable ({kerr})"))
+    rows.append(("kernel cache", cdir if cdir is not None else f"unavailable ({cerr})"))
+    width = max(len(r[0]) for r in rows)
+    for name, v in rows:
+        click.echo(f"{name.ljust(width)}  {v}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,334 @@
+"""Reading and writing arrays files for the CLI: ``.npz``, ``.safetensors`` and ``.npy``.
+
+Nothing here ever unpickles: ``.npz`` and ``.npy`` files are opened with
+``allow_pickle=False``, so a file holding an object array is refused, not executed.
+``.safetensors`` needs the optional ``safetensors`` package (``pip install safetensors``).
+
+Every failure to read or write a file is a one-line ``ValueError`` that names the path
+and the problem (missing file, unknown extension, truncated or corrupt contents, an
+object array, a missing array).
+
+A saved ``KeyPool`` keeps its bookkeeping (UTF-8 JSON) as the uint8 array ``pool_meta`` in
+``.npz`` and as the header metadata entry ``pool_meta`` in ``.safetensors`` (where
+``KeyPool.save`` puts it). ``read_arrays`` and ``write_arrays`` translate, so a caller
+always sees the uint8 array ``pool_meta``, whatever the format. ``.safetensors`` has no
+0-d tensors: a 0-d array (``top_k``) comes back with shape (1,).
+
+The two forms of a ``score`` input file
+---------------------------------------
+``load_problem`` tells them apart by the presence of an array named ``pool_meta``:
+
+* **arrays form** (no ``pool_meta``): the seven ``score_topk`` arrays under their contract
+  names ``q``, ``w``, ``keys_fp4``, ``key_scale``, ``key_gscale``, ``block_table`` and
+  ``valid_lens`` (docs/semantics.md gives their shapes and dtypes);
+* **pool form** (``pool_meta`` present): a saved ``KeyPool`` (``KeyPool.save``: arrays
+  ``keys_fp4``, ``key_scale``, ``key_gscale`` and the uint8 JSON ``pool_meta``) plus
+  ``q`` float32 (T, H, D), ``w`` float32 (T, H) and ``seqs`` (T,), the id of the pool
+  sequence each query row reads. ``seqs`` is an integer array (int ids); in ``.npz`` a
+  NumPy string array (dtype ``<U``) also works for str ids, ``.safetensors`` holds
+  numbers only. An id the pool does not hold is an error (``KeyPool`` itself reads it as
+  an empty sequence; on the command line that is almost always a typo). The block table
+  and valid lengths come from the pool (``KeyPool.block_table(seqs)``, ``lengths(seqs)``).
+
+Either form may carry ``top_k`` as a 0-d or one-element integer array; a ``top_k``
+passed to ``load_problem`` wins over it. Arrays are handed on exactly as stored:
+shapes and dtypes are checked by ``indexer.validate`` when scoring, never converted here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from . import arrays as _arrays
+
+__all__ = [
+    "FORMATS",
+    "PROBLEM_NAMES",
+    "POOL_QUERY_NAMES",
+    "POOL_META",
+    "file_format",
+    "read_arrays",
+    "write_arrays",
+    "is_pool_form",
+    "load_problem",
+    "key_sequences",
+    "blocks_needed",
+]
+
+#: file extensions read and written here
+FORMATS = (".npz", ".safetensors", ".npy")
+#: the seven arrays of ``score_topk``, in its positional order
+PROBLEM_NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
+#: the arrays that sit beside a saved pool in the pool form
+POOL_QUERY_NAMES = ("q", "w", "seqs")
+#: the saved KeyPool's bookkeeping (UTF-8 JSON): a uint8 array in .npz, metadata in .safetensors
+POOL_META = "pool_meta"
+_POOL_ARRAYS = ("keys_fp4", "key_scale", "key_gscale", POOL_META)
+
+_INT_ID = re.compile(r"-?[0-9]+")
+
+
+def file_format(path) -> str:
+    """The format of ``path`` from its extension: '.npz', '.safetensors' or '.npy'."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        shown = repr(suffix) if suffix else "no extension"
+        raise ValueError(f"{path}: unknown file type ({shown}); expected .npz, .safetensors or .npy")
+    return suffix
+
+
+def _safetensors(path):
+    """The optional ``safetensors`` package (with ``safetensors.numpy``), or a clear ValueError."""
+    try:
+        import safetensors  # noqa: PLC0415  (optional dependency)
+        import safetensors.numpy  # noqa: PLC0415, F401
+    except ImportError:
+        raise ValueError(
+            f"{path}: .safetensors files need the 'safetensors' package (pip install safetensors)"
+        ) from None
+    return safetensors
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def read_arrays(path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz``, ``.safetensors`` or ``.npy`` file, by name.
+
+    An ``.npy`` file gives one array named after the file's stem. Never unpickles: a
+    file holding an object array raises ``ValueError``, as do a missing file, an unknown
+    extension and a truncated or corrupt file (the message names the path).
+    """
+    fmt = file_format(path)
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{path}: no such file")
+    if not p.is_file():
+        raise ValueError(f"{path}: not a file")
+    if fmt == ".safetensors":
+        return _read_safetensors(path, p)
+    # check the magic first: np.load takes anything else for a pickle
+    with open(p, "rb") as f:
+        head = f.read(6)
+    is_zip, is_npy = head[:2] == b"PK", head == b"\x93NUMPY"
+    if fmt == ".npy" and not is_npy:
+        problem = "it is an .npz archive, not a single .npy array" if is_zip else "no NumPy .npy header"
+        raise ValueError(f"{path}: not a readable .npy file ({problem})")
+    if fmt == ".npz" and not is_zip:
+        problem = "it is a single .npy array, not an .npz archive" if is_npy else "not a zip archive"
+        raise ValueError(f"{path}: not a readable .npz file ({problem})")
+    try:
+        if fmt == ".npy":
+            return {p.stem: np.load(p, allow_pickle=False)}
+        with np.load(p, allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        if "allow_pickle" in str(exc):
+            raise ValueError(f"{path}: holds an object (pickled) array; refusing to unpickle it") from None
+        raise ValueError(f"{path}: not a readable {fmt} file ({_one_line(exc)})") from None
+
+
+def _read_safetensors(path, p):
+    st = _safetensors(path)
+    try:
+        with st.safe_open(str(p), framework="numpy") as f:
+            meta = f.metadata() or {}
+            out = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as exc:  # SafetensorError (bad header, truncated data), OSError, ...
+        raise ValueError(f"{path}: not a readable .safetensors file ({_one_line(exc)})") from None
+    if POOL_META in meta and POOL_META not in out:
+        out[POOL_META] = np.frombuffer(meta[POOL_META].encode("utf-8"), dtype=np.uint8).copy()
+    return out
+
+
+def write_arrays(path, arrays: dict) -> None:
+    """Write ``{name: array}`` to ``path``: ``.npz``, ``.safetensors`` or ``.npy``.
+
+    ``.npy`` holds exactly one array (its name is not stored). ``.npz`` is np.savez's
+    format (uncompressed). In ``.safetensors`` a uint8 1-D ``pool_meta`` holding UTF-8
+    text is written as header metadata (see the module docstring), so ``KeyPool.load``
+    reads a pool written here. Device arrays are copied to the host; object arrays are
+    refused (nothing is ever pickled). The file is written next to its final name and
+    moved into place, so a failed write leaves no half-written file behind.
+    """
+    fmt = file_format(path)
+    if not isinstance(arrays, dict) or not arrays:
+        raise ValueError(f"{path}: nothing to write (expected a non-empty dict of arrays)")
+    host = {}
+    for name, a in arrays.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{path}: array names must be non-empty strings, got {name!r}")
+        a = _arrays.to_numpy(a)
+        if a.dtype.hasobject:
+            raise ValueError(f"{path}: array {name!r} is an object array; refusing to pickle it")
+        host[name] = a
+    if fmt == ".npy" and len(host) != 1:
+        raise ValueError(
+            f"{path}: a .npy file holds exactly one array, got {len(host)} ({', '.join(host)}); use .npz or .safetensors"
+        )
+    st = _safetensors(path) if fmt == ".safetensors" else None
+    p = Path(path)
+    if p.parent and not p.parent.is_dir():
+        raise ValueError(f"{path}: folder {str(p.parent)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if fmt == ".npz":
+                _write_npz(f, host)
+            elif fmt == ".npy":
+                np.save(f, next(iter(host.values())), allow_pickle=False)
+        if st is not None:
+            tensors, meta = dict(host), None
+            pm = tensors.get(POOL_META)
+            if pm is not None and pm.dtype == np.uint8 and pm.ndim == 1:
+                with contextlib.suppress(UnicodeDecodeError):  # not text: stays a tensor
+                    meta = {POOL_META: pm.tobytes().decode("utf-8")}
+                    del tensors[POOL_META]
+            try:
+                st.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=meta)
+            except Exception as exc:  # unsupported dtype (strings), ...
+                raise ValueError(f"{path}: cannot write as .safetensors ({_one_line(exc)})") from None
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files: give the usual mode
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_npz(f, host):
+    # np.savez's format (an uncompressed zip of .npy members), written member by member so
+    # that arrays named 'file' or 'allow_pickle' cannot collide with np.savez's parameters
+    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, a in host.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
+
+
+def is_pool_form(arrays: dict) -> bool:
+    """True when ``arrays`` hold a saved ``KeyPool`` (an array named ``pool_meta``)."""
+    return POOL_META in arrays
+
+
+def _require(arrays, names, name, hint):
+    for n in names:
+        if n not in arrays:
+            raise ValueError(f"{name}: missing array {n!r} ({hint})")
+
+
+def _top_k_from(arrays, top_k, name):
+    if top_k is not None:
+        return top_k
+    if "top_k" not in arrays:
+        raise ValueError(f"{name}: no top_k given (pass --top-k, or store a 0-d integer array 'top_k' in the file)")
+    a = np.asarray(arrays["top_k"])
+    if a.size != 1:
+        raise ValueError(f"{name}: array 'top_k' must hold one integer, got shape {a.shape}")
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: array 'top_k' must be an integer array, got dtype {a.dtype}")
+    return int(a.reshape(()))
+
+
+def load_problem(arrays: dict, *, top_k=None, name="input"):
+    """The seven ``score_topk`` arrays and ``top_k`` from a dict read by ``read_arrays``.
+
+    Returns ``((q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens), top_k)``.
+    With an array ``pool_meta`` the dict is the pool form (a saved ``KeyPool`` plus ``q``,
+    ``w`` and ``seqs``); otherwise it must hold the seven arrays under their contract names
+    (see the module docstring). ``top_k`` overrides an array ``top_k`` in the dict.
+    ``name`` (the file's path) starts every error message. Only presence is checked here:
+    shapes, dtypes and values are ``indexer.validate``'s job when scoring.
+    """
+    if is_pool_form(arrays):
+        _require(arrays, POOL_QUERY_NAMES, name,
+                 "a saved KeyPool needs q (T,H,D), w (T,H) and seqs (T,) beside it")
+        k = _top_k_from(arrays, top_k, name)
+        return _problem_from_pool(arrays, name), k
+    _require(arrays, PROBLEM_NAMES, name,
+             "expected q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens; or a saved KeyPool with q, w, seqs")
+    k = _top_k_from(arrays, top_k, name)
+    return tuple(arrays[n] for n in PROBLEM_NAMES), k
+
+
+def _sequence_ids(seqs, name):
+    seqs = np.asarray(seqs)
+    if seqs.ndim != 1:
+        raise ValueError(f"{name}: array 'seqs' must be 1-D (one sequence id per query row), got shape {seqs.shape}")
+    if seqs.dtype.kind in "iu":
+        return [int(s) for s in seqs]
+    if seqs.dtype.kind == "U":
+        return [str(s) for s in seqs]
+    raise TypeError(f"{name}: array 'seqs' must hold integer (or string) sequence ids, got dtype {seqs.dtype}")
+
+
+def _load_pool(arrays, name):
+    from .pool import KeyPool  # noqa: PLC0415  (only the pool form needs it)
+
+    # only the pool's own arrays: KeyPool.load refuses any other array in its file
+    pool_arrays = {k: arrays[k] for k in _POOL_ARRAYS if k in arrays}
+    with tempfile.TemporaryDirectory(prefix="indexer-") as d:
+        tmp = Path(d) / "pool.npz"
+        write_arrays(tmp, pool_arrays)
+        try:
+            return KeyPool.load(tmp)
+        except ValueError as exc:
+            problem = _one_line(exc).replace(f"{tmp}: ", "")  # the temporary copy's name says nothing
+            raise ValueError(f"{name}: not a valid saved KeyPool ({problem})") from None
+
+
+def _problem_from_pool(arrays, name):
+    ids = _sequence_ids(arrays["seqs"], name)
+    pool = _load_pool(arrays, name)
+    known = set(pool.sequences)
+    for s in ids:
+        if s not in known:
+            raise ValueError(f"{name}: seqs: sequence {s!r} is not in the pool (it holds {len(known)} sequences)")
+    return (arrays["q"], arrays["w"], pool.keys_fp4, pool.key_scale, pool.key_gscale,
+            pool.block_table(ids), pool.lengths(ids))
+
+
+def key_sequences(arrays: dict, *, name="keys") -> dict:
+    """Key sequences of a ``pack`` input: ``{sequence id: float32 (n, D)}`` in file order.
+
+    Each array is one sequence; a name of decimal digits (an optional leading '-') is an
+    int id, any other name a str id. Every array must be float32 and 2-D with one common
+    D (nothing is converted). Raises ValueError / TypeError naming ``name`` and the array.
+    """
+    if not arrays:
+        raise ValueError(f"{name}: holds no arrays (expected one float32 (n, D) array per sequence)")
+    out = {}
+    D = None
+    for key, a in arrays.items():
+        if a.ndim != 2:
+            raise ValueError(f"{name}: array {key!r} must be 2-D (n, D), got shape {a.shape}")
+        if a.dtype != np.float32:
+            raise TypeError(f"{name}: array {key!r} must be float32, got {a.dtype}")
+        if D is None:
+            D = a.shape[1]
+        elif a.shape[1] != D:
+            raise ValueError(f"{name}: array {key!r} has D = {a.shape[1]}, the first array has D = {D}")
+        sid = int(key) if _INT_ID.fullmatch(key) else key
+        if sid in out:
+            raise ValueError(f"{name}: arrays {key!r} and another name the same sequence id {sid!r}")
+        out[sid] = a
+    return out
+
+
+def blocks_needed(sequences: dict, entries_per_block: int) -> int:
+    """Pool blocks that ``sequences`` (``{id: (n, D)}``) fill: sum of ceil(n / E)."""
+    return sum(math.ceil(a.shape[0] / entries_per_block) for a in sequences.values())

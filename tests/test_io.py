@@ -1,0 +1,387 @@
+"""indexer.io: arrays files for the CLI (.npz, .safetensors, .npy), never unpickling."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from indexer import io, reference, testing
+from indexer.pool import KeyPool
+
+
+def _sample(rng):
+    return {
+        "q": rng.standard_normal((3, 4, 32)).astype(np.float32),
+        "codes": rng.integers(0, 256, size=(5, 7), dtype=np.uint8),
+        "table": rng.integers(-1, 100, size=(3, 2), dtype=np.int32),
+        "big": rng.integers(-(2**40), 2**40, size=(4,), dtype=np.int64),
+    }
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def _one_line(exc_info):
+    msg = str(exc_info.value)
+    assert "\n" not in msg
+    return msg
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+def test_npz_round_trip(tmp_path, rng):
+    arrays = _sample(rng) | {"top_k": np.array(7, dtype=np.int64)}
+    path = tmp_path / "a.npz"
+    io.write_arrays(path, arrays)
+    back = io.read_arrays(path)
+    _assert_same(arrays, back)
+    assert back["top_k"].shape == ()
+    # np.savez's format: np.load reads it as usual
+    with np.load(path, allow_pickle=False) as npz:
+        assert sorted(npz.files) == sorted(arrays)
+
+
+def test_npz_names_that_collide_with_savez_parameters(tmp_path, rng):
+    arrays = {"file": rng.standard_normal(3).astype(np.float32), "allow_pickle": np.arange(1, 4, dtype=np.int32)}
+    io.write_arrays(tmp_path / "a.npz", arrays)
+    _assert_same(arrays, io.read_arrays(tmp_path / "a.npz"))
+
+
+def test_npy_round_trip(tmp_path, rng):
+    a = rng.standard_normal((6, 32)).astype(np.float32)
+    path = tmp_path / "keys.npy"
+    io.write_arrays(str(path), {"anything": a})
+    back = io.read_arrays(str(path))
+    assert list(back) == ["keys"]  # named after the file's stem
+    _assert_same({"keys": a}, back)
+
+
+def test_npy_holds_exactly_one_array(tmp_path, rng):
+    with pytest.raises(ValueError, match=r"a \.npy file holds exactly one array, got 2") as e:
+        io.write_arrays(tmp_path / "two.npy", {"a": np.ones(2, np.float32), "b": np.ones(2, np.float32)})
+    assert str(tmp_path / "two.npy") in _one_line(e)
+    assert not (tmp_path / "two.npy").exists()
+
+
+def test_safetensors_round_trip(tmp_path, rng):
+    pytest.importorskip("safetensors")
+    arrays = _sample(rng)
+    path = tmp_path / "a.safetensors"
+    io.write_arrays(path, arrays)
+    _assert_same(arrays, io.read_arrays(path))
+
+
+def test_safetensors_zero_d_comes_back_as_one_element(tmp_path):
+    pytest.importorskip("safetensors")
+    io.write_arrays(tmp_path / "k.safetensors", {"top_k": np.array(5, dtype=np.int32)})
+    back = io.read_arrays(tmp_path / "k.safetensors")
+    assert back["top_k"].shape == (1,) and int(back["top_k"][0]) == 5
+
+
+def test_safetensors_pool_meta_travels_as_metadata(tmp_path, rng):
+    safetensors = pytest.importorskip("safetensors")
+    pool = KeyPool(4, entries_per_block=8, head_dim=32)
+    pool.append(3, rng.standard_normal((11, 32)).astype(np.float32))
+    pool.save(tmp_path / "pool.safetensors")
+    arrays = io.read_arrays(tmp_path / "pool.safetensors")
+    assert sorted(arrays) == ["key_gscale", "key_scale", "keys_fp4", "pool_meta"]
+    assert arrays["pool_meta"].dtype == np.uint8 and arrays["pool_meta"].ndim == 1
+    # written back, pool_meta is header metadata again, so KeyPool.load reads the copy
+    io.write_arrays(tmp_path / "copy.safetensors", arrays)
+    with safetensors.safe_open(str(tmp_path / "copy.safetensors"), framework="numpy") as f:
+        assert "pool_meta" not in f.keys()
+        assert f.metadata()["pool_meta"] == arrays["pool_meta"].tobytes().decode()
+    copy = KeyPool.load(tmp_path / "copy.safetensors")
+    np.testing.assert_array_equal(copy.keys(3), pool.keys(3))
+
+
+def test_safetensors_non_text_pool_meta_stays_a_tensor(tmp_path):
+    pytest.importorskip("safetensors")
+    arrays = {"pool_meta": np.array([0xFF, 0xFE, 0x41], dtype=np.uint8)}
+    io.write_arrays(tmp_path / "m.safetensors", arrays)
+    _assert_same(arrays, io.read_arrays(tmp_path / "m.safetensors"))
+
+
+def test_safetensors_refuses_strings(tmp_path):
+    pytest.importorskip("safetensors")
+    with pytest.raises(ValueError, match="cannot write as .safetensors") as e:
+        io.write_arrays(tmp_path / "s.safetensors", {"seqs": np.array(["a", "b"])})
+    _one_line(e)
+    assert not list(tmp_path.iterdir())  # no half-written or temporary file left behind
+
+
+def test_safetensors_not_installed(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors -> ImportError
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    for call in (lambda: io.read_arrays(tmp_path / "x.safetensors"),
+                 lambda: io.write_arrays(tmp_path / "x.safetensors", {"a": np.ones(2, np.float32)})):
+        (tmp_path / "x.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+        with pytest.raises(ValueError, match=r"pip install safetensors") as e:
+            call()
+        assert "x.safetensors" in _one_line(e)
+
+
+def test_written_file_has_the_usual_mode(tmp_path):
+    path = tmp_path / "m.npz"
+    io.write_arrays(path, {"a": np.arange(3, dtype=np.int32)})
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert (path.stat().st_mode & 0o777) == (0o666 & ~mask)
+
+
+def test_write_overwrites_in_place(tmp_path):
+    path = tmp_path / "a.npz"
+    io.write_arrays(path, {"a": np.arange(3, dtype=np.int32)})
+    io.write_arrays(path, {"b": np.arange(4, dtype=np.int32)})
+    assert list(io.read_arrays(path)) == ["b"]
+    assert [p.name for p in tmp_path.iterdir()] == ["a.npz"]
+
+
+# ----------------------------------------------------------------------------- bad files
+
+
+def test_pickle_bearing_npz_is_refused(tmp_path):
+    path = tmp_path / "evil.npz"
+    np.savez(path, ok=np.arange(3), bad=np.array([1, "x", None], dtype=object))
+    with pytest.raises(ValueError, match="refusing to unpickle") as e:
+        io.read_arrays(path)
+    assert str(path) in _one_line(e)
+
+
+def test_pickle_bearing_npy_is_refused(tmp_path):
+    path = tmp_path / "evil.npy"
+    np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="refusing to unpickle"):
+        io.read_arrays(path)
+
+
+@pytest.mark.parametrize("fmt", [".npz", ".npy", ".safetensors"])
+def test_truncated_file(tmp_path, rng, fmt):
+    if fmt == ".safetensors":
+        pytest.importorskip("safetensors")
+    path = tmp_path / f"t{fmt}"
+    arrays = {"t": rng.standard_normal((64, 64)).astype(np.float32)}
+    io.write_arrays(path, arrays)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"not a readable \{fmt} file") as e:
+        io.read_arrays(path)
+    assert str(path) in _one_line(e)
+
+
+@pytest.mark.parametrize("fmt", [".npz", ".npy", ".safetensors"])
+def test_empty_and_garbage_files(tmp_path, fmt):
+    if fmt == ".safetensors":
+        pytest.importorskip("safetensors")
+    path = tmp_path / f"g{fmt}"
+    for content in (b"", b"this is not an arrays file at all\n" * 3):
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match="not a readable") as e:
+            io.read_arrays(path)
+        assert str(path) in _one_line(e)
+
+
+def test_wrong_container_for_the_extension(tmp_path):
+    np.save(tmp_path / "single.npy", np.arange(3))
+    os.replace(tmp_path / "single.npy", tmp_path / "single.npz")
+    with pytest.raises(ValueError, match="single .npy array, not an .npz archive"):
+        io.read_arrays(tmp_path / "single.npz")
+    np.savez(tmp_path / "many.npz", a=np.arange(3))
+    os.replace(tmp_path / "many.npz", tmp_path / "many.npy")
+    with pytest.raises(ValueError, match="an .npz archive, not a single .npy array"):
+        io.read_arrays(tmp_path / "many.npy")
+
+
+def test_missing_file_and_folder(tmp_path):
+    with pytest.raises(ValueError, match="no such file") as e:
+        io.read_arrays(tmp_path / "absent.npz")
+    assert "absent.npz" in _one_line(e)
+    (tmp_path / "dir.npz").mkdir()
+    with pytest.raises(ValueError, match="not a file"):
+        io.read_arrays(tmp_path / "dir.npz")
+
+
+@pytest.mark.parametrize("name", ["data.txt", "data.pt", "data", "data.npz.bak"])
+def test_unknown_extension(tmp_path, name):
+    (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(ValueError, match="unknown file type") as e:
+        io.read_arrays(tmp_path / name)
+    assert name in _one_line(e)
+    with pytest.raises(ValueError, match="unknown file type"):
+        io.write_arrays(tmp_path / name, {"a": np.ones(1, np.float32)})
+
+
+def test_extension_is_case_insensitive(tmp_path):
+    io.write_arrays(tmp_path / "UP.NPZ", {"a": np.arange(2, dtype=np.int32)})
+    assert io.file_format(tmp_path / "UP.NPZ") == ".npz"
+    np.testing.assert_array_equal(io.read_arrays(tmp_path / "UP.NPZ")["a"], [0, 1])
+
+
+def test_write_refusals(tmp_path):
+    with pytest.raises(ValueError, match="refusing to pickle"):
+        io.write_arrays(tmp_path / "o.npz", {"o": np.array([None, 1], dtype=object)})
+    with pytest.raises(ValueError, match="nothing to write"):
+        io.write_arrays(tmp_path / "e.npz", {})
+    with pytest.raises(ValueError, match="non-empty strings"):
+        io.write_arrays(tmp_path / "n.npz", {3: np.ones(1)})
+    with pytest.raises(ValueError, match="does not exist"):
+        io.write_arrays(tmp_path / "no" / "such" / "dir.npz", {"a": np.ones(1)})
+    assert not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- load_problem
+
+
+def _problem_arrays(rng, top_k=None):
+    p = testing.random_problem(rng, T=3, H=4, D=32, E=8, top_k=5)
+    arrays = dict(zip(io.PROBLEM_NAMES, p.arrays()))
+    if top_k is not None:
+        arrays["top_k"] = np.array(top_k)
+    return p, arrays
+
+
+def test_load_problem_arrays_form_passes_arrays_through(rng):
+    p, arrays = _problem_arrays(rng, top_k=9)
+    arrays["extra"] = np.ones(3)  # ignored
+    problem, k = io.load_problem(arrays)
+    assert k == 9
+    assert all(a is b for a, b in zip(problem, p.arrays()))  # nothing copied or converted
+
+
+def test_load_problem_never_converts(rng):
+    _, arrays = _problem_arrays(rng)
+    arrays["q"] = arrays["q"].astype(np.float64)
+    problem, _ = io.load_problem(arrays, top_k=3)
+    assert problem[0].dtype == np.float64  # left for indexer.validate to report
+
+
+@pytest.mark.parametrize("missing", io.PROBLEM_NAMES)
+def test_load_problem_missing_array(rng, missing):
+    _, arrays = _problem_arrays(rng, top_k=4)
+    del arrays[missing]
+    with pytest.raises(ValueError, match=rf"^in\.npz: missing array '{missing}'") as e:
+        io.load_problem(arrays, name="in.npz")
+    _one_line(e)
+
+
+def test_load_problem_top_k_sources(rng):
+    _, arrays = _problem_arrays(rng, top_k=9)
+    assert io.load_problem(arrays, top_k=2)[1] == 2  # the argument wins
+    arrays["top_k"] = np.array([11], dtype=np.int32)  # a one-element array works too
+    assert io.load_problem(arrays)[1] == 11
+    del arrays["top_k"]
+    with pytest.raises(ValueError, match=r"^f: no top_k given"):
+        io.load_problem(arrays, name="f")
+    arrays["top_k"] = np.array(4.0)
+    with pytest.raises(TypeError, match="'top_k' must be an integer array, got dtype float64"):
+        io.load_problem(arrays)
+    arrays["top_k"] = np.array([4, 5])
+    with pytest.raises(ValueError, match=r"'top_k' must hold one integer, got shape \(2,\)"):
+        io.load_problem(arrays)
+
+
+def _pool_arrays(tmp_path, rng, fmt=".npz"):
+    pool = KeyPool(12, entries_per_block=8, head_dim=32)
+    pool.append(5, rng.standard_normal((20, 32)).astype(np.float32))
+    pool.append("doc", rng.standard_normal((3, 32)).astype(np.float32))
+    pool.append(-2, rng.standard_normal((8, 32)).astype(np.float32))
+    pool.save(tmp_path / f"pool{fmt}")
+    arrays = io.read_arrays(tmp_path / f"pool{fmt}")
+    arrays["q"] = rng.standard_normal((4, 2, 32)).astype(np.float32)
+    arrays["w"] = rng.standard_normal((4, 2)).astype(np.float32)
+    arrays["seqs"] = np.array([5, -2, 5, 5], dtype=np.int64)
+    return pool, arrays
+
+
+@pytest.mark.parametrize("fmt", [".npz", ".safetensors"])
+def test_load_problem_pool_form(tmp_path, rng, fmt):
+    if fmt == ".safetensors":
+        pytest.importorskip("safetensors")
+    pool, arrays = _pool_arrays(tmp_path, rng, fmt)
+    assert io.is_pool_form(arrays)
+    io.write_arrays(tmp_path / f"in{fmt}", arrays | {"top_k": np.array(6, dtype=np.int32)})
+    problem, k = io.load_problem(io.read_arrays(tmp_path / f"in{fmt}"))
+    assert k == 6
+    q, w, codes, scales, gs, table, lens = problem
+    seqs = [5, -2, 5, 5]
+    np.testing.assert_array_equal(q, arrays["q"])
+    np.testing.assert_array_equal(w, arrays["w"])
+    np.testing.assert_array_equal(codes, pool.keys_fp4)
+    np.testing.assert_array_equal(scales, pool.key_scale)
+    np.testing.assert_array_equal(gs, pool.key_gscale)
+    np.testing.assert_array_equal(table, pool.block_table(seqs))
+    np.testing.assert_array_equal(lens, [20, 8, 20, 20])
+    assert table.dtype == np.int32 and lens.dtype == np.int32
+    # and the problem scores like the pool itself
+    got = reference.score_topk(*problem, k)
+    np.testing.assert_array_equal(got, pool.score_topk(q, w, seqs, k, backend="numpy"))
+
+
+def test_load_problem_pool_form_string_ids(tmp_path, rng):
+    pool, arrays = _pool_arrays(tmp_path, rng)
+    arrays["seqs"] = np.array(["doc", "doc", "doc", "doc"])
+    io.write_arrays(tmp_path / "in.npz", arrays)  # a '<U' array: no pickle needed
+    (q, w, *_, table, lens), _ = io.load_problem(io.read_arrays(tmp_path / "in.npz"), top_k=2)
+    np.testing.assert_array_equal(lens, [3, 3, 3, 3])
+    np.testing.assert_array_equal(table, pool.block_table(["doc"] * 4))
+
+
+def test_load_problem_pool_form_errors(tmp_path, rng):
+    _, arrays = _pool_arrays(tmp_path, rng)
+    for missing in io.POOL_QUERY_NAMES:
+        bad = dict(arrays)
+        del bad[missing]
+        with pytest.raises(ValueError, match=rf"^p: missing array '{missing}' \(a saved KeyPool needs"):
+            io.load_problem(bad, top_k=3, name="p")
+    with pytest.raises(ValueError, match=r"^p: seqs: sequence 7 is not in the pool"):
+        io.load_problem(arrays | {"seqs": np.array([5, 7, 5, 5])}, top_k=3, name="p")
+    with pytest.raises(ValueError, match=r"sequence '5' is not in the pool"):  # str '5' is not int 5
+        io.load_problem(arrays | {"seqs": np.array(["5", "5", "5", "5"])}, top_k=3)
+    with pytest.raises(TypeError, match="'seqs' must hold integer .* got dtype float64"):
+        io.load_problem(arrays | {"seqs": np.array([5.0, 5.0, 5.0, 5.0])}, top_k=3)
+    with pytest.raises(ValueError, match=r"'seqs' must be 1-D"):
+        io.load_problem(arrays | {"seqs": np.array([[5, 5], [5, 5]])}, top_k=3)
+    with pytest.raises(ValueError, match="no top_k given"):
+        io.load_problem(arrays)
+    meta = arrays["pool_meta"].copy()
+    meta[:8] = np.frombuffer(b"garbage!", dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"^p: not a valid saved KeyPool \(pool_meta is not UTF-8 JSON") as e:
+        io.load_problem(arrays | {"pool_meta": meta}, top_k=3, name="p")
+    assert "indexer-" not in str(e.value)  # no temporary file names
+
+
+# ----------------------------------------------------------------------------- key_sequences
+
+
+def test_key_sequences_ids_and_order(rng):
+    arrays = {
+        "12": rng.standard_normal((3, 32)).astype(np.float32),
+        "doc-a": rng.standard_normal((0, 32)).astype(np.float32),
+        "-4": rng.standard_normal((70, 32)).astype(np.float32),
+        "1.5": rng.standard_normal((1, 32)).astype(np.float32),
+    }
+    seqs = io.key_sequences(arrays)
+    assert list(seqs) == [12, "doc-a", -4, "1.5"]
+    assert all(seqs[k] is arrays[n] for k, n in zip(seqs, arrays))
+    assert io.blocks_needed(seqs, 64) == 1 + 0 + 2 + 1
+    assert io.blocks_needed(seqs, 1) == 74
+
+
+def test_key_sequences_errors(rng):
+    good = rng.standard_normal((3, 32)).astype(np.float32)
+    with pytest.raises(ValueError, match="^k: holds no arrays"):
+        io.key_sequences({}, name="k")
+    with pytest.raises(TypeError, match="^k: array 'a' must be float32, got float64"):
+        io.key_sequences({"a": good.astype(np.float64)}, name="k")
+    with pytest.raises(ValueError, match=r"array 'a' must be 2-D \(n, D\), got shape \(32,\)"):
+        io.key_sequences({"a": good[0]})
+    with pytest.raises(ValueError, match="array 'b' has D = 64, the first array has D = 32"):
+        io.key_sequences({"a": good, "b": np.ones((2, 64), np.float32)})
+    with pytest.raises(ValueError, match="same sequence id 7"):
+        io.key_sequences({"7": good, "007": good})
