@@ -94,7 +94,8 @@ def _mma_instances():
 INSTANCES = {
     "score_fp32.cu": _heads_instances(),
     "score_mma.cu": _mma_instances(),
-    "select_topk.cu": ["select_topk_kernel<1024, 4096>", "select_topk_kernel<256, 4096>"],
+    "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_threshold_kernel",
+                       "topk_filter_kernel<256, 16>", "topk_final_kernel<1024, 8192>"],
 }
 
 

@@ -88,17 +88,37 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         score_k = _kernel("score_mma.cu", sl.name, device_id, sl.smem)
         shape_args = (i32(prob.H), i32(prob.P), i32(prob.E), i32(prob.L))
     rows = geometry.workspace_rows(prob.T, sl.ld, workspace_budget)
-    sel = geometry.select_launch(rows, prob.max_len)
-    select_k = _kernel("select_topk.cu", sel.name, device_id)
-    workspace = cp.empty((rows, sl.ld), dtype=cp.float32)
+    fused_hist = precision != "exact"  # the tensor-core kernel counts the histogram itself
+    hist_k = _kernel("select_fast.cu", "topk_histogram_kernel<256, 16>", device_id)
+    thr_k = _kernel("select_fast.cu", "topk_threshold_kernel", device_id)
+    filter_k = _kernel("select_fast.cu", "topk_filter_kernel<256, 16>", device_id)
+    cap = geometry.CANDIDATE_CAP
+    final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
+    chunks = geometry.select_fast_chunks(sl.ld)
+    bins = geometry.HIST_BINS
+    scores_ws = cp.empty((rows, sl.ld), dtype=cp.float32)
+    counters = cp.empty(rows * (bins + 2), dtype=cp.uint32)
+    hist = counters[: rows * bins]                     # [rows, bins] per-row histogram
+    thr = counters[rows * bins: rows * (bins + 1)]     # [rows] threshold bin
+    count = counters[rows * (bins + 1):]               # [rows] candidate count
+    cand = cp.empty((rows, cap), dtype=cp.uint64)
+    ld = np.int64(sl.ld)
+    out_scores = scores if scores is not None else None
     for r0 in range(0, prob.T, rows):
         r1 = min(prob.T, r0 + rows)
         nr = r1 - r0
+        counters.fill(0)
+        lens = valid_lens[r0:r1]
         score_k((nr, sl.grid[1]), sl.block,
-                (q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], valid_lens[r0:r1],
-                 *shape_args, i32(sl.tiles_per_cta), workspace, np.int64(sl.ld)),
+                (q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
+                 *shape_args, i32(sl.tiles_per_cta), scores_ws, ld, *((hist,) if fused_hist else ())),
                 shared_mem=sl.smem)
-        select_k((nr,), sel.block,
-                 (workspace, np.int64(sl.ld), valid_lens[r0:r1], i32(prob.max_len), i32(prob.top_k),
-                  block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                  indices[r0:r1], scores[r0:r1] if scores is not None else 0))
+        if not fused_hist:
+            hist_k((nr, chunks), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
+        thr_k((nr,), (256,), (hist, i32(prob.top_k), thr))
+        filter_k((nr, chunks), (256,), (scores_ws, ld, lens, i32(prob.max_len), thr, count, cand, i32(cap)))
+        final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), count, cand,
+                                 i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
+                                 i32(1 if physical else 0), indices[r0:r1],
+                                 out_scores[r0:r1] if out_scores is not None else 0),
+                shared_mem=8 * cap)

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Device", "H200", "ScoreLaunch", "SelectLaunch", "score_fp32_launch", "score_mma_launch",
-           "select_launch", "workspace_rows", "TILE_ENTRIES", "SELECT_MAX_K"]
+__all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "select_fast_chunks",
+           "workspace_rows", "workspace_row_bytes", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
-#: candidate buffer of the select kernel (kernels/select_topk.cu: kMaxK)
-SELECT_MAX_K = 4096
+#: per-row candidate buffer of the multi-CTA select (kernels/select_fast.cu: kCap)
+CANDIDATE_CAP = 8192
+#: entries one CTA of the histogram and filter kernels covers (256 threads x 16)
+SELECT_CHUNK = 4096
+HIST_BINS = 2048
 _CHUNK = 32  # dimensions decoded per stage (kChunk)
+_MMA_STAGES = 4  # shared-memory ring depth of score_mma.cu (kStages)
 
 
 @dataclass(frozen=True)
@@ -37,13 +41,6 @@ class ScoreLaunch:
     smem: int              # dynamic shared memory, bytes
     tiles_per_cta: int
     ld: int                # workspace row stride in floats (a multiple of TILE_ENTRIES)
-
-
-@dataclass(frozen=True)
-class SelectLaunch:
-    name: str
-    grid: tuple
-    block: tuple
 
 
 def head_groups(H: int) -> int:
@@ -96,16 +93,24 @@ def score_mma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
     nb = mma_head_blocks(H)
     tiles = tiles_per_row(max_len)
     per_cta, chunks = _tile_runs(T, tiles, dev.sm_count * ctas_per_sm)
-    return ScoreLaunch(name=f"score_mma_kernel<{D}, {nb}>", grid=(T, chunks), block=(128,), smem=0,
+    stage = TILE_ENTRIES * (D // 2) + -(-(TILE_ENTRIES * (D // 16)) // 16) * 16 + TILE_ENTRIES * 4
+    smem = 8 * nb * (D + 8) * 2 + 8 * nb * 4 + _MMA_STAGES * stage + HIST_BINS * 4
+    if smem > dev.max_smem_per_block:
+        raise ValueError(f"q: H = {H}, D = {D} needs {smem} bytes of shared memory, the device has {dev.max_smem_per_block}")
+    return ScoreLaunch(name=f"score_mma_kernel<{D}, {nb}>", grid=(T, chunks), block=(128,), smem=smem,
                        tiles_per_cta=per_cta, ld=tiles * TILE_ENTRIES)
 
 
-def select_launch(T: int, max_len: int) -> SelectLaunch:
-    """Geometry of ``select_topk_kernel``: one CTA per row, fewer threads for short rows."""
-    threads = 1024 if max_len > 4096 else 256
-    return SelectLaunch(name=f"select_topk_kernel<{threads}, {SELECT_MAX_K}>", grid=(T,), block=(threads,))
+def select_fast_chunks(ld: int) -> int:
+    """CTAs per row of the histogram and filter kernels."""
+    return max(1, -(-ld // SELECT_CHUNK))
+
+
+def workspace_row_bytes(ld: int) -> int:
+    """Workspace bytes per query row: scores, histogram and counter, candidate buffer."""
+    return 4 * ld + 4 * (HIST_BINS + 2) + 8 * CANDIDATE_CAP
 
 
 def workspace_rows(T: int, ld: int, budget_bytes: int = 256 << 20) -> int:
-    """How many query rows of float32 scores fit the workspace budget (at least one)."""
-    return max(1, min(T, budget_bytes // (4 * ld)))
+    """How many query rows of workspace fit the budget (at least one)."""
+    return max(1, min(T, budget_bytes // workspace_row_bytes(ld)))

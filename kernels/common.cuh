@@ -89,3 +89,54 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* scratch, u32* to
     __syncthreads();  // scratch may be reused right after
     return warp_base + incl - v;
 }
+
+// ---------------------------------------------------------------------------
+// Block-wide bitonic sort of `size` (a power of two) u64 in shared memory, descending.
+// All threads must call it; it ends with a barrier.
+// ---------------------------------------------------------------------------
+template <int kThreads>
+__device__ __forceinline__ void bitonic_sort_desc(u64* a, u32 size) {
+    for (u32 k = 2u; k <= size; k <<= 1) {
+        for (u32 j = k >> 1; j > 0u; j >>= 1) {
+            for (u32 i = threadIdx.x; i < size; i += kThreads) {
+                const u32 p = i ^ j;
+                if (p > i) {
+                    const u64 x = a[i], y = a[p];
+                    const bool descending = (i & k) == 0u;
+                    if (descending ? (x < y) : (x > y)) {
+                        a[i] = y;
+                        a[p] = x;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Candidate encoding shared by the selects: (key << 32) | ~index, so that a descending sort
+// orders by score descending, then index ascending.
+__device__ __forceinline__ u64 make_candidate(u32 key, int index) { return ((u64)key << 32) | (u64)(~(u32)index); }
+__device__ __forceinline__ int candidate_index(u64 c) { return (int)(~(u32)(c & 0xffffffffull)); }
+__device__ __forceinline__ u32 candidate_key(u64 c) { return (u32)(c >> 32); }
+
+// Write output slot i of a row: the candidate's index (logical, or physical through the
+// row's block table) and score; -1 and -inf when i is past the m winners.
+__device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, const int* __restrict__ bt_row, int E,
+                                             int num_blocks, int physical, int* __restrict__ out_idx,
+                                             float* __restrict__ out_scores) {
+    int idx = -1;
+    float sc = -__int_as_float(0x7f800000);
+    if ((u32)i < m) {
+        const u64 c = cand[i];
+        const int s = candidate_index(c);
+        sc = key_to_score(candidate_key(c));
+        idx = s;
+        if (physical) {
+            const int b = bt_row[s / E];
+            idx = (b >= 0 && b < num_blocks) ? b * E + s % E : -1;
+        }
+    }
+    out_idx[i] = idx;
+    if (out_scores) out_scores[i] = sc;
+}

@@ -14,8 +14,12 @@
 //   * B operand = the query: per head, a power of two brings max |q| into [2^14, 2^15)
 //     before rounding to fp16 (so the rounding error is 2^-11 relative); 2^8 and that power
 //     of two are folded back into the head weight in float32.
+//   * Keys stream through a ring of kStages shared-memory tiles filled with cp.async (zero
+//     fill for entries past the row's end or behind an out-of-range block id), so global
+//     latency hides behind the tensor work of earlier tiles.
 //   * Epilogue: ReLU that keeps NaN (max.NaN), weighted head sum, quad shuffles, the block's
-//     global scale; scores written to the workspace.
+//     global scale; scores written to the workspace, and the top 11 bits of each score's
+//     order key counted into a per-row histogram (the first pass of the radix select).
 #include "common.cuh"
 
 namespace score_mma {
@@ -23,7 +27,30 @@ constexpr int kWarps = 4;
 constexpr int kMBlocks = 2;                        // 16-entry row blocks per warp and pass
 constexpr int kPassEntries = 16 * kMBlocks;        // entries per warp pass
 constexpr int kTileEntries = kWarps * kPassEntries;  // entries per CTA iteration (128)
+constexpr int kStages = 4;                         // shared-memory ring depth
+constexpr int kHistBins = 2048;                    // top 11 bits of the score key
 }  // namespace score_mma
+
+// Shared-memory bytes of one ring stage for head dim D: codes, scales (16-byte padded), gscale.
+__host__ __device__ constexpr int mma_stage_bytes(int D) {
+    return score_mma::kTileEntries * (D / 2) + ((score_mma::kTileEntries * (D / 16) + 15) / 16) * 16 +
+           score_mma::kTileEntries * 4;
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, bool valid) {
+    const u32 dst = (u32)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* src, bool valid) {
+    const u32 dst = (u32)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
 __device__ __forceinline__ float max_keep_nan(float a, float b) {
     float d;
@@ -93,17 +120,28 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
                  int H, int P, int E, int L,
                  int tiles_per_cta,
                  float* __restrict__ scores,             // [T, ld] workspace
-                 long long ld)
+                 long long ld,
+                 u32* __restrict__ hist)                 // [T, kHistBins] or nullptr
 {
     using namespace score_mma;
     static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 256, "D must be a multiple of 32 in [32, 256]");
     static_assert(kNBlocks % 2 == 0 && kNBlocks >= 2 && kNBlocks <= 16, "heads padded to 16..128");
     constexpr int kHeads = 8 * kNBlocks;
-    constexpr int kWords = kDim / 32;        // 32-bit words of codes per thread and row
-    constexpr int kRowHalves = kDim + 8;     // padded smem row of the query: conflict-free ldmatrix
+    constexpr int kWords = kDim / 32;          // 32-bit words of codes per thread and row
+    constexpr int kRowHalves = kDim + 8;       // padded smem row of the query: conflict-free ldmatrix
+    constexpr int kThreads = kWarps * 32;
+    constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
+    constexpr int kChunksPerRow = kCodeBytes / 16;
+    constexpr int kStageBytes = mma_stage_bytes(kDim);
+    constexpr int kScaleOffset = kTileEntries * kCodeBytes;
+    constexpr int kGsOffset = kScaleOffset + ((kTileEntries * kScaleBytes + 15) / 16) * 16;
+    static_assert(kThreads == kTileEntries, "one thread per entry of a tile for the metadata");
 
-    __shared__ __align__(16) unsigned short qs[kHeads * kRowHalves];  // fp16 query, permuted K
-    __shared__ float wsm[kHeads];                                    // weight * 2^(8 - e_h)
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned short* qs = reinterpret_cast<unsigned short*>(smem);                   // [kHeads][kRowHalves]
+    float* wsm = reinterpret_cast<float*>(qs + kHeads * kRowHalves);                // [kHeads]
+    unsigned char* ring = reinterpret_cast<unsigned char*>(wsm + kHeads);           // [kStages][kStageBytes]
+    u32* hist_s = reinterpret_cast<u32*>(ring + kStages * kStageBytes);             // [kHistBins]
 
     const int t = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -112,6 +150,55 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
     const int first_tile = blockIdx.y * tiles_per_cta;
     if (first_tile * kTileEntries >= n) return;  // uniform: past the row's end
     const int last_tile = min(first_tile + tiles_per_cta, (n + kTileEntries - 1) / kTileEntries);
+    const int num_tiles = last_tile - first_tile;
+    const int* bt = block_table + (long long)t * L;
+
+    // ---- the loader: tile -> ring stage, cp.async only (no registers held across tiles)
+    auto load_tile = [&](int tile, int stage) {
+        unsigned char* st = ring + stage * kStageBytes;
+        const int tile_start = tile * kTileEntries;
+        // codes: consecutive threads copy consecutive 16-byte chunks of a row
+        for (int i = tid; i < kTileEntries * kChunksPerRow; i += kThreads) {
+            const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+            const int s = tile_start + row;
+            long long ent = -1;
+            if (s < n) {
+                const int b = bt[s / E];
+                if (b >= 0 && b < P) ent = (long long)b * E + s % E;
+            }
+            const u8* src = ent >= 0 ? keys_fp4 + ent * kCodeBytes + chunk * 16 : keys_fp4;
+            cp_async_16(st + row * kCodeBytes + chunk * 16, src, ent >= 0);
+        }
+        // scales and the global scale: thread = entry of the tile
+        const int s = tile_start + tid;
+        long long ent = -1;
+        float g = __int_as_float(0x7fc00000);  // NaN: never selected
+        if (s < n) {
+            const int b = bt[s / E];
+            if (b >= 0 && b < P) {
+                ent = (long long)b * E + s % E;
+                g = key_gscale[b];
+            }
+        }
+        u8* sdst = st + kScaleOffset + tid * kScaleBytes;
+        if constexpr (kScaleBytes % 4 == 0) {
+#pragma unroll
+            for (int j = 0; j < kScaleBytes / 4; ++j)
+                cp_async_4(sdst + 4 * j, ent >= 0 ? key_scale + ent * kScaleBytes + 4 * j : key_scale, ent >= 0);
+        } else {
+            // D/16 not a multiple of 4 (D = 32, 96, 160, 224): rows are not 4-byte aligned
+#pragma unroll
+            for (int j = 0; j < kScaleBytes; ++j) sdst[j] = ent >= 0 ? key_scale[ent * kScaleBytes + j] : (u8)0;
+        }
+        reinterpret_cast<float*>(st + kGsOffset)[tid] = g;
+    };
+
+    // start the first stages before staging the query: their latency overlaps it
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+        if (i < num_tiles) load_tile(first_tile + i, i);
+        cp_async_commit();
+    }
 
     // ---- stage the query: per-head power-of-two scale, fp16, K permuted to match the decode
     // K slot kk of k-step s = 2*wd + hh holds d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where
@@ -130,8 +217,8 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
             e = 15 - ex;
         }
         for (int i = lane; i < kDim; i += 32) {
-            const int s = i / 16, kk = i % 16;
-            const int wd = s / 2, hh = s % 2, c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8;
+            const int ks = i / 16, kk = i % 16;
+            const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8;
             const int d = c * (kDim / 4) + 8 * wd + 4 * hh + 2 * j + lohi;
             const float v = h < H ? ldexpf(qt[h * kDim + d], e) : 0.0f;
             unsigned short hx;
@@ -140,11 +227,12 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
         }
         if (lane == 0) wsm[h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
     }
+    if (hist)
+        for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
     __syncthreads();
 
     const int g = lane >> 2, c = lane & 3;
-    // my weights: heads 8j + 2c + {0, 1}
-    float wreg[kNBlocks][2];
+    float wreg[kNBlocks][2];  // my weights: heads 8j + 2c + {0, 1}
 #pragma unroll
     for (int j = 0; j < kNBlocks; ++j) {
         wreg[j][0] = wsm[8 * j + 2 * c];
@@ -153,59 +241,47 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
     // ldmatrix row address of this thread: matrix mi = lane / 8, row lane % 8
     const int mi = lane >> 3;
     const unsigned short* qrow = qs + (8 * (mi >> 1) + (lane & 7)) * kRowHalves + (mi & 1) * 8;
+    float* out = scores + (long long)t * ld;
 
-    const int half_d = kDim / 2, groups = kDim / 16;
-    const int* bt = block_table + (long long)t * L;
+    for (int it = 0; it < num_tiles; ++it) {
+        // refill the stage consumed last iteration, then wait for this tile's stage
+        if (it + kStages - 1 < num_tiles) load_tile(first_tile + it + kStages - 1, (it + kStages - 1) % kStages);
+        cp_async_commit();
+        cp_async_wait<kStages - 1>();
+        __syncthreads();
+        const unsigned char* st = ring + (it % kStages) * kStageBytes;
+        const int row0 = warp * kPassEntries;  // my warp's 32 rows of the tile
 
-    for (int tile = first_tile; tile < last_tile; ++tile) {
-        const int base = tile * kTileEntries + warp * kPassEntries;
-        // ---- my 4 rows: entries base + mb*16 + g (+8); load codes, scales and global scale
+        // my 4 rows r = 2*mb + hi: tile rows row0 + mb*16 + g + 8*hi
         u32 raw[2 * kMBlocks][kWords];
-        u32 sc[2 * kMBlocks][kWords];  // fp16x2 scale * 2^6 of each word's 16-element group
-        float gsc[2 * kMBlocks];
+        u32 sc[2 * kMBlocks][kWords];  // fp16x2 (scale * 2^6) of each word's 16-element group
 #pragma unroll
         for (int r = 0; r < 2 * kMBlocks; ++r) {
-            const int s = base + (r >> 1) * 16 + g + (r & 1) * 8;
-            long long ent = -1;
-            gsc[r] = __int_as_float(0x7fc00000);
-            if (s < n) {
-                const int b = bt[s / E];
-                if (b >= 0 && b < P) {
-                    ent = (long long)b * E + s % E;
-                    gsc[r] = key_gscale[b];
+            const int row = row0 + (r >> 1) * 16 + g + (r & 1) * 8;
+            const unsigned char* src = st + row * kCodeBytes + c * (kDim / 8);
+            if constexpr (kWords % 4 == 0) {
+#pragma unroll
+                for (int v = 0; v < kWords / 4; ++v) {
+                    const uint4 x = reinterpret_cast<const uint4*>(src)[v];
+                    raw[r][4 * v] = x.x; raw[r][4 * v + 1] = x.y; raw[r][4 * v + 2] = x.z; raw[r][4 * v + 3] = x.w;
                 }
-            }
-            if (ent >= 0) {
-                const u8* src = keys_fp4 + ent * half_d + c * (kDim / 8);
-                if constexpr (kWords % 4 == 0) {
+            } else if constexpr (kWords % 2 == 0) {
 #pragma unroll
-                    for (int v = 0; v < kWords / 4; ++v) {
-                        const uint4 x = reinterpret_cast<const uint4*>(src)[v];
-                        raw[r][4 * v] = x.x; raw[r][4 * v + 1] = x.y; raw[r][4 * v + 2] = x.z; raw[r][4 * v + 3] = x.w;
-                    }
-                } else if constexpr (kWords % 2 == 0) {
-#pragma unroll
-                    for (int v = 0; v < kWords / 2; ++v) {
-                        const uint2 x = reinterpret_cast<const uint2*>(src)[v];
-                        raw[r][2 * v] = x.x; raw[r][2 * v + 1] = x.y;
-                    }
-                } else {
-#pragma unroll
-                    for (int v = 0; v < kWords; ++v) raw[r][v] = reinterpret_cast<const u32*>(src)[v];
+                for (int v = 0; v < kWords / 2; ++v) {
+                    const uint2 x = reinterpret_cast<const uint2*>(src)[v];
+                    raw[r][2 * v] = x.x; raw[r][2 * v + 1] = x.y;
                 }
-                // word wd covers elements c*D/4 + 8*wd .. +7: scale group (c*D/4 + 8*wd) / 16;
-                // when D is a multiple of 64, words 2m and 2m+1 share their group
-                const u8* srow = key_scale + ent * groups;
-#pragma unroll
-                for (int wd = 0; wd < kWords; ++wd)
-                    sc[r][wd] = (kDim % 64 == 0 && (wd & 1)) ? sc[r][wd - 1]
-                                                             : scale_to_f16x2(srow[(c * (kDim / 4) + 8 * wd) / 16]);
             } else {
 #pragma unroll
-                for (int v = 0; v < kWords; ++v) raw[r][v] = 0u;
-#pragma unroll
-                for (int v = 0; v < kWords; ++v) sc[r][v] = 0u;
+                for (int v = 0; v < kWords; ++v) raw[r][v] = reinterpret_cast<const u32*>(src)[v];
             }
+            // word wd covers elements c*D/4 + 8*wd .. +7: scale group (c*D/4 + 8*wd) / 16;
+            // when D is a multiple of 64, words 2m and 2m+1 share their group
+            const unsigned char* srow = st + kScaleOffset + row * kScaleBytes;
+#pragma unroll
+            for (int wd = 0; wd < kWords; ++wd)
+                sc[r][wd] = (kDim % 64 == 0 && (wd & 1)) ? sc[r][wd - 1]
+                                                         : scale_to_f16x2(srow[(c * (kDim / 4) + 8 * wd) / 16]);
         }
 
         float acc[kMBlocks][kNBlocks][4];
@@ -223,17 +299,16 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
 #pragma unroll
             for (int r = 0; r < 2 * kMBlocks; ++r) {
                 e2m1x8_to_f16x2(raw[r][wd], dec[r]);
-                const u32 s2 = sc[r][wd];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) dec[r][i] = hmul2(dec[r][i], s2);
+                for (int i = 0; i < 4; ++i) dec[r][i] = hmul2(dec[r][i], sc[r][wd]);
             }
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                const int s = 2 * wd + hh;
+                const int ks = 2 * wd + hh;
 #pragma unroll
                 for (int jp = 0; jp < kNBlocks; jp += 2) {
                     u32 b[4];
-                    ldmatrix_x4(b, qrow + jp * 8 * kRowHalves + s * 16);
+                    ldmatrix_x4(b, qrow + jp * 8 * kRowHalves + ks * 16);
 #pragma unroll
                     for (int mb = 0; mb < kMBlocks; ++mb) {
                         const u32 a[4] = {dec[2 * mb][2 * hh], dec[2 * mb + 1][2 * hh],
@@ -246,6 +321,8 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
         }
 
         // ---- epilogue: rows g (acc[..][0..1]) and g + 8 (acc[..][2..3]) of each m-block
+        const float* gs = reinterpret_cast<const float*>(st + kGsOffset);
+        const int tile_start = (first_tile + it) * kTileEntries;
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb) {
             float lo = 0.0f, hi = 0.0f;
@@ -260,10 +337,22 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
             hi += __shfl_xor_sync(FULL_MASK, hi, 1);
             lo += __shfl_xor_sync(FULL_MASK, lo, 2);
             hi += __shfl_xor_sync(FULL_MASK, hi, 2);
-            const int s_lo = base + mb * 16 + g;
-            float* out = scores + (long long)t * ld;
-            if (c == 0) out[s_lo] = lo * gsc[2 * mb] + 0.0f;
-            if (c == 1) out[s_lo + 8] = hi * gsc[2 * mb + 1] + 0.0f;
+            if (c < 2) {
+                const int row = row0 + mb * 16 + g + 8 * c;  // lane c=0 writes row g, c=1 row g+8
+                const float score = (c == 0 ? lo : hi) * gs[row] + 0.0f;
+                out[tile_start + row] = score;
+                if (hist && tile_start + row < n) {
+                    const u32 key = score_to_key(score);
+                    if (key) atomicAdd(&hist_s[key >> 21], 1u);
+                }
+            }
         }
+        __syncthreads();  // everyone is done with this stage before it is refilled
+    }
+    cp_async_wait<0>();
+    if (hist) {
+        u32* row_hist = hist + (long long)t * kHistBins;
+        for (int i = tid; i < kHistBins; i += kThreads)
+            if (hist_s[i]) atomicAdd(&row_hist[i], hist_s[i]);
     }
 }

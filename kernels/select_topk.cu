@@ -1,7 +1,7 @@
-// select_topk.cu: exact top-k of float32 score rows by radix select.
+// select_topk.cu: exact top-k of one float32 score row by radix select, in one CTA.
 //
-// One CTA per row. The row's scores become order-preserving u32 keys (NaN -> 0, never
-// selected). Four 8-bit histogram passes, most significant digit first, find the key of
+// The fallback of select_fast.cu for rows whose candidates overflow its buffer. The row's
+// scores become order-preserving u32 keys (NaN -> 0, never selected). Four 8-bit histogram passes, most significant digit first, find the key of
 // the k-th best entry; one collection pass takes every entry above it and, in index
 // order (a block scan), the lowest-indexed entries equal to it; a bitonic sort orders the
 // k winners by (score descending, index ascending). No locks, no divergent barriers: every
@@ -11,29 +11,24 @@
 // Returns the key of entry i of the row (0 for NaN).
 __device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { return score_to_key(row[i]); }
 
+// The whole select for one row, run by one CTA of kThreads threads; `cand` is kMaxK u64 of
+// shared memory. Also the fallback of select_fast.cu when a row's candidates overflow.
 template <int kThreads, int kMaxK>
-__global__ void __launch_bounds__(kThreads)
-select_topk_kernel(const float* __restrict__ scores,   // [rows, ld]
-                   long long ld,                        // row stride of scores, in floats
-                   const int* __restrict__ valid_lens,  // [rows]: entries 0..n-1 of a row are scored
-                   int max_len,                         // L * E: valid_lens is clamped to [0, max_len]
+__device__ __forceinline__ void select_row_radix(
+                   const float* __restrict__ r,         // the row's scores
+                   int n,                               // entries 0..n-1 are scored (already clamped)
                    int top_k,
-                   const int* __restrict__ block_table,  // [rows, L]; only read when physical != 0
-                   int L, int E, int num_blocks, int physical,
-                   int* __restrict__ out_idx,            // [rows, top_k]
-                   float* __restrict__ out_scores)       // [rows, top_k] or nullptr
+                   const int* __restrict__ bt_row,      // the row's block table; only read when physical
+                   int E, int num_blocks, int physical,
+                   int* __restrict__ out_idx,           // [top_k]
+                   float* __restrict__ out_scores,      // [top_k] or nullptr
+                   u64* cand)
 {
     static_assert((kMaxK & (kMaxK - 1)) == 0, "kMaxK must be a power of two");
     __shared__ u32 hist[256];
     __shared__ u32 scratch[32];
     __shared__ u32 s_bin, s_above;
-    __shared__ u64 cand[kMaxK];
-
-    const int row = blockIdx.x;
     const int tid = threadIdx.x;
-    int n = valid_lens[row];
-    n = n < 0 ? 0 : (n > max_len ? max_len : n);
-    const float* __restrict__ r = scores + (long long)row * ld;
 
     // ---- radix select: find the threshold key `prefix` and how many equal to it to take
     u32 prefix = 0u, mask = 0u;
@@ -88,10 +83,10 @@ select_topk_kernel(const float* __restrict__ scores,   // [rows, ld]
         const u32 pre = block_exclusive_scan<kThreads>((gt << 16) | eq, scratch, &total);
         if (gt) {
             const u32 pos = gt_base + (pre >> 16);
-            if (pos < (u32)kMaxK) cand[pos] = ((u64)key << 32) | (u64)(~(u32)i);
+            if (pos < (u32)kMaxK) cand[pos] = make_candidate(key, i);
         } else if (eq) {
             const u32 rank = eq_base + (pre & 0xffffu);
-            if (rank < take_eq) cand[n_gt + rank] = ((u64)key << 32) | (u64)(~(u32)i);
+            if (rank < take_eq) cand[n_gt + rank] = make_candidate(key, i);
         }
         gt_base += total >> 16;
         eq_base += total & 0xffffu;
@@ -104,38 +99,9 @@ select_topk_kernel(const float* __restrict__ scores,   // [rows, ld]
     while (size < m) size <<= 1;
     for (u32 i = m + tid; i < size; i += kThreads) cand[i] = 0ull;
     __syncthreads();
-    for (u32 k = 2u; k <= size; k <<= 1) {
-        for (u32 j = k >> 1; j > 0u; j >>= 1) {
-            for (u32 i = tid; i < size; i += kThreads) {
-                const u32 p = i ^ j;
-                if (p > i) {
-                    const u64 a = cand[i], b = cand[p];
-                    const bool descending = (i & k) == 0u;
-                    if (descending ? (a < b) : (a > b)) {
-                        cand[i] = b;
-                        cand[p] = a;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-    }
+    bitonic_sort_desc<kThreads>(cand, size);
 
     // ---- write indices (logical or physical) and scores; -1 / -inf padding
-    for (int i = tid; i < top_k; i += kThreads) {
-        int idx = -1;
-        float sc = -__int_as_float(0x7f800000);
-        if ((u32)i < m) {
-            const u64 c = cand[i];
-            const int s = (int)(~(u32)(c & 0xffffffffull));
-            sc = key_to_score((u32)(c >> 32));
-            idx = s;
-            if (physical) {
-                const int b = block_table[(long long)row * L + s / E];
-                idx = (b >= 0 && b < num_blocks) ? b * E + s % E : -1;
-            }
-        }
-        out_idx[(long long)row * top_k + i] = idx;
-        if (out_scores) out_scores[(long long)row * top_k + i] = sc;
-    }
+    for (int i = tid; i < top_k; i += kThreads)
+        write_winner(i, m, cand, bt_row, E, num_blocks, physical, out_idx, out_scores);
 }

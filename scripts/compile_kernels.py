@@ -18,6 +18,7 @@ import argparse
 import ctypes
 import glob
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -69,8 +70,8 @@ class Nvrtc:
         self.check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
         return major.value, minor.value
 
-    def compile(self, source: str, name: str, name_expression: str, options) -> tuple[bool, str, int]:
-        """Compile to CUBIN; returns (ok, log, cubin size)."""
+    def compile(self, source: str, name: str, name_expression: str, options, cubin_path=None) -> tuple[bool, str, int]:
+        """Compile to CUBIN (written to ``cubin_path`` if given); returns (ok, log, cubin size)."""
         prog = ctypes.c_void_p()
         self.check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
                    "nvrtcCreateProgram")
@@ -88,6 +89,10 @@ class Nvrtc:
                 return False, log, 0
             cubin_size = ctypes.c_size_t()
             self.check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(cubin_size)), "nvrtcGetCUBINSize")
+            if cubin_path:
+                cubin = ctypes.create_string_buffer(cubin_size.value)
+                self.check(self.lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+                Path(cubin_path).write_bytes(cubin.raw)
             return True, log, cubin_size.value
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
@@ -97,6 +102,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_90a", help="NVRTC target, e.g. sm_90a, sm_80")
     ap.add_argument("-v", "--verbose", action="store_true", help="print NVRTC's log (ptxas resource use)")
+    ap.add_argument("--only", default=None, help="compile only name expressions containing this text")
+    ap.add_argument("--cubin-dir", default=None, help="write each CUBIN there (for cuobjdump -sass)")
     args = ap.parse_args(argv)
     nvrtc = Nvrtc(find_nvrtc())
     cc = int(args.arch[3:5])
@@ -106,15 +113,20 @@ def main(argv=None) -> int:
         options.append("-Xptxas=-v")
     print(f"NVRTC {'.'.join(map(str, nvrtc.version()))}, options {' '.join(options)}")
     failures = 0
-    for source, name_expression in _jit.instances():
+    todo = [(s, n) for s, n in _jit.instances() if args.only is None or args.only in n]
+    for source, name_expression in todo:
         t0 = time.perf_counter()
-        ok, log, size = nvrtc.compile(_jit.read_source(source), source, name_expression, options)
+        cubin = None
+        if args.cubin_dir:
+            Path(args.cubin_dir).mkdir(parents=True, exist_ok=True)
+            cubin = Path(args.cubin_dir) / (re.sub(r"[^A-Za-z0-9]+", "_", name_expression).strip("_") + ".cubin")
+        ok, log, size = nvrtc.compile(_jit.read_source(source), source, name_expression, options, cubin)
         status = "ok  " if ok else "FAIL"
         print(f"{status} {source:18s} {name_expression:40s} {size:8d} B  {time.perf_counter() - t0:5.1f} s")
         if log and (args.verbose or not ok):
             print("    " + log.replace("\n", "\n    "))
         failures += not ok
-    print(f"{len(_jit.instances()) - failures} compiled, {failures} failed")
+    print(f"{len(todo) - failures} compiled, {failures} failed")
     return 1 if failures else 0
 
 

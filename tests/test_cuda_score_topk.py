@@ -68,12 +68,14 @@ def test_long_row_split_over_ctas_and_large_k(precision):
     testing.check_topk(p, idx, sc, tol=TOL[precision])
 
 
-def test_physical_indices_match_reference():
+@PRECISIONS
+def test_physical_indices_match_reference(precision):
     rng = np.random.default_rng(12)
     p = testing.random_problem(rng, T=4, H=16, D=64, E=32, L=5, top_k=40)
     cp = arrays.cupy()
-    got = score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", physical=True).get()
-    logical = run_cuda(p)[0]
+    got = score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", precision=precision,
+                     physical=True).get()
+    logical = run_cuda(p, precision)[0]
     np.testing.assert_array_equal(got, reference.to_physical(logical, p.block_table, p.keys_fp4.shape[1]))
     testing.check_topk(p, got, physical=True)
 
@@ -140,3 +142,29 @@ def test_nvfp4_codec_on_device_equals_host():
     y_h = nvfp4.dequantize(c_h, s_h, g_h)
     y_d = nvfp4.dequantize(c_d, s_d, g_d)
     assert y_h.tobytes() == y_d.get().tobytes()
+
+
+@PRECISIONS
+def test_candidate_buffer_overflow_falls_back_exactly(precision):
+    # Every score is exactly 0 (keys >= 0, queries < 0, weights > 0): the threshold bin holds
+    # all 20,000 entries of a row, more than the candidate buffer (8192) takes. The select
+    # must notice and fall back to the full-row radix select: the lowest indices win.
+    rng = np.random.default_rng(17)
+    p = testing.random_problem(rng, T=3, H=8, D=64, E=64, lens=[20_000, 9_000, 300], top_k=100)
+    keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32)
+    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
+    p.q = -np.abs(p.q) - np.float32(0.1)
+    p.w = np.abs(p.w) + np.float32(0.1)
+    idx, sc = run_cuda(p, precision)
+    np.testing.assert_array_equal(idx, np.tile(np.arange(100, dtype=np.int32), (3, 1)))
+    assert np.all(sc == 0)
+    testing.check_topk(p, idx, sc, tol=TOL[precision])
+
+
+@PRECISIONS
+def test_many_rows_and_ragged_lengths(precision):
+    rng = np.random.default_rng(18)
+    lens = rng.integers(0, 6000, size=40)
+    p = testing.random_problem(rng, T=40, H=64, D=128, E=64, lens=lens, top_k=512)
+    idx, sc = run_cuda(p, precision)
+    testing.check_topk(p, idx, sc, tol=TOL[precision])

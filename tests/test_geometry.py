@@ -1,0 +1,62 @@
+"""Launch geometry is pure: checked on the CPU against the kernels' constraints."""
+
+import pytest
+
+from indexer import geometry
+from indexer.geometry import H200, Device
+
+
+@pytest.mark.parametrize("H,groups", [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (64, 8), (65, 16), (128, 16)])
+def test_head_groups_cover_the_heads(H, groups):
+    assert geometry.head_groups(H) == groups
+    assert 8 * geometry.head_groups(H) >= H
+    assert geometry.mma_head_blocks(H) == max(2, groups)
+
+
+def test_more_than_128_heads_is_refused():
+    with pytest.raises(ValueError, match="q: at most 128 heads"):
+        geometry.head_groups(129)
+
+
+@pytest.mark.parametrize("launch", [geometry.score_fp32_launch, geometry.score_mma_launch])
+@pytest.mark.parametrize("T,max_len", [(1, 1), (1, 262_144), (64, 262_144), (128, 32_768), (8192, 2048), (3, 129)])
+def test_score_launch_covers_every_tile_once(launch, T, max_len):
+    sl = launch(T, 64, 128, max_len)
+    tiles = geometry.tiles_per_row(max_len)
+    assert sl.grid[0] == T
+    assert sl.grid[1] * sl.tiles_per_cta >= tiles > (sl.grid[1] - 1) * sl.tiles_per_cta
+    assert sl.grid[1] <= 65535
+    assert sl.ld == tiles * geometry.TILE_ENTRIES and sl.ld >= max_len
+    assert 0 < sl.smem <= H200.max_smem_per_block
+
+
+def test_one_long_row_spreads_over_the_chip():
+    sl = geometry.score_mma_launch(1, 64, 128, 262_144)
+    assert sl.grid[0] * sl.grid[1] >= H200.sm_count
+
+
+@pytest.mark.parametrize("D", range(32, 257, 32))
+def test_mma_instances_exist_for_every_supported_shape(D):
+    from indexer import _jit
+
+    for H in (1, 16, 64, 128):
+        for launch, source in ((geometry.score_mma_launch, "score_mma.cu"), (geometry.score_fp32_launch, "score_fp32.cu")):
+            assert launch(2, H, D, 1000).name in _jit.INSTANCES[source]
+
+
+def test_shared_memory_limit_is_enforced():
+    small = Device(sm_count=10, max_smem_per_block=48 * 1024, compute_capability=80)
+    with pytest.raises(ValueError, match="shared memory"):
+        geometry.score_mma_launch(1, 128, 256, 100, small)
+    with pytest.raises(ValueError, match="shared memory"):
+        geometry.score_fp32_launch(1, 128, 256, 100, small)
+
+
+def test_workspace_rows_respect_the_budget():
+    ld = 262_144
+    rows = geometry.workspace_rows(64, ld, budget_bytes=32 << 20)
+    assert rows * geometry.workspace_row_bytes(ld) <= 32 << 20 or rows == 1
+    assert geometry.workspace_rows(64, ld, budget_bytes=1) == 1
+    assert geometry.workspace_rows(3, 128) == 3
+    assert geometry.select_fast_chunks(1) == 1
+    assert geometry.select_fast_chunks(geometry.SELECT_CHUNK + 1) == 2

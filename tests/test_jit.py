@@ -1,0 +1,73 @@
+"""Source loading and the compile table, without a GPU."""
+
+import re
+
+import pytest
+
+from indexer import _jit
+
+
+def test_kernel_dir_holds_every_source_of_the_table():
+    d = _jit.kernel_dir()
+    for source in _jit.INSTANCES:
+        assert (d / source).is_file()
+
+
+def test_includes_are_inlined_once_and_the_folder_hash_is_stamped():
+    src = _jit.read_source("select_fast.cu")
+    assert not re.search(r'#\s*include\s+"', src)  # nothing left for NVRTC to look up
+    assert src.count("// ---- begin common.cuh") == 1  # included twice, inlined once
+    assert "#pragma once" not in src
+    assert src.startswith(f"// indexer kernels {_jit.kernels_hash()}")
+    assert "select_row_radix" in src and "score_to_key" in src
+
+
+def test_hash_changes_when_any_kernel_file_changes(tmp_path, monkeypatch):
+    for f in _jit.kernel_dir().glob("*.cu*"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(_jit, "kernel_dir", lambda: tmp_path)
+    _jit.kernels_hash.cache_clear()
+    _jit.read_source.cache_clear()
+    try:
+        before = _jit.kernels_hash()
+        (tmp_path / "common.cuh").write_text((tmp_path / "common.cuh").read_text() + "\n// edited\n")
+        _jit.kernels_hash.cache_clear()
+        assert _jit.kernels_hash() != before
+        assert "// edited" in _jit.read_source("score_mma.cu")
+    finally:
+        _jit.kernels_hash.cache_clear()
+        _jit.read_source.cache_clear()
+
+
+def test_unknown_local_include_is_left_for_nvrtc(tmp_path, monkeypatch):
+    (tmp_path / "common.cuh").write_text("// common\n")
+    (tmp_path / "k.cu").write_text('#include "common.cuh"\n#include "missing.cuh"\n#include <cuda_fp16.h>\n')
+    monkeypatch.setattr(_jit, "kernel_dir", lambda: tmp_path)
+    _jit.kernels_hash.cache_clear()
+    _jit.read_source.cache_clear()
+    try:
+        src = _jit.read_source("k.cu")
+        assert '#include "missing.cuh"' in src and "#include <cuda_fp16.h>" in src and "// common" in src
+    finally:
+        _jit.kernels_hash.cache_clear()
+        _jit.read_source.cache_clear()
+
+
+@pytest.mark.parametrize("cc,arch", [(90, "sm_90a"), (80, "sm_80"), (89, "sm_89"), (100, "sm_100")])
+def test_arch_and_options(cc, arch):
+    assert _jit.arch_for(cc) == arch
+    assert f"-arch={arch}" in _jit.compile_options(cc)
+
+
+def test_instances_are_unique_and_listed():
+    pairs = _jit.instances()
+    assert len(pairs) == len(set(pairs)) == sum(len(v) for v in _jit.INSTANCES.values())
+    assert ("score_mma.cu", "score_mma_kernel<128, 8>") in pairs
+
+
+def test_kernel_dir_missing_is_a_clear_error(tmp_path, monkeypatch):
+    fake = tmp_path / "pkg" / "_jit.py"
+    fake.parent.mkdir()
+    monkeypatch.setattr(_jit, "__file__", str(fake))
+    with pytest.raises(FileNotFoundError, match="CUDA sources not found"):
+        _jit.kernel_dir()
