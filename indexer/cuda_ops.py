@@ -42,7 +42,7 @@ def _check_alignment(name, x):
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                precision="fast", return_scores=False, physical=False, validate=True,
-               workspace_budget=256 << 20):
+               workspace_budget=256 << 20, _score_only=False):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
     inputs and NumPy arrays when ``q`` came from the host."""
     like = q
@@ -64,7 +64,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         indices = cp.empty((prob.T, prob.top_k), dtype=cp.int32)
         scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
         _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-                valid_lens, indices, scores, physical, workspace_budget)
+                valid_lens, indices, scores, physical, workspace_budget, _score_only)
     if arrays.framework_of(like) == "numpy" and isinstance(like, np.ndarray):
         indices = indices.get()
         scores = scores.get() if scores is not None else None
@@ -74,51 +74,83 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     return (indices, scores) if return_scores else indices
 
 
+def _carve(nbytes_by_name):
+    """One device allocation cut into 256-byte aligned uint8 views, one per name: a call
+    costs a single allocation from CuPy's pool however many buffers it needs."""
+    offsets, total = {}, 0
+    for name, nbytes in nbytes_by_name.items():
+        offsets[name] = total
+        total += -(-nbytes // 256) * 256
+    buf = cp.empty(max(total, 1), dtype=cp.uint8)
+    return {name: buf[off: off + nbytes_by_name[name]] for name, off in offsets.items()}
+
+
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-            valid_lens, indices, scores, physical, workspace_budget):
+            valid_lens, indices, scores, physical, workspace_budget, score_only=False):
     """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact',
-    fp16 tensor cores for 'fast'), then the exact radix select."""
+    fp16 tensor cores for 'fast'), then the exact multi-CTA select. ``score_only`` stops
+    after the scoring kernel (the benchmark's "scoring part alone")."""
     i32 = np.int32
-    if precision == "exact":
+    exact = precision == "exact"
+    if exact:
         sl = geometry.score_fp32_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
-        score_k = _kernel("score_fp32.cu", sl.name, device_id, sl.smem)
-        shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
+        heads = 0
     else:
         sl = geometry.score_mma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
-        score_k = _kernel("score_mma.cu", sl.name, device_id, sl.smem)
-        shape_args = (i32(prob.H), i32(prob.P), i32(prob.E), i32(prob.L))
+        heads = 8 * geometry.mma_head_blocks(prob.H)
     rows = geometry.workspace_rows(prob.T, sl.ld, workspace_budget)
-    fused_hist = precision != "exact"  # the tensor-core kernel counts the histogram itself
+    bins, cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
+    ws = _carve({
+        "q16": prob.T * heads * (prob.D + 8) * 2,  # fast path: the staged query
+        "w_scaled": prob.T * heads * 4,
+        "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
+        "counters": rows * (bins + 2) * 4,           # histogram, threshold bin, candidate count
+        "cand": rows * cap * 8,                      # candidate (key, index) pairs
+    })
+    scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
+    counters = ws["counters"].view(cp.uint32)
+    hist = counters[: rows * bins]                  # [rows, bins]
+    thr = counters[rows * bins: rows * (bins + 1)]  # [rows]
+    count = counters[rows * (bins + 1):]            # [rows]
+    cand = ws["cand"].view(cp.uint64)
+    ld = np.int64(sl.ld)
+
+    if exact:
+        score_k = _kernel("score_fp32.cu", sl.name, device_id, sl.smem)
+        query = (q, w)
+        shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
+    else:
+        score_k = _kernel("score_mma.cu", sl.name, device_id, sl.smem)
+        prep_k = _kernel("score_mma.cu", sl.name.replace("score_mma_kernel", "prep_query_kernel"), device_id)
+        q16 = ws["q16"].view(cp.uint16).reshape(prob.T, heads, prob.D + 8)
+        w_scaled = ws["w_scaled"].view(cp.float32).reshape(prob.T, heads)
+        prep_k((prob.T,), (128,), (q, w, i32(prob.H), q16, w_scaled))
+        query = (q16, w_scaled)
+        e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
+        shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
     hist_k = _kernel("select_fast.cu", "topk_histogram_kernel<256, 16>", device_id)
     thr_k = _kernel("select_fast.cu", "topk_threshold_kernel", device_id)
     filter_k = _kernel("select_fast.cu", "topk_filter_kernel<256, 16>", device_id)
-    cap = geometry.CANDIDATE_CAP
     final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
     chunks = geometry.select_fast_chunks(sl.ld)
-    bins = geometry.HIST_BINS
-    scores_ws = cp.empty((rows, sl.ld), dtype=cp.float32)
-    counters = cp.empty(rows * (bins + 2), dtype=cp.uint32)
-    hist = counters[: rows * bins]                     # [rows, bins] per-row histogram
-    thr = counters[rows * bins: rows * (bins + 1)]     # [rows] threshold bin
-    count = counters[rows * (bins + 1):]               # [rows] candidate count
-    cand = cp.empty((rows, cap), dtype=cp.uint64)
-    ld = np.int64(sl.ld)
-    out_scores = scores if scores is not None else None
+
     for r0 in range(0, prob.T, rows):
         r1 = min(prob.T, r0 + rows)
         nr = r1 - r0
         counters.fill(0)
         lens = valid_lens[r0:r1]
         score_k((nr, sl.grid[1]), sl.block,
-                (q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
-                 *shape_args, i32(sl.tiles_per_cta), scores_ws, ld, *((hist,) if fused_hist else ())),
+                (query[0][r0:r1], query[1][r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
+                 *shape_args, i32(sl.tiles_per_cta), scores_ws, ld, *(() if exact else (hist,))),
                 shared_mem=sl.smem)
-        if not fused_hist:
+        if score_only:
+            continue
+        if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
             hist_k((nr, chunks), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
         thr_k((nr,), (256,), (hist, i32(prob.top_k), thr))
         filter_k((nr, chunks), (256,), (scores_ws, ld, lens, i32(prob.max_len), thr, count, cand, i32(cap)))
         final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), count, cand,
                                  i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
                                  i32(1 if physical else 0), indices[r0:r1],
-                                 out_scores[r0:r1] if out_scores is not None else 0),
+                                 scores[r0:r1] if scores is not None else 0),
                 shared_mem=8 * cap)

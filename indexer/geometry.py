@@ -87,14 +87,25 @@ def mma_head_blocks(H: int) -> int:
 
 
 def score_mma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
-                     ctas_per_sm: int = 8) -> ScoreLaunch:
-    """Geometry of ``score_mma_kernel``: 4 warps, 128 entries per CTA iteration, one CTA
-    per (query, run of tiles); the query is staged in static shared memory."""
+                     ctas_per_sm: int = 3) -> ScoreLaunch:
+    """Geometry of ``score_mma_kernel``: 4 warps, 128 entries per CTA iteration, one CTA per
+    (query, run of tiles).
+
+    ``ctas_per_sm`` CTAs fit on an SM at once (registers and shared memory). With T rows at
+    most that many in total, each row is cut into as many runs as fill one wave exactly, so
+    a batch of 64 or 128 rows, or one long row, keeps every SM busy without a ragged second
+    wave; with more rows, runs are sized for about eight waves.
+    """
     nb = mma_head_blocks(H)
     tiles = tiles_per_row(max_len)
-    per_cta, chunks = _tile_runs(T, tiles, dev.sm_count * ctas_per_sm)
-    stage = TILE_ENTRIES * (D // 2) + -(-(TILE_ENTRIES * (D // 16)) // 16) * 16 + TILE_ENTRIES * 4
-    smem = 8 * nb * (D + 8) * 2 + 8 * nb * 4 + _MMA_STAGES * stage + HIST_BINS * 4
+    resident = dev.sm_count * ctas_per_sm
+    runs = max(1, resident // T) if T <= resident else max(1, round(8 * resident / T))
+    per_cta = -(-tiles // min(runs, tiles))
+    chunks = -(-tiles // per_cta)
+    stage = TILE_ENTRIES * (D // 2) + -(-(TILE_ENTRIES * (D // 16)) // 16) * 16
+    heads = 8 * nb
+    smem = (heads * (D + 8) * 2 + heads * 4 + _MMA_STAGES * stage + (_MMA_STAGES + 1) * TILE_ENTRIES * 8
+            + HIST_BINS * 4)
     if smem > dev.max_smem_per_block:
         raise ValueError(f"q: H = {H}, D = {D} needs {smem} bytes of shared memory, the device has {dev.max_smem_per_block}")
     return ScoreLaunch(name=f"score_mma_kernel<{D}, {nb}>", grid=(T, chunks), block=(128,), smem=smem,

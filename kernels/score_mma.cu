@@ -31,10 +31,9 @@ constexpr int kStages = 4;                         // shared-memory ring depth
 constexpr int kHistBins = 2048;                    // top 11 bits of the score key
 }  // namespace score_mma
 
-// Shared-memory bytes of one ring stage for head dim D: codes, scales (16-byte padded), gscale.
+// Shared-memory bytes of one ring stage for head dim D: codes, then scales (16-byte padded).
 __host__ __device__ constexpr int mma_stage_bytes(int D) {
-    return score_mma::kTileEntries * (D / 2) + ((score_mma::kTileEntries * (D / 16) + 15) / 16) * 16 +
-           score_mma::kTileEntries * 4;
+    return score_mma::kTileEntries * (D / 2) + ((score_mma::kTileEntries * (D / 16) + 15) / 16) * 16;
 }
 
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, bool valid) {
@@ -99,29 +98,79 @@ __device__ __forceinline__ void e2m1x8_to_f16x2(u32 x, u32* out) {
     out[3] = (r1 & 0x80008000u) | ((r1 >> 3) & 0x0e000e00u);
 }
 
-// fp16x2 holding (scale * 2^6, scale * 2^6) for an E4M3 byte; NaN bytes give NaN.
-__device__ __forceinline__ u32 scale_to_f16x2(u32 byte) {
-    const float s = e4m3_to_float(byte) * 64.0f;  // <= 28672 and exact in fp16
+// Two E4M3 bytes (low 16 bits of `pair`) -> fp16x2 (scale0 * 2^6, scale1 * 2^6), exact;
+// NaN bytes give NaN. One hardware conversion and one multiply.
+__device__ __forceinline__ u32 scales_to_f16x2(u32 pair) {
     u32 h;
-    asm("{ .reg .f16 t; cvt.rn.f16.f32 t, %1; mov.b32 %0, {t, t}; }" : "=r"(h) : "f"(s));
-    return h;
+#if __CUDA_ARCH__ >= 890
+    asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(h) : "r"(pair));
+#else
+    const float s0 = e4m3_to_float(pair & 255u), s1 = e4m3_to_float((pair >> 8) & 255u);
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(s1), "f"(s0));
+#endif
+    return hmul2(h, 0x54005400u);  // * (64, 64)
+}
+
+// (lo, lo) and (hi, hi) of an fp16x2
+__device__ __forceinline__ u32 splat_lo(u32 v) { return prmt(v, v, 0x1010u); }
+__device__ __forceinline__ u32 splat_hi(u32 v) { return prmt(v, v, 0x3232u); }
+
+// Query staging, once per call: q[t] (H x D float32) -> fp16 [kHeads][D + 8] in the permuted
+// K order of the decode, each head scaled by a power of two 2^e that brings max |q| into
+// [2^14, 2^15); and w[t, h] * 2^(8 - e) (folding back that power and the 2^-8 of the keys).
+// K slot kk of k-step s = 2*wd + hh holds d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where
+// c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8.
+template <int kDim, int kNBlocks>
+__global__ void __launch_bounds__(128)
+prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
+                  unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8]
+                  float* __restrict__ w_scaled)      // [T, kHeads]
+{
+    constexpr int kHeads = 8 * kNBlocks, kRowHalves = kDim + 8;
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* qt = q + (long long)t * H * kDim;
+    unsigned short* out = q16 + (long long)t * kHeads * kRowHalves;
+    for (int h = warp; h < kHeads; h += 4) {
+        float amax = 0.0f;
+        if (h < H)
+            for (int d = lane; d < kDim; d += 32) amax = fmaxf(amax, fabsf(qt[h * kDim + d]));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+        int e = 0;
+        if (amax > 0.0f && amax <= 3.402823466e38f) {
+            int ex;
+            frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+            e = 15 - ex;
+        }
+        for (int i = lane; i < kRowHalves; i += 32) {
+            unsigned short hx = 0;
+            if (i < kDim && h < H) {
+                const int ks = i / 16, kk = i % 16;
+                const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8;
+                const int d = c * (kDim / 4) + 8 * wd + 4 * hh + 2 * j + lohi;
+                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hx) : "f"(ldexpf(qt[h * kDim + d], e)));
+            }
+            out[h * kRowHalves + i] = hx;
+        }
+        if (lane == 0) w_scaled[(long long)t * kHeads + h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
+    }
 }
 
 // kDim: head dim (multiple of 32). kNBlocks: 8-head column blocks (even; heads padded).
 template <int kDim, int kNBlocks>
 __global__ void __launch_bounds__(score_mma::kWarps * 32)
-score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
-                 const float* __restrict__ w,            // [T, H]
-                 const u8* __restrict__ keys_fp4,        // [P, E, D/2]
-                 const u8* __restrict__ key_scale,       // [P, E, D/16]
-                 const float* __restrict__ key_gscale,   // [P]
-                 const int* __restrict__ block_table,    // [T, L]
-                 const int* __restrict__ valid_lens,     // [T]
-                 int H, int P, int E, int L,
-                 int tiles_per_cta,
-                 float* __restrict__ scores,             // [T, ld] workspace
+score_mma_kernel(const unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8] from prep_query_kernel
+                 const float* __restrict__ w_scaled,      // [T, kHeads]
+                 const u8* __restrict__ keys_fp4,         // [P, E, D/2]
+                 const u8* __restrict__ key_scale,        // [P, E, D/16]
+                 const float* __restrict__ key_gscale,    // [P]
+                 const int* __restrict__ block_table,     // [T, L]
+                 const int* __restrict__ valid_lens,      // [T]
+                 int P, int E, int e_shift,               // e_shift = log2(E) when E is a power of two, else -1
+                 int L, int tiles_per_cta,
+                 float* __restrict__ scores,              // [T, ld] workspace
                  long long ld,
-                 u32* __restrict__ hist)                 // [T, kHistBins] or nullptr
+                 u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
 {
     using namespace score_mma;
     static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 256, "D must be a multiple of 32 in [32, 256]");
@@ -134,14 +183,18 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
     constexpr int kChunksPerRow = kCodeBytes / 16;
     constexpr int kStageBytes = mma_stage_bytes(kDim);
     constexpr int kScaleOffset = kTileEntries * kCodeBytes;
-    constexpr int kGsOffset = kScaleOffset + ((kTileEntries * kScaleBytes + 15) / 16) * 16;
+    constexpr int kMetaSlots = kStages + 1;    // entry metadata runs one tile ahead of the copies
+    constexpr int kQBytes = kHeads * kRowHalves * 2;
     static_assert(kThreads == kTileEntries, "one thread per entry of a tile for the metadata");
+    static_assert(kQBytes % 16 == 0, "query rows copy in 16-byte chunks");
 
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned short* qs = reinterpret_cast<unsigned short*>(smem);                   // [kHeads][kRowHalves]
-    float* wsm = reinterpret_cast<float*>(qs + kHeads * kRowHalves);                // [kHeads]
+    float* wsm = reinterpret_cast<float*>(smem + kQBytes);                          // [kHeads]
     unsigned char* ring = reinterpret_cast<unsigned char*>(wsm + kHeads);           // [kStages][kStageBytes]
-    u32* hist_s = reinterpret_cast<u32*>(ring + kStages * kStageBytes);             // [kHistBins]
+    int* meta_ent = reinterpret_cast<int*>(ring + kStages * kStageBytes);          // [kMetaSlots][kTileEntries]
+    float* meta_gs = reinterpret_cast<float*>(meta_ent + kMetaSlots * kTileEntries);  // [kMetaSlots][kTileEntries]
+    u32* hist_s = reinterpret_cast<u32*>(meta_gs + kMetaSlots * kTileEntries);      // [kHistBins]
 
     const int t = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -153,108 +206,81 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
     const int num_tiles = last_tile - first_tile;
     const int* bt = block_table + (long long)t * L;
 
-    // ---- the loader: tile -> ring stage, cp.async only (no registers held across tiles)
-    auto load_tile = [&](int tile, int stage) {
-        unsigned char* st = ring + stage * kStageBytes;
-        const int tile_start = tile * kTileEntries;
-        // codes: consecutive threads copy consecutive 16-byte chunks of a row
-        for (int i = tid; i < kTileEntries * kChunksPerRow; i += kThreads) {
-            const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
-            const int s = tile_start + row;
-            long long ent = -1;
-            if (s < n) {
-                const int b = bt[s / E];
-                if (b >= 0 && b < P) ent = (long long)b * E + s % E;
-            }
-            const u8* src = ent >= 0 ? keys_fp4 + ent * kCodeBytes + chunk * 16 : keys_fp4;
-            cp_async_16(st + row * kCodeBytes + chunk * 16, src, ent >= 0);
-        }
-        // scales and the global scale: thread = entry of the tile
-        const int s = tile_start + tid;
-        long long ent = -1;
+    // entry metadata of tile j (thread = entry): pool entry index (-1: unusable) and global scale
+    auto load_meta = [&](int j) {
+        const int s = (first_tile + j) * kTileEntries + tid;
+        int ent = -1;
         float g = __int_as_float(0x7fc00000);  // NaN: never selected
         if (s < n) {
-            const int b = bt[s / E];
+            const int lb = e_shift >= 0 ? s >> e_shift : s / E;
+            const int slot = s - lb * E;
+            const int b = bt[lb];
             if (b >= 0 && b < P) {
-                ent = (long long)b * E + s % E;
+                ent = b * E + slot;  // < P * E < 2^31 (validated)
                 g = key_gscale[b];
             }
         }
+        meta_ent[(j % kMetaSlots) * kTileEntries + tid] = ent;
+        meta_gs[(j % kMetaSlots) * kTileEntries + tid] = g;
+    };
+    // copies of tile j into its ring stage, from metadata already in shared memory
+    auto load_tile = [&](int j) {
+        unsigned char* st = ring + (j % kStages) * kStageBytes;
+        const int* ents = meta_ent + (j % kMetaSlots) * kTileEntries;
+#pragma unroll
+        for (int i = tid; i < kTileEntries * kChunksPerRow; i += kThreads) {
+            const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+            const int ent = ents[row];
+            cp_async_16(st + row * kCodeBytes + chunk * 16,
+                        keys_fp4 + (ent >= 0 ? (long long)ent * kCodeBytes + chunk * 16 : 0), ent >= 0);
+        }
+        const int ent = ents[tid];  // written by this thread itself
         u8* sdst = st + kScaleOffset + tid * kScaleBytes;
         if constexpr (kScaleBytes % 4 == 0) {
 #pragma unroll
-            for (int j = 0; j < kScaleBytes / 4; ++j)
-                cp_async_4(sdst + 4 * j, ent >= 0 ? key_scale + ent * kScaleBytes + 4 * j : key_scale, ent >= 0);
+            for (int k = 0; k < kScaleBytes / 4; ++k)
+                cp_async_4(sdst + 4 * k, key_scale + (ent >= 0 ? (long long)ent * kScaleBytes + 4 * k : 0), ent >= 0);
         } else {
             // D/16 not a multiple of 4 (D = 32, 96, 160, 224): rows are not 4-byte aligned
 #pragma unroll
-            for (int j = 0; j < kScaleBytes; ++j) sdst[j] = ent >= 0 ? key_scale[ent * kScaleBytes + j] : (u8)0;
+            for (int k = 0; k < kScaleBytes; ++k) sdst[k] = ent >= 0 ? key_scale[(long long)ent * kScaleBytes + k] : (u8)0;
         }
-        reinterpret_cast<float*>(st + kGsOffset)[tid] = g;
     };
 
-    // start the first stages before staging the query: their latency overlaps it
-#pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) {
-        if (i < num_tiles) load_tile(first_tile + i, i);
-        cp_async_commit();
-    }
-
-    // ---- stage the query: per-head power-of-two scale, fp16, K permuted to match the decode
-    // K slot kk of k-step s = 2*wd + hh holds d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where
-    // c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8.
-    const float* qt = q + (long long)t * H * kDim;
-    for (int h = warp; h < kHeads; h += kWarps) {
-        float amax = 0.0f;
-        if (h < H)
-            for (int d = lane; d < kDim; d += 32) amax = fmaxf(amax, fabsf(qt[h * kDim + d]));
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-        int e = 0;
-        if (amax > 0.0f && amax <= 3.402823466e38f) {
-            int ex;
-            frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
-            e = 15 - ex;
-        }
-        for (int i = lane; i < kDim; i += 32) {
-            const int ks = i / 16, kk = i % 16;
-            const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8;
-            const int d = c * (kDim / 4) + 8 * wd + 4 * hh + 2 * j + lohi;
-            const float v = h < H ? ldexpf(qt[h * kDim + d], e) : 0.0f;
-            unsigned short hx;
-            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hx) : "f"(v));
-            qs[h * kRowHalves + i] = hx;
-        }
-        if (lane == 0) wsm[h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
+    // ---- prologue: query and weights (first group), metadata and copies of the first stages
+    {
+        const unsigned char* qsrc = reinterpret_cast<const unsigned char*>(q16 + (long long)t * kHeads * kRowHalves);
+        for (int i = tid; i < kQBytes / 16; i += kThreads) cp_async_16(smem + 16 * i, qsrc + 16 * i, true);
+        for (int h = tid; h < kHeads; h += kThreads) wsm[h] = w_scaled[(long long)t * kHeads + h];
     }
     if (hist)
         for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
+    for (int j = 0; j < kStages; ++j)
+        if (j < num_tiles) load_meta(j);
     __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kStages - 1; ++j) {
+        if (j < num_tiles) load_tile(j);
+        cp_async_commit();  // group j (group 0 also holds the query)
+    }
 
     const int g = lane >> 2, c = lane & 3;
-    float wreg[kNBlocks][2];  // my weights: heads 8j + 2c + {0, 1}
-#pragma unroll
-    for (int j = 0; j < kNBlocks; ++j) {
-        wreg[j][0] = wsm[8 * j + 2 * c];
-        wreg[j][1] = wsm[8 * j + 2 * c + 1];
-    }
-    // ldmatrix row address of this thread: matrix mi = lane / 8, row lane % 8
-    const int mi = lane >> 3;
+    const int mi = lane >> 3;  // ldmatrix: matrix mi = lane / 8, row lane % 8
     const unsigned short* qrow = qs + (8 * (mi >> 1) + (lane & 7)) * kRowHalves + (mi & 1) * 8;
     float* out = scores + (long long)t * ld;
+    const int row0 = warp * kPassEntries;  // my warp's 32 rows of a tile
 
     for (int it = 0; it < num_tiles; ++it) {
-        // refill the stage consumed last iteration, then wait for this tile's stage
-        if (it + kStages - 1 < num_tiles) load_tile(first_tile + it + kStages - 1, (it + kStages - 1) % kStages);
+        cp_async_wait<kStages - 2>();  // tile it (and the query) landed, for this thread's copies
+        __syncthreads();               // ... for everyone's; tile it-1 fully consumed; meta visible
+        if (it + kStages - 1 < num_tiles) load_tile(it + kStages - 1);
         cp_async_commit();
-        cp_async_wait<kStages - 1>();
-        __syncthreads();
-        const unsigned char* st = ring + (it % kStages) * kStageBytes;
-        const int row0 = warp * kPassEntries;  // my warp's 32 rows of the tile
+        if (it + kStages < num_tiles) load_meta(it + kStages);
 
+        const unsigned char* st = ring + (it % kStages) * kStageBytes;
         // my 4 rows r = 2*mb + hi: tile rows row0 + mb*16 + g + 8*hi
         u32 raw[2 * kMBlocks][kWords];
-        u32 sc[2 * kMBlocks][kWords];  // fp16x2 (scale * 2^6) of each word's 16-element group
+        u32 sc[2 * kMBlocks][kWords];  // fp16x2 (scale * 2^6) splat, per word
 #pragma unroll
         for (int r = 0; r < 2 * kMBlocks; ++r) {
             const int row = row0 + (r >> 1) * 16 + g + (r & 1) * 8;
@@ -275,13 +301,24 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
 #pragma unroll
                 for (int v = 0; v < kWords; ++v) raw[r][v] = reinterpret_cast<const u32*>(src)[v];
             }
-            // word wd covers elements c*D/4 + 8*wd .. +7: scale group (c*D/4 + 8*wd) / 16;
-            // when D is a multiple of 64, words 2m and 2m+1 share their group
+            // word wd covers elements c*D/4 + 8*wd .. +7, scale group (c*D/4 + 8*wd) / 16
             const unsigned char* srow = st + kScaleOffset + row * kScaleBytes;
+            if constexpr (kDim % 64 == 0) {
+                // my groups are c*D/64 + m: words 2m and 2m+1 share group m; pairs of groups
+                // are adjacent bytes, converted together
 #pragma unroll
-            for (int wd = 0; wd < kWords; ++wd)
-                sc[r][wd] = (kDim % 64 == 0 && (wd & 1)) ? sc[r][wd - 1]
-                                                         : scale_to_f16x2(srow[(c * (kDim / 4) + 8 * wd) / 16]);
+                for (int m2 = 0; m2 < kWords / 2; m2 += 2) {
+                    const int g0 = c * (kDim / 64) + m2;
+                    const u32 two = (m2 + 1 < kWords / 2) ? (u32)srow[g0] | ((u32)srow[g0 + 1] << 8) : (u32)srow[g0];
+                    const u32 v = scales_to_f16x2(two);
+                    sc[r][2 * m2] = sc[r][2 * m2 + 1] = splat_lo(v);
+                    if (m2 + 1 < kWords / 2) sc[r][2 * m2 + 2] = sc[r][2 * m2 + 3] = splat_hi(v);
+                }
+            } else {
+#pragma unroll
+                for (int wd = 0; wd < kWords; ++wd)
+                    sc[r][wd] = splat_lo(scales_to_f16x2(srow[(c * (kDim / 4) + 8 * wd) / 16]));
+            }
         }
 
         float acc[kMBlocks][kNBlocks][4];
@@ -321,17 +358,18 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
         }
 
         // ---- epilogue: rows g (acc[..][0..1]) and g + 8 (acc[..][2..3]) of each m-block
-        const float* gs = reinterpret_cast<const float*>(st + kGsOffset);
+        const float* gs = meta_gs + (it % kMetaSlots) * kTileEntries;
         const int tile_start = (first_tile + it) * kTileEntries;
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb) {
             float lo = 0.0f, hi = 0.0f;
 #pragma unroll
             for (int j = 0; j < kNBlocks; ++j) {
-                lo = fmaf(wreg[j][0], max_keep_nan(acc[mb][j][0], 0.0f), lo);
-                lo = fmaf(wreg[j][1], max_keep_nan(acc[mb][j][1], 0.0f), lo);
-                hi = fmaf(wreg[j][0], max_keep_nan(acc[mb][j][2], 0.0f), hi);
-                hi = fmaf(wreg[j][1], max_keep_nan(acc[mb][j][3], 0.0f), hi);
+                const float w0 = wsm[8 * j + 2 * c], w1 = wsm[8 * j + 2 * c + 1];
+                lo = fmaf(w0, max_keep_nan(acc[mb][j][0], 0.0f), lo);
+                lo = fmaf(w1, max_keep_nan(acc[mb][j][1], 0.0f), lo);
+                hi = fmaf(w0, max_keep_nan(acc[mb][j][2], 0.0f), hi);
+                hi = fmaf(w1, max_keep_nan(acc[mb][j][3], 0.0f), hi);
             }
             lo += __shfl_xor_sync(FULL_MASK, lo, 1);
             hi += __shfl_xor_sync(FULL_MASK, hi, 1);
@@ -347,10 +385,10 @@ score_mma_kernel(const float* __restrict__ q,            // [T, H, D]
                 }
             }
         }
-        __syncthreads();  // everyone is done with this stage before it is refilled
     }
     cp_async_wait<0>();
     if (hist) {
+        __syncthreads();
         u32* row_hist = hist + (long long)t * kHistBins;
         for (int i = tid; i < kHistBins; i += kThreads)
             if (hist_s[i]) atomicAdd(&row_hist[i], hist_s[i]);

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from indexer import arrays, nvfp4, score_topk  # noqa: E402
+from indexer import arrays, nvfp4  # noqa: E402
 
 H, D = 64, 128
 L2_BYTES = 60 << 20
@@ -123,6 +123,37 @@ def time_it(cp, fn, sets, warmup=3, repeats=20, max_seconds=20.0):
     return statistics.median(times)
 
 
+def time_graph(cp, fn, sets, repeats=20):
+    """Median milliseconds of CUDA-graph replays of fn (one graph per input set): the
+    device time without Python's launch overhead, as an engine running decode steps in
+    graphs sees it. None if capture fails."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    graphs = []
+    try:
+        with stream:
+            for x in sets:
+                fn(x)  # warm: the memory pool now holds blocks of every size the call takes
+                stream.synchronize()
+                stream.begin_capture()
+                fn(x)
+                graphs.append(stream.end_capture())
+    except Exception as exc:  # capture unsupported for this path: report eager time only
+        print(f"  (graph capture failed: {type(exc).__name__}: {exc})")
+        return None
+    for g in graphs:
+        g.launch(stream)
+    stream.synchronize()
+    times = []
+    for i in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        graphs[i % len(graphs)].launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
 def ceilings(cp):
     """Copy bandwidth (bytes read + written per second) and dense fp16 tensor rate, measured now."""
     n = 1 << 30
@@ -172,7 +203,7 @@ def torch_composed_fn(torch, top_k, E, chunk_bytes=4 << 30):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list, or 'all' (known: {', '.join(c.name for c in CASES)})")
-    ap.add_argument("--paths", default="fast,exact,torch-composed,torch-topk")
+    ap.add_argument("--paths", default="fast,fast-score,exact,torch-composed,torch-topk")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args(argv)
@@ -180,6 +211,8 @@ def main(argv=None) -> int:
     if cp is None:
         print("bench: needs CuPy and a CUDA GPU")
         return 2
+    from indexer import cuda_ops  # noqa: PLC0415  (imports CuPy)
+
     try:
         import torch  # noqa: PLC0415
     except ImportError:
@@ -190,7 +223,7 @@ def main(argv=None) -> int:
     bw, rate = ceilings(cp)
     dev_name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"# {dev_name}  {time.strftime('%Y-%m-%d %H:%M')}  copy {bw / 1e12:.2f} TB/s  fp16 tensor {rate / 1e12:.0f} TFLOP/s")
-    header = f"{'case':15s} {'path':15s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} {'extra MB':>9s} {'vs torch':>8s}"
+    header = f"{'case':15s} {'path':20s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} {'extra MB':>9s} {'vs torch':>8s}"
     print(header)
     results = dict(device=dev_name, date=time.strftime("%Y-%m-%d"), copy_bw=bw, tensor_rate=rate, cases=[])
     for ci, case in enumerate(cases):
@@ -204,12 +237,12 @@ def main(argv=None) -> int:
         row = dict(case=case.name, floor_ms=floor_s * 1e3, **counts, paths={})
         torch_ms = None
         for path in paths:
-            ms, extra = None, 0.0
-            if path in ("fast", "exact"):
-                def fn(x, _p=path):
-                    return score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
-                                      x["block_table"], x["valid_lens"], case.top_k, backend="cuda",
-                                      precision=_p, validate=False)
+            ms, extra, graph_ms = None, 0.0, None
+            if path in ("fast", "exact", "fast-score", "exact-score"):
+                def fn(x, _p=path.split("-")[0], _only=path.endswith("-score")):
+                    return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
+                                               x["block_table"], x["valid_lens"], case.top_k, precision=_p,
+                                               validate=False, _score_only=_only)
                 # extra device memory: everything one call allocates beyond its output
                 pool = cp.cuda.MemoryPool()
                 with cp.cuda.using_allocator(pool.malloc):
@@ -218,6 +251,7 @@ def main(argv=None) -> int:
                 extra = (pool.total_bytes() - counts["T"] * case.top_k * 4) / 2**20
                 del pool
                 ms = time_it(cp, fn, sets, repeats=args.repeats)
+                graph_ms = time_graph(cp, fn, sets, repeats=args.repeats)
             elif path == "torch-composed" and torch is not None:
                 run = torch_composed_fn(torch, case.top_k, case.E)
                 tsets = [{k: torch.from_dlpack(v) for k, v in s.items()} for s in sets]
@@ -234,12 +268,17 @@ def main(argv=None) -> int:
             line = dict(ms=ms, x_floor=s / floor_s, tflops=counts["flops"] / s / 1e12,
                         gbs=counts["bytes"] / s / 1e9, extra_mb=extra)
             row["paths"][path] = line
+            if path in ("fast", "exact", "fast-score", "exact-score") and graph_ms is not None:
+                gs_ = graph_ms * 1e-3
+                row["paths"][path + " (graph)"] = dict(ms=graph_ms, x_floor=gs_ / floor_s,
+                                                       tflops=counts["flops"] / gs_ / 1e12,
+                                                       gbs=counts["bytes"] / gs_ / 1e9, extra_mb=extra)
         for path, line in row["paths"].items():
             speed = f"{torch_ms / line['ms']:.1f}x" if torch_ms and path != "torch-composed" else ""
             line["vs_torch"] = torch_ms / line["ms"] if torch_ms else None
-            print(f"{case.name:15s} {path:15s} {line['ms']:9.3f} {line['x_floor']:8.2f} {line['tflops']:8.1f} "
+            print(f"{case.name:15s} {path:20s} {line['ms']:9.3f} {line['x_floor']:8.2f} {line['tflops']:8.1f} "
                   f"{line['gbs']:8.0f} {line['extra_mb']:9.1f} {speed:>8s}", flush=True)
-        print(f"{case.name:15s} {'floor':15s} {row['floor_ms']:9.3f}", flush=True)
+        print(f"{case.name:15s} {'floor':20s} {row['floor_ms']:9.3f}", flush=True)
         results["cases"].append(row)
         del sets, a
         cp.get_default_memory_pool().free_all_blocks()
