@@ -106,7 +106,7 @@ def instances():
 
 
 @functools.cache
-def _module(source: str, name_expression: str, device_id: int, compute_capability: int):
+def _module(source: str, name_expression: str, device_id: int, compute_capability: int):  # gpu-only
     import cupy as cp  # noqa: PLC0415  (GPU path only)
 
     with cp.cuda.Device(device_id):
@@ -115,7 +115,7 @@ def _module(source: str, name_expression: str, device_id: int, compute_capabilit
 
 
 @functools.cache
-def _kernel(source: str, name_expression: str, device_id: int):
+def _kernel(source: str, name_expression: str, device_id: int):  # gpu-only
     import cupy as cp  # noqa: PLC0415
 
     if name_expression not in INSTANCES.get(source, ()):
@@ -124,7 +124,7 @@ def _kernel(source: str, name_expression: str, device_id: int):
     return _module(source, name_expression, device_id, cc).get_function(name_expression)
 
 
-def get_kernel(source: str, name_expression: str, device_id: int | None = None):
+def get_kernel(source: str, name_expression: str, device_id: int | None = None):  # gpu-only
     """The compiled ``RawKernel`` for ``name_expression`` of ``kernels/<source>`` on a device
     (the current CuPy device by default)."""
     import cupy as cp  # noqa: PLC0415

@@ -30,9 +30,9 @@ def cupy():
     try:
         import cupy as cp  # noqa: PLC0415  (imported lazily on purpose)
 
-        if cp.cuda.runtime.getDeviceCount() < 1:
+        if cp.cuda.runtime.getDeviceCount() < 1:  # gpu-only
             return None
-        return cp
+        return cp  # gpu-only
     except Exception:  # ImportError, CUDARuntimeError (no driver), ...
         return None
 
@@ -62,12 +62,12 @@ def is_device_array(x) -> bool:
 def module_of(*xs):
     """``cupy`` when any argument is a CuPy array, else ``numpy``."""
     for x in xs:
-        if is_cupy(x):
+        if is_cupy(x):  # gpu-only
             return cupy() or _import_cupy_or_fail()
     return np
 
 
-def _import_cupy_or_fail():
+def _import_cupy_or_fail():  # gpu-only
     import cupy as cp  # noqa: PLC0415
 
     return cp
@@ -88,29 +88,29 @@ def to_cupy(x, dtype=None):
     cp = cupy()
     if cp is None:
         raise RuntimeError("the CUDA backend needs CuPy and a CUDA GPU; neither was found")
-    if is_cupy(x):
+    if is_cupy(x):  # gpu-only: everything below runs with CuPy and a GPU
         out = x
-    elif framework_of(x) == "torch" or (hasattr(x, "__dlpack__") and is_device_array(x)):
+    elif framework_of(x) == "torch" or (hasattr(x, "__dlpack__") and is_device_array(x)):  # gpu-only
         out = cp.from_dlpack(x)
-    elif hasattr(x, "__cuda_array_interface__"):
+    elif hasattr(x, "__cuda_array_interface__"):  # gpu-only
         out = cp.asarray(x)
-    else:
+    else:  # gpu-only
         out = cp.asarray(np.asarray(x))
-    if dtype is not None and out.dtype != dtype:
+    if dtype is not None and out.dtype != dtype:  # gpu-only
         out = out.astype(dtype)
-    return out
+    return out  # gpu-only
 
 
 def to_numpy(x):
     """A NumPy array of ``x`` (a host copy for device arrays)."""
-    if is_cupy(x):
+    if is_cupy(x):  # gpu-only
         return x.get()
-    if framework_of(x) == "torch":
+    if framework_of(x) == "torch":  # gpu-only (PyTorch is not a dependency)
         return x.detach().cpu().numpy()
     return np.asarray(x)
 
 
-def wrap_like(result, like):
+def wrap_like(result, like):  # gpu-only
     """Return ``result`` (a CuPy array) in the framework of ``like``."""
     kind = framework_of(like)
     if kind == "cupy":

@@ -168,3 +168,32 @@ def test_many_rows_and_ragged_lengths(precision):
     p = testing.random_problem(rng, T=40, H=64, D=128, E=64, lens=lens, top_k=512)
     idx, sc = run_cuda(p, precision)
     testing.check_topk(p, idx, sc, tol=TOL[precision])
+
+
+def test_pytorch_tensors_in_pytorch_tensors_out():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(19)
+    p = testing.random_problem(rng, T=3, H=16, D=64, E=16, L=4, top_k=20)
+    tensors = [torch.from_numpy(a).cuda() for a in p.arrays()]
+    idx, sc = score_topk(*tensors, p.top_k, return_scores=True)
+    assert isinstance(idx, torch.Tensor) and idx.is_cuda and idx.dtype == torch.int32
+    testing.check_topk(p, idx.cpu().numpy(), sc.cpu().numpy(), tol=testing.TOL_FAST)
+
+
+def test_replay_from_a_cuda_graph_matches_eager():
+    cp = arrays.cupy()
+    rng = np.random.default_rng(20)
+    p = testing.random_problem(rng, T=4, H=64, D=128, E=64, lens=3000, top_k=256)
+    dev = [cp.asarray(a) for a in p.arrays()]
+    eager = score_topk(*dev, p.top_k, validate=False).get()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        score_topk(*dev, p.top_k, validate=False)  # the pool now holds every block size the call takes
+        stream.synchronize()
+        stream.begin_capture()
+        out = score_topk(*dev, p.top_k, validate=False)
+        graph = stream.end_capture()
+        out.fill(-7)
+        graph.launch(stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(out.get(), eager)

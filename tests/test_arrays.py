@@ -1,0 +1,70 @@
+"""Which library an array belongs to, decided without importing CuPy or PyTorch."""
+
+import numpy as np
+import pytest
+
+from indexer import arrays
+
+
+class FakeDLPack:
+    """An object that speaks DLPack, living on the device type given."""
+
+    def __init__(self, dev_type):
+        self.dev_type = dev_type
+
+    def __dlpack_device__(self):
+        return (self.dev_type, 0)
+
+
+class BrokenDLPack:
+    def __dlpack_device__(self):
+        raise RuntimeError("no device")
+
+
+class FakeCAI:
+    __cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+@pytest.mark.parametrize("obj,on_device", [
+    (np.zeros(3, np.float32) + 1, False),
+    (FakeDLPack(1), False),    # kDLCPU
+    (FakeDLPack(2), True),     # kDLCUDA
+    (FakeDLPack(13), True),    # kDLCUDAManaged
+    (BrokenDLPack(), False),
+    (FakeCAI(), True),
+    ([1.0, 2.0], False),
+])
+def test_is_device_array(obj, on_device):
+    assert arrays.is_device_array(obj) is on_device
+
+
+def test_numpy_inputs_stay_with_numpy():
+    x = np.arange(4, dtype=np.float32)
+    assert arrays.module_of(x, x) is np
+    assert arrays.framework_of(x) == "numpy"
+    assert arrays.framework_of([1, 2]) == "numpy"
+    assert arrays.framework_of(FakeDLPack(2)) == "other"
+    assert not arrays.is_cupy(x)
+    assert arrays.to_numpy(x) is x
+    np.testing.assert_array_equal(arrays.to_numpy([1.5, 2.5]), np.array([1.5, 2.5]))
+
+
+def test_gpu_available_is_a_bool_and_cached():
+    assert isinstance(arrays.gpu_available(), bool)
+    assert arrays.cupy() is arrays.cupy()
+
+
+@pytest.mark.skipif(arrays.gpu_available(), reason="checks the message shown where no GPU is usable")
+def test_to_cupy_without_gpu_says_what_is_missing():
+    with pytest.raises(RuntimeError, match="CuPy and a CUDA GPU"):
+        arrays.to_cupy(np.ones(2, np.float32))
+
+
+def test_importing_the_package_imports_no_gpu_library():
+    import subprocess
+    import sys
+
+    code = ("import sys, indexer, indexer.cli, indexer.pool, indexer.io; "
+            "bad = [m for m in ('cupy', 'torch', 'jax') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
