@@ -42,7 +42,7 @@ def _check_alignment(name, x):
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                precision="fast", return_scores=False, physical=False, validate=True,
-               workspace_budget=256 << 20, _score_only=False):
+               workspace_budget=256 << 20, _score_only=False, _fast_kernel="auto"):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
     inputs and NumPy arrays when ``q`` came from the host."""
     like = q
@@ -64,7 +64,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         indices = cp.empty((prob.T, prob.top_k), dtype=cp.int32)
         scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
         _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-                valid_lens, indices, scores, physical, workspace_budget, _score_only)
+                valid_lens, indices, scores, physical, workspace_budget, _score_only, _fast_kernel)
     if arrays.framework_of(like) == "numpy" and isinstance(like, np.ndarray):
         indices = indices.get()
         scores = scores.get() if scores is not None else None
@@ -86,18 +86,25 @@ def _carve(nbytes_by_name):
 
 
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-            valid_lens, indices, scores, physical, workspace_budget, score_only=False):
-    """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact',
-    fp16 tensor cores for 'fast'), then the exact multi-CTA select. ``score_only`` stops
-    after the scoring kernel (the benchmark's "scoring part alone")."""
+            valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto"):
+    """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact';
+    fp16 tensor cores for 'fast': wgmma on Hopper where it applies, else mma.sync), then
+    the exact multi-CTA select. ``score_only`` stops after the scoring kernel (the
+    benchmark's "scoring part alone"); ``fast_kernel`` ('auto', 'mma', 'wgmma') picks the
+    tensor-core kernel for tests and benchmarks."""
     i32 = np.int32
     exact = precision == "exact"
     if exact:
         sl = geometry.score_fp32_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
         heads = 0
     else:
-        sl = geometry.score_mma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
-        heads = 8 * geometry.mma_head_blocks(prob.H)
+        use_wgmma = fast_kernel == "wgmma" or (fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev))
+        if use_wgmma:
+            sl = geometry.score_wgmma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
+            heads = 64
+        else:
+            sl = geometry.score_mma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
+            heads = 8 * geometry.mma_head_blocks(prob.H)
     rows = geometry.workspace_rows(prob.T, sl.ld, workspace_budget)
     bins, cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
     ws = _carve({
@@ -120,8 +127,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         query = (q, w)
         shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
-        score_k = _kernel("score_mma.cu", sl.name, device_id, sl.smem)
-        prep_k = _kernel("score_mma.cu", sl.name.replace("score_mma_kernel", "prep_query_kernel"), device_id)
+        score_k = _kernel("score_wgmma.cu" if use_wgmma else "score_mma.cu", sl.name, device_id, sl.smem)
+        prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
         q16 = ws["q16"].view(cp.uint16).reshape(prob.T, heads, prob.D + 8)
         w_scaled = ws["w_scaled"].view(cp.float32).reshape(prob.T, heads)
         prep_k((prob.T,), (128,), (q, w, i32(prob.H), q16, w_scaled))

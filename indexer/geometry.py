@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "select_fast_chunks",
+__all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
+           "wgmma_supported", "select_fast_chunks",
            "workspace_rows", "workspace_row_bytes", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -110,6 +111,25 @@ def score_mma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
         raise ValueError(f"q: H = {H}, D = {D} needs {smem} bytes of shared memory, the device has {dev.max_smem_per_block}")
     return ScoreLaunch(name=f"score_mma_kernel<{D}, {nb}>", grid=(T, chunks), block=(128,), smem=smem,
                        tiles_per_cta=per_cta, ld=tiles * TILE_ENTRIES)
+
+
+def wgmma_supported(H: int, D: int, dev: Device = H200) -> bool:
+    """The warpgroup-MMA kernel covers Hopper (sm_90a), up to 64 heads and D up to 128."""
+    return dev.compute_capability == 90 and H <= 64 and D <= 128
+
+
+def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
+                       ctas_per_sm: int = 3) -> ScoreLaunch:
+    """Geometry of ``score_wgmma_kernel``: one warpgroup, 128 entries per CTA iteration
+    (two wgmma sub-tiles of 64), the query in wgmma's core-matrix layout; runs of tiles as
+    for ``score_mma_launch``."""
+    if not wgmma_supported(H, D, dev):
+        raise ValueError(f"q: the wgmma kernel needs sm_90, H <= 64 and D <= 128, got H = {H}, D = {D}")
+    base = score_mma_launch(T, 64, D, max_len, dev, ctas_per_sm)
+    stage = TILE_ENTRIES * (D // 2) + -(-(TILE_ENTRIES * (D // 16)) // 16) * 16
+    smem = (D // 8) * 1024 + 64 * 4 + _MMA_STAGES * stage + (_MMA_STAGES + 1) * TILE_ENTRIES * 8 + HIST_BINS * 4
+    return ScoreLaunch(name=f"score_wgmma_kernel<{D}>", grid=base.grid, block=(128,), smem=smem,
+                       tiles_per_cta=base.tiles_per_cta, ld=base.ld)
 
 
 def select_fast_chunks(ld: int) -> int:

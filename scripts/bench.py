@@ -238,11 +238,12 @@ def main(argv=None) -> int:
         torch_ms = None
         for path in paths:
             ms, extra, graph_ms = None, 0.0, None
-            if path in ("fast", "exact", "fast-score", "exact-score"):
-                def fn(x, _p=path.split("-")[0], _only=path.endswith("-score")):
+            if path in ("fast", "exact", "fast-score", "exact-score", "fast-mma", "fast-mma-score"):
+                def fn(x, _p=path.split("-")[0], _only=path.endswith("-score"),
+                       _k="mma" if "-mma" in path else "auto"):
                     return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
                                                x["block_table"], x["valid_lens"], case.top_k, precision=_p,
-                                               validate=False, _score_only=_only)
+                                               validate=False, _score_only=_only, _fast_kernel=_k)
                 # extra device memory: everything one call allocates beyond its output
                 pool = cp.cuda.MemoryPool()
                 with cp.cuda.using_allocator(pool.malloc):
@@ -268,7 +269,7 @@ def main(argv=None) -> int:
             line = dict(ms=ms, x_floor=s / floor_s, tflops=counts["flops"] / s / 1e12,
                         gbs=counts["bytes"] / s / 1e9, extra_mb=extra)
             row["paths"][path] = line
-            if path in ("fast", "exact", "fast-score", "exact-score") and graph_ms is not None:
+            if graph_ms is not None:
                 gs_ = graph_ms * 1e-3
                 row["paths"][path + " (graph)"] = dict(ms=graph_ms, x_floor=gs_ / floor_s,
                                                        tflops=counts["flops"] / gs_ / 1e12,

@@ -1,0 +1,249 @@
+// fast_common.cuh: what the tensor-core scoring kernels share.
+//
+//   * NVFP4 -> fp16 in registers. An E2M1 nibble placed into fp16 bits (sign -> bit 15,
+//     magnitude -> bits 9..11) is the value times 2^-14 exactly (code 1 becomes an fp16
+//     subnormal); one fp16 multiply by (E4M3 scale * 2^6) gives e2m1 * scale * 2^-8, exact
+//     in fp16 for every code and scale (at most 6 significant bits, lowest bit >= 2^-23).
+//   * The K permutation. A thread holding fragment column c (lane % 4) of an MMA row loads
+//     the D/8 contiguous code bytes c*D/8 .. of that row; K slot kk of k-step s = 2*wd + hh
+//     holds element d = c*D/4 + 8*wd + 4*hh + 2*j + lohi (c = (kk % 8) / 2, j = kk % 2,
+//     lohi = kk / 8). The query is laid out in the same order (prep_query_kernel), so the
+//     dot product is unchanged. Each run of 4 elements of a k-step shares one scale group.
+//   * KeyRing: keys stream through kStages shared-memory tiles of 128 entries filled with
+//     cp.async (zero fill past the row's end or behind an out-of-range block id); entry
+//     metadata (pool entry, global scale) runs one tile ahead in a ring of its own, so the
+//     loop needs one barrier per tile.
+#pragma once
+#include "common.cuh"
+
+namespace score_mma {
+constexpr int kWarps = 4;
+constexpr int kMBlocks = 2;                        // 16-entry row blocks per warp and pass
+constexpr int kPassEntries = 16 * kMBlocks;        // entries per warp pass
+constexpr int kTileEntries = kWarps * kPassEntries;  // entries per CTA iteration (128)
+constexpr int kStages = 4;                         // shared-memory ring depth
+constexpr int kHistBins = 2048;                    // top 11 bits of the score key
+}  // namespace score_mma
+
+// Shared-memory bytes of one ring stage for head dim D: codes, then scales (16-byte padded).
+__host__ __device__ constexpr int mma_stage_bytes(int D) {
+    return score_mma::kTileEntries * (D / 2) + ((score_mma::kTileEntries * (D / 16) + 15) / 16) * 16;
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, bool valid) {
+    const u32 dst = (u32)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* src, bool valid) {
+    const u32 dst = (u32)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
+
+__device__ __forceinline__ float max_keep_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+
+__device__ __forceinline__ void mma_16816(float* d, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* smem_ptr) {
+    const u32 addr = (u32)__cvta_generic_to_shared(smem_ptr);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Eight E2M1 codes (one 32-bit word, bytes B0..B3) -> four fp16x2 registers, each value
+// times 2^-14:  out[0] = (lo B0, lo B1), out[1] = (hi B0, hi B1),
+//               out[2] = (lo B2, lo B3), out[3] = (hi B2, hi B3).
+__device__ __forceinline__ void e2m1x8_to_f16x2(u32 x, u32* out) {
+    const u32 r0 = prmt(x, 0u, 0x1404u);  // B0 -> bits 8..15, B1 -> bits 24..31
+    const u32 r1 = prmt(x, 0u, 0x3424u);  // B2, B3 likewise
+    // low nibble: sign (lane bit 11) -> 15, magnitude (bits 8..10) -> 9..11
+    out[0] = ((r0 << 4) & 0x80008000u) | ((r0 << 1) & 0x0e000e00u);
+    out[2] = ((r1 << 4) & 0x80008000u) | ((r1 << 1) & 0x0e000e00u);
+    // high nibble: sign already at 15, magnitude (bits 12..14) -> 9..11
+    out[1] = (r0 & 0x80008000u) | ((r0 >> 3) & 0x0e000e00u);
+    out[3] = (r1 & 0x80008000u) | ((r1 >> 3) & 0x0e000e00u);
+}
+
+// Two E4M3 bytes (low 16 bits of `pair`) -> fp16x2 (scale0 * 2^6, scale1 * 2^6), exact;
+// NaN bytes give NaN. One hardware conversion and one multiply.
+__device__ __forceinline__ u32 scales_to_f16x2(u32 pair) {
+    u32 h;
+#if __CUDA_ARCH__ >= 890
+    asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(h) : "r"(pair));
+#else
+    const float s0 = e4m3_to_float(pair & 255u), s1 = e4m3_to_float((pair >> 8) & 255u);
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(s1), "f"(s0));
+#endif
+    return hmul2(h, 0x54005400u);  // * (64, 64)
+}
+
+// (lo, lo) and (hi, hi) of an fp16x2
+__device__ __forceinline__ u32 splat_lo(u32 v) { return prmt(v, v, 0x1010u); }
+__device__ __forceinline__ u32 splat_hi(u32 v) { return prmt(v, v, 0x3232u); }
+
+__device__ __forceinline__ float relu_nan(float x) { return max_keep_nan(x, 0.0f); }
+
+// ---------------------------------------------------------------------------
+// KeyRing: the key stream of one CTA of kTileEntries (128) threads over the tiles
+// first_tile, first_tile + 1, ... of one query row.
+// ---------------------------------------------------------------------------
+template <int kDim>
+struct KeyRing {
+    static constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
+    static constexpr int kChunksPerRow = kCodeBytes / 16;
+    static constexpr int kStageBytes = mma_stage_bytes(kDim);
+    static constexpr int kScaleOffset = score_mma::kTileEntries * kCodeBytes;
+    static constexpr int kMetaSlots = score_mma::kStages + 1;  // metadata runs one tile ahead
+    static constexpr int kTile = score_mma::kTileEntries;
+    //: shared memory the ring takes
+    static constexpr int kSmemBytes = score_mma::kStages * kStageBytes + kMetaSlots * kTile * 8;
+
+    unsigned char* ring;
+    int* meta_ent;
+    float* meta_gs;
+    const u8* __restrict__ keys_fp4;
+    const u8* __restrict__ key_scale;
+    const float* __restrict__ key_gscale;
+    const int* __restrict__ bt;
+    int P, E, e_shift, n, first_tile;
+
+    __device__ void init(unsigned char* smem, const u8* k, const u8* s, const float* g, const int* bt_row, int P_,
+                         int E_, int e_shift_, int n_, int first_tile_) {
+        ring = smem;
+        meta_ent = reinterpret_cast<int*>(smem + score_mma::kStages * kStageBytes);
+        meta_gs = reinterpret_cast<float*>(meta_ent + kMetaSlots * kTile);
+        keys_fp4 = k; key_scale = s; key_gscale = g; bt = bt_row;
+        P = P_; E = E_; e_shift = e_shift_; n = n_; first_tile = first_tile_;
+    }
+    __device__ const unsigned char* stage(int j) const { return ring + (j % score_mma::kStages) * kStageBytes; }
+    __device__ const float* gs(int j) const { return meta_gs + (j % kMetaSlots) * kTile; }
+
+    // metadata of tile j (thread tid = entry): pool entry (-1: unusable) and global scale (NaN)
+    __device__ void load_meta(int j, int tid) {
+        const int s = (first_tile + j) * kTile + tid;
+        int ent = -1;
+        float g = __int_as_float(0x7fc00000);  // NaN: never selected
+        if (s < n) {
+            const int lb = e_shift >= 0 ? s >> e_shift : s / E;
+            const int b = bt[lb];
+            if (b >= 0 && b < P) {
+                ent = b * E + (s - lb * E);  // < P * E < 2^31 (validated)
+                g = key_gscale[b];
+            }
+        }
+        meta_ent[(j % kMetaSlots) * kTile + tid] = ent;
+        meta_gs[(j % kMetaSlots) * kTile + tid] = g;
+    }
+
+    // cp.async copies of tile j into its stage, from metadata already visible to all threads
+    __device__ void load_tile(int j, int tid) {
+        unsigned char* st = ring + (j % score_mma::kStages) * kStageBytes;
+        const int* ents = meta_ent + (j % kMetaSlots) * kTile;
+#pragma unroll
+        for (int k = 0; k < kChunksPerRow; ++k) {
+            const int i = tid + k * kTile;  // consecutive threads: consecutive chunks of a row
+            const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+            const int ent = ents[row];
+            cp_async_16(st + row * kCodeBytes + chunk * 16,
+                        keys_fp4 + (ent >= 0 ? (long long)ent * kCodeBytes + chunk * 16 : 0), ent >= 0);
+        }
+        const int ent = ents[tid];
+        u8* sdst = st + kScaleOffset + tid * kScaleBytes;
+        if constexpr (kScaleBytes % 4 == 0) {
+#pragma unroll
+            for (int k = 0; k < kScaleBytes / 4; ++k)
+                cp_async_4(sdst + 4 * k, key_scale + (ent >= 0 ? (long long)ent * kScaleBytes + 4 * k : 0), ent >= 0);
+        } else {
+            // D/16 not a multiple of 4 (D = 32, 96, 160, 224): rows are not 4-byte aligned
+#pragma unroll
+            for (int k = 0; k < kScaleBytes; ++k) sdst[k] = ent >= 0 ? key_scale[(long long)ent * kScaleBytes + k] : (u8)0;
+        }
+    }
+};
+
+// My (fragment column c) code words of tile row `row`, and the fp16x2 (scale * 2^6) splat of
+// each word's 16-element group.
+template <int kDim>
+__device__ __forceinline__ void read_row(const unsigned char* st, int row, int c, u32 (&raw)[kDim / 32],
+                                         u32 (&sc)[kDim / 32]) {
+    using Ring = KeyRing<kDim>;
+    constexpr int kWords = kDim / 32;
+    const unsigned char* src = st + row * Ring::kCodeBytes + c * (kDim / 8);
+    if constexpr (kWords % 4 == 0) {
+#pragma unroll
+        for (int v = 0; v < kWords / 4; ++v) {
+            const uint4 x = reinterpret_cast<const uint4*>(src)[v];
+            raw[4 * v] = x.x; raw[4 * v + 1] = x.y; raw[4 * v + 2] = x.z; raw[4 * v + 3] = x.w;
+        }
+    } else if constexpr (kWords % 2 == 0) {
+#pragma unroll
+        for (int v = 0; v < kWords / 2; ++v) {
+            const uint2 x = reinterpret_cast<const uint2*>(src)[v];
+            raw[2 * v] = x.x; raw[2 * v + 1] = x.y;
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < kWords; ++v) raw[v] = reinterpret_cast<const u32*>(src)[v];
+    }
+    // word wd covers elements c*D/4 + 8*wd .. +7, scale group (c*D/4 + 8*wd) / 16
+    const unsigned char* srow = st + Ring::kScaleOffset + row * Ring::kScaleBytes;
+    if constexpr (kDim % 64 == 0) {
+        // my groups are c*D/64 + m: words 2m and 2m+1 share group m; two groups per conversion
+#pragma unroll
+        for (int m2 = 0; m2 < kWords / 2; m2 += 2) {
+            const int g0 = c * (kDim / 64) + m2;
+            const u32 two = (m2 + 1 < kWords / 2) ? (u32)srow[g0] | ((u32)srow[g0 + 1] << 8) : (u32)srow[g0];
+            const u32 v = scales_to_f16x2(two);
+            sc[2 * m2] = sc[2 * m2 + 1] = splat_lo(v);
+            if (m2 + 1 < kWords / 2) sc[2 * m2 + 2] = sc[2 * m2 + 3] = splat_hi(v);
+        }
+    } else {
+#pragma unroll
+        for (int wd = 0; wd < kWords; ++wd) sc[wd] = splat_lo(scales_to_f16x2(srow[(c * (kDim / 4) + 8 * wd) / 16]));
+    }
+}
+
+// The final score of an entry: head sum times the block's global scale (-0 folded into +0);
+// written to the row's workspace and counted into the CTA's histogram of key top bits.
+__device__ __forceinline__ void store_score(float* out, int s, float head_sum, float gscale, int n, u32* hist_s) {
+    const float score = head_sum * gscale + 0.0f;
+    out[s] = score;
+    if (hist_s && s < n) {
+        const u32 key = score_to_key(score);
+        if (key) atomicAdd(&hist_s[key >> 21], 1u);
+    }
+}
+
+// Add a CTA's histogram to the row's (only the bins it touched).
+__device__ __forceinline__ void flush_histogram(const u32* hist_s, u32* row_hist, int tid, int threads) {
+    for (int i = tid; i < score_mma::kHistBins; i += threads)
+        if (hist_s[i]) atomicAdd(&row_hist[i], hist_s[i]);
+}
