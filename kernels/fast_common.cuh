@@ -146,21 +146,26 @@ struct KeyRing {
     __device__ const unsigned char* stage(int j) const { return ring + (j % score_mma::kStages) * kStageBytes; }
     __device__ const float* gs(int j) const { return meta_gs + (j % kMetaSlots) * kTile; }
 
-    // metadata of tile j (thread tid = entry): pool entry (-1: unusable) and global scale (NaN)
-    __device__ void load_meta(int j, int tid) {
+    // Metadata of tile j (thread tid = entry): pool entry (-1: unusable) and global scale (NaN),
+    // in three steps so that no thread waits on its own global loads: block_of issues the
+    // block-table load of tile j, scale_of the global-scale load of that block (a later tile
+    // iteration), put_meta stores both (later still). load_meta does all three at once.
+    __device__ int block_of(int j, int tid) const {
         const int s = (first_tile + j) * kTile + tid;
-        int ent = -1;
-        float g = __int_as_float(0x7fc00000);  // NaN: never selected
-        if (s < n) {
-            const int lb = e_shift >= 0 ? s >> e_shift : s / E;
-            const int b = bt[lb];
-            if (b >= 0 && b < P) {
-                ent = b * E + (s - lb * E);  // < P * E < 2^31 (validated)
-                g = key_gscale[b];
-            }
-        }
-        meta_ent[(j % kMetaSlots) * kTile + tid] = ent;
+        if (s >= n) return -1;
+        const int b = bt[e_shift >= 0 ? s >> e_shift : s / E];
+        return (b >= 0 && b < P) ? b : -1;
+    }
+    __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }
+    __device__ void put_meta(int j, int tid, int b, float g) {
+        const int s = (first_tile + j) * kTile + tid;
+        const int lb = e_shift >= 0 ? s >> e_shift : s / E;
+        meta_ent[(j % kMetaSlots) * kTile + tid] = b >= 0 ? b * E + (s - lb * E) : -1;  // < P * E < 2^31
         meta_gs[(j % kMetaSlots) * kTile + tid] = g;
+    }
+    __device__ void load_meta(int j, int tid) {
+        const int b = block_of(j, tid);
+        put_meta(j, tid, b, scale_of(b));
     }
 
     // cp.async copies of tile j into its stage, from metadata already visible to all threads

@@ -106,6 +106,11 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
     for (int j = 0; j < kStages; ++j)
         if (j < num_tiles) keys.load_meta(j, tid);
+    // metadata loads in flight for the next two tiles: the block of tile kStages + 1, and
+    // the block and global scale of tile kStages
+    int b_next2 = kStages + 1 < num_tiles ? keys.block_of(kStages + 1, tid) : -1;
+    int b_next = kStages < num_tiles ? keys.block_of(kStages, tid) : -1;
+    float g_next = keys.scale_of(b_next);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < kStages - 1; ++j) {
@@ -125,15 +130,17 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     auto epilogue = [&]() {
         wgmma_wait<0>();
         fence_accumulators(acc);
-        float lo = 0.0f, hi = 0.0f;
+        // two partial sums per row (even and odd heads) halve the dependent FMA chain
+        float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < kHeads / 8; ++j) {
             const float w0 = wsm[8 * j + 2 * c], w1 = wsm[8 * j + 2 * c + 1];
-            lo = fmaf(w0, relu_nan(acc[4 * j]), lo);
-            lo = fmaf(w1, relu_nan(acc[4 * j + 1]), lo);
-            hi = fmaf(w0, relu_nan(acc[4 * j + 2]), hi);
-            hi = fmaf(w1, relu_nan(acc[4 * j + 3]), hi);
+            lo0 = fmaf(w0, relu_nan(acc[4 * j]), lo0);
+            lo1 = fmaf(w1, relu_nan(acc[4 * j + 1]), lo1);
+            hi0 = fmaf(w0, relu_nan(acc[4 * j + 2]), hi0);
+            hi1 = fmaf(w1, relu_nan(acc[4 * j + 3]), hi1);
         }
+        float lo = lo0 + lo1, hi = hi0 + hi1;
         lo += __shfl_xor_sync(FULL_MASK, lo, 1);
         hi += __shfl_xor_sync(FULL_MASK, hi, 1);
         lo += __shfl_xor_sync(FULL_MASK, lo, 2);
@@ -147,7 +154,10 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         __syncthreads();               // ... for everyone's; tile it-1 fully read; meta visible
         if (it + kStages - 1 < num_tiles) keys.load_tile(it + kStages - 1, tid);
         cp_async_commit();
-        if (it + kStages < num_tiles) keys.load_meta(it + kStages, tid);
+        if (it + kStages < num_tiles) keys.put_meta(it + kStages, tid, b_next, g_next);
+        b_next = b_next2;
+        g_next = keys.scale_of(b_next);  // for tile it + kStages + 1, stored next iteration
+        b_next2 = it + kStages + 2 < num_tiles ? keys.block_of(it + kStages + 2, tid) : -1;
         const unsigned char* st = keys.stage(it);
         const float* gs = keys.gs(it);
         const int tile_start = (first_tile + it) * kTile;
