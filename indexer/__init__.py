@@ -2,12 +2,15 @@
 
     I[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :]),  then the top-k entries per query.
 
-Public surface: ``score_topk`` (NumPy reference or CUDA through CuPy), ``KeyPool`` (the
-paged NVFP4 key pool), ``nvfp4`` (the codec) and ``reference`` (the float64 specification).
+Public surface: ``score_topk`` (NumPy reference or CUDA through CuPy), ``score_topk_ragged``
+and ``causal_lens`` (queries grouped by sequence: prefill, multi-token decode), ``KeyPool``
+(the paged NVFP4 key pool), ``nvfp4`` (the codec) and ``reference`` (the float64
+specification).
 """
 
 from . import nvfp4, reference
-from .ops import BACKENDS, PRECISIONS, score_topk
+from .ops import BACKENDS, PRECISIONS, score_topk, score_topk_ragged
+from .ragged import causal_lens
 from .pool import KeyPool
 from .validate import MAX_HEAD_DIM, MAX_HEADS, MAX_TOP_K
 
@@ -15,6 +18,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "score_topk",
+    "score_topk_ragged",
+    "causal_lens",
     "KeyPool",
     "nvfp4",
     "reference",

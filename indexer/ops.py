@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arrays, reference, validate as _validate
+from . import arrays, ragged, reference, validate as _validate
 
-__all__ = ["score_topk", "BACKENDS", "PRECISIONS"]
+__all__ = ["score_topk", "score_topk_ragged", "BACKENDS", "PRECISIONS"]
 
 BACKENDS = ("auto", "numpy", "cuda")
 PRECISIONS = ("fast", "exact")
@@ -74,3 +74,34 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
 
     return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,
                                physical=physical, validate=validate)
+
+
+def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k, *,
+                      backend="auto", precision="fast", return_scores=False, physical=False, validate=True):
+    """``score_topk`` for query tokens grouped by sequence, as in varlen attention.
+
+    The tokens of sequence b are rows ``cu_seqlens_q[b] : cu_seqlens_q[b+1]`` of ``q``,
+    ``w`` and ``valid_lens``, and all read ``block_table[b]``: prefill and chunked prefill
+    (thousands of tokens of one sequence, each with its causal length, see
+    ``indexer.causal_lens``) and multi-token decode (2-4 draft tokens per request).
+
+    Parameters
+    ----------
+    q : float32 (T, H, D); w : float32 (T, H); keys_fp4, key_scale, key_gscale : the pool
+        (as ``score_topk``)
+    block_table : int32 (B, L)       logical -> physical block, per sequence
+    cu_seqlens_q : int32 (B+1,)      query row offsets: 0 = cu[0] <= cu[1] <= ... <= cu[B] = T
+    valid_lens : int32 (T,)          entries visible to each query token
+    top_k, backend, precision, return_scores, physical, validate : as ``score_topk``
+        (``physical`` indices go through the token's sequence's block table)
+
+    Returns the same as ``score_topk``: int32 (T, top_k) indices (and float32 scores).
+    """
+    if arrays.framework_of(cu_seqlens_q) == "torch" or arrays.framework_of(block_table) == "torch":
+        cu_seqlens_q, block_table = (arrays.to_cupy(x) for x in (cu_seqlens_q, block_table))  # gpu-only
+    T = int(q.shape[0])
+    if _validate.check_cu_seqlens(cu_seqlens_q, block_table, T, values=validate) == 0:
+        raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
+    per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T)
+    return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, backend=backend,
+                      precision=precision, return_scores=return_scores, physical=physical, validate=validate)

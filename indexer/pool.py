@@ -416,19 +416,40 @@ class KeyPool:
         self.keys_fp4[p, :used] = xp.where(xp.repeat(exact, _GROUP_BYTES, axis=-1), codes, re_codes)
 
     # ----------------------------------------------------------------- scoring
-    def score_topk(self, q, w, seqs, top_k, **kwargs):
-        """``indexer.score_topk`` over this pool, query row t reading sequence ``seqs[t]``.
+    def score_topk(self, q, w, seqs, top_k, *, cu_seqlens_q=None, valid_lens=None, **kwargs):
+        """``indexer.score_topk`` over this pool.
 
-        q : float32 (T, H, D); w : float32 (T, H); seqs : T sequence ids. Keyword
-        arguments (backend, return_scores, physical, ...) go to ``indexer.score_topk``.
-        Returns int32 indices (T, top_k) (and float32 scores with ``return_scores``).
+        Without ``cu_seqlens_q``: query row t reads sequence ``seqs[t]`` and sees all of it
+        (one sequence id per query row, as in decode).
+
+        With ``cu_seqlens_q`` (int32 (B+1,)): queries are grouped as in
+        ``indexer.score_topk_ragged``: ``seqs`` holds B sequence ids, rows
+        ``cu_seqlens_q[b] : cu_seqlens_q[b+1]`` read ``seqs[b]``, and ``valid_lens`` (int32
+        (T,), e.g. from ``indexer.causal_lens``) says how much each row sees (default: the
+        whole sequence).
+
+        q : float32 (T, H, D); w : float32 (T, H). Keyword arguments (backend, precision,
+        return_scores, physical, validate) go to the scoring function. Returns int32
+        indices (T, top_k) (and float32 scores with ``return_scores``).
         """
         ids = _check_seq_list(seqs)
         shape = np.shape(q)
-        if len(shape) >= 1 and shape[0] != len(ids):
-            raise ValueError(f"seqs: expected one sequence id per query row ({shape[0]}), got {len(ids)}")
-        return ops.score_topk(q, w, self.keys_fp4, self.key_scale, self.key_gscale,
-                              self.block_table(ids), self.lengths(ids), top_k, **kwargs)
+        if cu_seqlens_q is None:
+            if valid_lens is not None:
+                raise ValueError("valid_lens: only taken together with cu_seqlens_q")
+            if len(shape) >= 1 and shape[0] != len(ids):
+                raise ValueError(f"seqs: expected one sequence id per query row ({shape[0]}), got {len(ids)}")
+            return ops.score_topk(q, w, self.keys_fp4, self.key_scale, self.key_gscale,
+                                  self.block_table(ids), self.lengths(ids), top_k, **kwargs)
+        xp = self._xp
+        cu = xp.asarray(cu_seqlens_q)
+        if valid_lens is None:
+            counts = np.diff(arrays.to_numpy(cu).astype(np.int64))
+            if counts.shape != (len(ids),) or (counts < 0).any():
+                raise ValueError(f"cu_seqlens_q: expected {len(ids) + 1} non-decreasing offsets for {len(ids)} sequences")
+            valid_lens = xp.asarray(np.repeat(arrays.to_numpy(self.lengths(ids)), counts).astype(np.int32))
+        return ops.score_topk_ragged(q, w, self.keys_fp4, self.key_scale, self.key_gscale, self.block_table(ids),
+                                     cu, valid_lens, top_k, **kwargs)
 
     # ----------------------------------------------------------------- files
     def save(self, path) -> None:

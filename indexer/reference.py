@@ -11,7 +11,7 @@ import numpy as np
 
 from . import nvfp4
 
-__all__ = ["row_keys", "row_scores", "select_top_k", "to_physical", "score_topk"]
+__all__ = ["row_keys", "row_scores", "select_top_k", "to_physical", "score_topk", "score_topk_ragged"]
 
 
 def row_keys(keys_fp4, key_scale, key_gscale, block_table_row, n, start=0):
@@ -84,3 +84,14 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     if physical:
         indices = to_physical(indices, block_table, keys_fp4.shape[1])
     return (indices, scores) if return_scores else indices
+
+
+def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k,
+                      *, return_scores=False, physical=False):
+    """Reference for queries grouped by sequence: query t of sequence b (cu_seqlens_q[b] <= t
+    < cu_seqlens_q[b+1]) reads block_table[b]; otherwise exactly ``score_topk``."""
+    T = q.shape[0]
+    per_token = np.repeat(block_table, np.diff(cu_seqlens_q.astype(np.int64)), axis=0)
+    assert per_token.shape[0] == T
+    return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k,
+                      return_scores=return_scores, physical=physical)

@@ -15,7 +15,8 @@ import numpy as np
 
 from . import arrays
 
-__all__ = ["MAX_TOP_K", "MAX_HEADS", "MAX_HEAD_DIM", "Problem", "check_score_topk", "check_top_k"]
+__all__ = ["MAX_TOP_K", "MAX_HEADS", "MAX_HEAD_DIM", "Problem", "check_score_topk", "check_top_k",
+           "check_cu_seqlens"]
 
 #: largest supported ``top_k``
 MAX_TOP_K = 4096
@@ -151,3 +152,27 @@ def _check_values(prob: Problem, key_gscale, block_table, valid_lens):
             f"block_table: expected block ids in [0, {prob.P}) for visible entries, "
             f"got {int(block_table[t, j])} at row {t}, logical block {j}"
         )
+
+
+def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) -> int:
+    """Check ``cu_seqlens_q`` (int32 (B+1,)) against ``block_table`` (B, L) and T query rows;
+    returns B. ``values`` also checks cu[0] == 0, cu[B] == T and that it never decreases
+    (a reduction: a host synchronisation on device arrays)."""
+    _check_array("cu_seqlens_q", cu_seqlens_q, np.int32, 1, None)
+    if not (isinstance(block_table, np.ndarray) or arrays.is_cupy(block_table)):
+        raise TypeError(f"block_table: expected a NumPy or CuPy array, got {type(block_table).__name__}")
+    if block_table.ndim != 2:
+        raise ValueError(f"block_table: expected 2 dimensions (B, L), got shape {tuple(block_table.shape)}")
+    B = int(block_table.shape[0])
+    if cu_seqlens_q.shape[0] != B + 1:
+        raise ValueError(f"cu_seqlens_q: expected shape ({B + 1},) for {B} block-table rows, got {tuple(cu_seqlens_q.shape)}")
+    if _kind(cu_seqlens_q) != _kind(block_table):
+        raise ValueError(f"cu_seqlens_q: expected the device of block_table ({_kind(block_table)}), got {_kind(cu_seqlens_q)}")
+    if values:
+        xp = arrays.module_of(cu_seqlens_q)
+        first, last = int(cu_seqlens_q[0]), int(cu_seqlens_q[-1])
+        if first != 0 or last != T:
+            raise ValueError(f"cu_seqlens_q: expected offsets from 0 to T = {T}, got {first} .. {last}")
+        if B and bool(xp.any(cu_seqlens_q[1:] < cu_seqlens_q[:-1])):
+            raise ValueError("cu_seqlens_q: expected non-decreasing offsets")
+    return B

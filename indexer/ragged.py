@@ -1,0 +1,69 @@
+"""Queries grouped by sequence, as in varlen attention: the tokens of sequence b are rows
+``cu_seqlens_q[b] : cu_seqlens_q[b + 1]`` and share ``block_table[b]``.
+
+Works on NumPy and CuPy arrays alike (the array module is taken from the input), without a
+host synchronisation on the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import arrays
+
+__all__ = ["sequence_of_token", "expand_block_table", "causal_lens"]
+
+
+def sequence_of_token(cu_seqlens_q, T: int):
+    """int64 (T,): the sequence each query row belongs to, from int32 ``cu_seqlens_q`` (B+1,).
+
+    Clamped to [0, B-1], so malformed offsets (when validation is off) can never index
+    outside the block table.
+    """
+    xp = arrays.module_of(cu_seqlens_q)
+    B = cu_seqlens_q.shape[0] - 1
+    seq = xp.searchsorted(cu_seqlens_q, xp.arange(T, dtype=cu_seqlens_q.dtype), side="right") - 1
+    return xp.clip(seq, 0, max(B - 1, 0)).astype(xp.int64)
+
+
+def expand_block_table(block_table, cu_seqlens_q, T: int):
+    """int32 (T, L): row t is the block table of query t's sequence (a gather, no host sync)."""
+    xp = arrays.module_of(block_table)
+    return xp.ascontiguousarray(block_table[sequence_of_token(cu_seqlens_q, T)])
+
+
+def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
+    """DeepSeek-V4's causal visible lengths of compressed entries, int32 (T,).
+
+    The i-th new query token of sequence b sits at absolute position
+    ``p = context_lens[b] + i`` (``context_lens``: tokens of the sequence before its first
+    query row, 0 by default) and sees the compressed entries ``j < (p + 1) // ratio``.
+
+    Parameters
+    ----------
+    cu_seqlens_q : int32 (B+1,)   query row offsets of the sequences
+    ratio : int                    tokens pooled into one compressed entry (4 in V4's CSA)
+    context_lens : None or int (B,)  tokens already in each sequence (cached prefix)
+    """
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, np.integer)) or ratio < 1:
+        raise ValueError(f"ratio: expected a positive int, got {ratio!r}")
+    xp = arrays.module_of(cu_seqlens_q)
+    cu = xp.asarray(cu_seqlens_q).astype(xp.int64)
+    B = cu.shape[0] - 1
+    T = int(cu[-1]) if B >= 0 and cu.size else 0
+    seq = sequence_of_token(cu_seqlens_q, T)
+    start = cu[:-1][seq]
+    if context_lens is None:
+        ctx = xp.zeros(T, dtype=xp.int64)
+    else:
+        context = xp.asarray(context_lens).astype(xp.int64)
+        if context.shape != (B,):
+            raise ValueError(f"context_lens: expected shape ({B},), got {tuple(context.shape)}")
+        if B and int(context.min()) < 0:
+            raise ValueError("context_lens: expected values >= 0")
+        ctx = context[seq]
+    position = ctx + xp.arange(T, dtype=xp.int64) - start
+    lens = (position + 1) // ratio
+    if T and int(lens.max()) >= 2**31:
+        raise ValueError("context_lens: visible lengths exceed the int32 range")
+    return lens.astype(xp.int32)
