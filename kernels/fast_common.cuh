@@ -133,15 +133,60 @@ struct KeyRing {
     const u8* __restrict__ key_scale;
     const float* __restrict__ key_gscale;
     const int* __restrict__ bt;
-    int P, E, e_shift, n, first_tile;
+    int P, E, e_shift, n, first_tile, num_tiles;
+    // metadata loads in flight (per thread): the block of tile it + kStages + 1, and the block
+    // and global scale of tile it + kStages
+    int b_next2, b_next;
+    float g_next;
 
-    __device__ void init(unsigned char* smem, const u8* k, const u8* s, const float* g, const int* bt_row, int P_,
-                         int E_, int e_shift_, int n_, int first_tile_) {
+    // The tiles of query row t that this CTA scores: false when there are none (the whole
+    // CTA returns). n is the row's visible length, clamped to [0, L*E].
+    __device__ bool init(unsigned char* smem, const u8* k, const u8* s, const float* g, const int* block_table,
+                         const int* valid_lens, int t, int P_, int E_, int e_shift_, int L, int tiles_per_cta) {
         ring = smem;
         meta_ent = reinterpret_cast<int*>(smem + score_mma::kStages * kStageBytes);
         meta_gs = reinterpret_cast<float*>(meta_ent + kMetaSlots * kTile);
-        keys_fp4 = k; key_scale = s; key_gscale = g; bt = bt_row;
-        P = P_; E = E_; e_shift = e_shift_; n = n_; first_tile = first_tile_;
+        keys_fp4 = k; key_scale = s; key_gscale = g; bt = block_table + (long long)t * L;
+        P = P_; E = E_; e_shift = e_shift_;
+        const int len = valid_lens[t];
+        n = len < 0 ? 0 : (len > L * E ? L * E : len);
+        first_tile = blockIdx.y * tiles_per_cta;
+        num_tiles = min(first_tile + tiles_per_cta, (n + kTile - 1) / kTile) - first_tile;
+        return num_tiles > 0;
+    }
+
+    // Before the loop: metadata of the first kStages tiles (visible after the caller's
+    // barrier) and the loads of the next two in flight.
+    __device__ void prime_metadata(int tid) {
+        for (int j = 0; j < score_mma::kStages; ++j)
+            if (j < num_tiles) load_meta(j, tid);
+        b_next2 = score_mma::kStages + 1 < num_tiles ? block_of(score_mma::kStages + 1, tid) : -1;
+        b_next = score_mma::kStages < num_tiles ? block_of(score_mma::kStages, tid) : -1;
+        g_next = scale_of(b_next);
+    }
+
+    // After that barrier: copies of the first kStages - 1 tiles, one commit group each (copies
+    // the caller issued before this join group 0).
+    __device__ void start_copies(int tid) {
+#pragma unroll
+        for (int j = 0; j < score_mma::kStages - 1; ++j) {
+            if (j < num_tiles) load_tile(j, tid);
+            cp_async_commit();
+        }
+    }
+
+    // Top of loop iteration it: wait until tile it has landed for every thread (one barrier,
+    // which also retires the reads of tile it - 1), refill the ring, advance the metadata.
+    __device__ void begin_tile(int it, int tid) {
+        constexpr int S = score_mma::kStages;
+        cp_async_wait<S - 2>();
+        __syncthreads();
+        if (it + S - 1 < num_tiles) load_tile(it + S - 1, tid);
+        cp_async_commit();
+        if (it + S < num_tiles) put_meta(it + S, tid, b_next, g_next);
+        b_next = b_next2;
+        g_next = scale_of(b_next);  // for tile it + S + 1, stored next iteration
+        b_next2 = it + S + 2 < num_tiles ? block_of(it + S + 2, tid) : -1;
     }
     __device__ const unsigned char* stage(int j) const { return ring + (j % score_mma::kStages) * kStageBytes; }
     __device__ const float* gs(int j) const { return meta_gs + (j % kMetaSlots) * kTile; }

@@ -95,13 +95,11 @@ score_mma_kernel(const unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 
 
     const int t = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int n = valid_lens[t];
-    n = n < 0 ? 0 : (n > L * E ? L * E : n);
-    const int first_tile = blockIdx.y * tiles_per_cta;
-    if (first_tile * kTileEntries >= n) return;  // uniform: past the row's end
-    const int num_tiles = min(first_tile + tiles_per_cta, (n + kTileEntries - 1) / kTileEntries) - first_tile;
     Ring keys;
-    keys.init(ring_smem, keys_fp4, key_scale, key_gscale, block_table + (long long)t * L, P, E, e_shift, n, first_tile);
+    if (!keys.init(ring_smem, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t, P, E, e_shift, L,
+                   tiles_per_cta))
+        return;  // uniform: this CTA's tiles lie past the row's end
+    const int n = keys.n, first_tile = keys.first_tile, num_tiles = keys.num_tiles;
 
     // ---- prologue: query and weights (first copy group), metadata and copies of the first stages
     {
@@ -112,19 +110,9 @@ score_mma_kernel(const unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 
     u32* hist_cta = hist ? hist_s : nullptr;
     if (hist)
         for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
-    for (int j = 0; j < kStages; ++j)
-        if (j < num_tiles) keys.load_meta(j, tid);
-    // metadata loads in flight for the next two tiles: the block of tile kStages + 1, and
-    // the block and global scale of tile kStages
-    int b_next2 = kStages + 1 < num_tiles ? keys.block_of(kStages + 1, tid) : -1;
-    int b_next = kStages < num_tiles ? keys.block_of(kStages, tid) : -1;
-    float g_next = keys.scale_of(b_next);
+    keys.prime_metadata(tid);
     __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kStages - 1; ++j) {
-        if (j < num_tiles) keys.load_tile(j, tid);
-        cp_async_commit();  // group j (group 0 also holds the query)
-    }
+    keys.start_copies(tid);  // group 0 also holds the query copied above
 
     const int g = lane >> 2, c = lane & 3;
     const int mi = lane >> 3;  // ldmatrix: matrix mi = lane / 8, row lane % 8
@@ -133,14 +121,7 @@ score_mma_kernel(const unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 
     const int row0 = warp * kPassEntries;  // my warp's 32 rows of a tile
 
     for (int it = 0; it < num_tiles; ++it) {
-        cp_async_wait<kStages - 2>();  // tile it (and the query) landed, for this thread's copies
-        __syncthreads();               // ... for everyone's; tile it-1 fully consumed; meta visible
-        if (it + kStages - 1 < num_tiles) keys.load_tile(it + kStages - 1, tid);
-        cp_async_commit();
-        if (it + kStages < num_tiles) keys.put_meta(it + kStages, tid, b_next, g_next);
-        b_next = b_next2;
-        g_next = keys.scale_of(b_next);  // for tile it + kStages + 1, stored next iteration
-        b_next2 = it + kStages + 2 < num_tiles ? keys.block_of(it + kStages + 2, tid) : -1;
+        keys.begin_tile(it, tid);
 
         const unsigned char* st = keys.stage(it);
         // my 4 rows r = 2*mb + hi: tile rows row0 + mb*16 + g + 8*hi

@@ -85,13 +85,11 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 
     const int t = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int n = valid_lens[t];
-    n = n < 0 ? 0 : (n > L * E ? L * E : n);
-    const int first_tile = blockIdx.y * tiles_per_cta;
-    if (first_tile * kTile >= n) return;  // uniform: past the row's end
-    const int num_tiles = min(first_tile + tiles_per_cta, (n + kTile - 1) / kTile) - first_tile;
     Ring keys;
-    keys.init(ring_smem, keys_fp4, key_scale, key_gscale, block_table + (long long)t * L, P, E, e_shift, n, first_tile);
+    if (!keys.init(ring_smem, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t, P, E, e_shift, L,
+                   tiles_per_cta))
+        return;  // uniform: this CTA's tiles lie past the row's end
+    const int n = keys.n, first_tile = keys.first_tile, num_tiles = keys.num_tiles;
 
     // ---- prologue: the query into the core-matrix layout (first copy group), weights,
     // metadata and copies of the first stages
@@ -104,19 +102,9 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         for (int h = tid; h < kHeads; h += kThreads) wsm[h] = w_scaled[(long long)t * kHeads + h];
     }
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
-    for (int j = 0; j < kStages; ++j)
-        if (j < num_tiles) keys.load_meta(j, tid);
-    // metadata loads in flight for the next two tiles: the block of tile kStages + 1, and
-    // the block and global scale of tile kStages
-    int b_next2 = kStages + 1 < num_tiles ? keys.block_of(kStages + 1, tid) : -1;
-    int b_next = kStages < num_tiles ? keys.block_of(kStages, tid) : -1;
-    float g_next = keys.scale_of(b_next);
+    keys.prime_metadata(tid);
     __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kStages - 1; ++j) {
-        if (j < num_tiles) keys.load_tile(j, tid);
-        cp_async_commit();
-    }
+    keys.start_copies(tid);  // group 0 also holds the query copied above
 
     const int g = lane >> 2, c = lane & 3;
     float* out = scores + (long long)t * ld;
@@ -150,14 +138,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     };
 
     for (int it = 0; it < num_tiles; ++it) {
-        cp_async_wait<kStages - 2>();  // tile it (and the query) landed, for this thread's copies
-        __syncthreads();               // ... for everyone's; tile it-1 fully read; meta visible
-        if (it + kStages - 1 < num_tiles) keys.load_tile(it + kStages - 1, tid);
-        cp_async_commit();
-        if (it + kStages < num_tiles) keys.put_meta(it + kStages, tid, b_next, g_next);
-        b_next = b_next2;
-        g_next = keys.scale_of(b_next);  // for tile it + kStages + 1, stored next iteration
-        b_next2 = it + kStages + 2 < num_tiles ? keys.block_of(it + kStages + 2, tid) : -1;
+        keys.begin_tile(it, tid);
         const unsigned char* st = keys.stage(it);
         const float* gs = keys.gs(it);
         const int tile_start = (first_tile + it) * kTile;
