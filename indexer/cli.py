@@ -1,4 +1,4 @@
-"""The ``indexer`` command line: ``demo``, ``score``, ``pack`` and ``info``.
+"""The ``indexer`` command line: ``demo``, ``score``, ``pack``, ``info`` and ``bench``.
 
 Thin on purpose: reading and writing files is ``indexer.io``, scoring is
 ``indexer.score_topk``, the pool is ``indexer.KeyPool``, checking is ``indexer.testing``.
@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 
 import click
@@ -109,6 +110,7 @@ def main():
       indexer pack keys.npz --out pool.npz
       indexer score problem.npz --top-k 512 --out topk.npz
       indexer info
+      indexer bench --cases decode-128K
     """
 
 
@@ -412,6 +414,49 @@ def info(as_json):
     width = max(len(r[0]) for r in rows)
     for name, v in rows:
         click.echo(f"{name.ljust(width)}  {v}")
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+@main.command()
+@click.option("--cases", default=None, metavar="LIST",
+              help="comma-separated case names, or 'all' (default: the decode cases and mtp-2).")
+@click.option("--paths", default=None, metavar="LIST",
+              help="comma-separated paths among fast, fast-score, exact, exact-score, fast-mma, "
+                   "fast-mma-score, torch-composed, torch-topk (default: fast,fast-score,exact,"
+                   "torch-composed,torch-topk; torch-* need PyTorch).")
+@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
+              help="timed calls per path; the median is reported.")
+@click.option("--json", "json_path", default=None, metavar="FILE", help="also write every number as JSON to FILE.")
+def bench(cases, paths, repeats, json_path):
+    """Time the GPU paths against the floor and PyTorch, case by case (needs a GPU).
+
+    Measures the copy bandwidth and the fp16 tensor rate first; the floor of a case is
+    max(bytes / bandwidth, flops / rate). Prints one line per case and path: median ms,
+    time / floor, TFLOP/s, GB/s, extra device memory (MB) and speed-up over
+    torch-composed; kernel paths also as '(graph)', replayed from a CUDA graph. Cases:
+    decode-1M, decode-128K, decode-latency, decode-ragged, decode-E256, mtp-2, prefill-8K,
+    prefill-chunk. The same as 'python scripts/bench.py'.
+
+    \b
+    Example:
+      indexer bench --cases decode-128K,mtp-2 --paths fast,torch-composed --json bench.json
+    """
+    from . import bench as _bench  # noqa: PLC0415
+
+    chosen = _bench.select_cases(_bench.DEFAULT_CASES if cases is None else cases)
+    path_list = _bench.select_paths(_bench.DEFAULT_PATHS if paths is None else paths)
+    _bench.require_gpu()  # before the bar: without a GPU the error is the only output
+    with click.progressbar(length=len(chosen) * len(path_list), label="benchmarking", file=sys.stderr) as bar:
+        live = sys.stderr.isatty()
+
+        def echo(line):
+            if live:  # clear the bar's line; it is drawn again at the next step
+                click.echo("\r\033[K", nl=False, err=True)
+            click.echo(line)
+
+        _bench.run(chosen, path_list, repeats, json_path=json_path, progress=lambda *_: bar.update(1), echo=echo)
 
 
 if __name__ == "__main__":  # pragma: no cover

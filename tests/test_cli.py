@@ -12,7 +12,7 @@ import indexer
 from indexer import arrays, cli, io, reference, testing
 from indexer.pool import KeyPool
 
-COMMANDS = ("demo", "score", "pack", "info")
+COMMANDS = ("demo", "score", "pack", "info", "bench")
 
 
 @pytest.fixture
@@ -448,3 +448,68 @@ def test_version_of_fallbacks(monkeypatch):
     monkeypatch.setitem(sys.modules, "no_such_dist_xyz", types.SimpleNamespace(__version__="1.2.3"))
     assert cli._version_of("no_such_dist_xyz") == "1.2.3"
     assert cli._version_of("definitely-not-installed-xyz", "definitely_not_installed_xyz") == "not installed"
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def test_bench_help(run):
+    r = run("bench", "--help")
+    assert r.exit_code == 0
+    assert "indexer bench --cases" in r.stdout and "Example" in r.stdout
+    for opt in ("--cases", "--paths", "--repeats", "--json"):
+        assert opt in r.stdout
+    assert run("bench", "-h").stdout == r.stdout
+    assert "bench" in run("--help").stdout
+
+
+@pytest.mark.skipif(arrays.gpu_available(), reason="a GPU is present: bench would run")
+def test_bench_without_gpu(run):
+    assert_error(run("bench"), "GPU")
+
+
+def test_bench_no_gpu_error_is_one_line(run, monkeypatch):
+    monkeypatch.setattr(arrays, "cupy", lambda: None)
+    line = assert_error(run("bench", "--cases", "decode-128K", "--paths", "fast"))
+    assert line == "error: bench: needs CuPy and a CUDA GPU"
+    r = run("bench", "--cases", "decode-128K")
+    assert r.exit_code == 2 and r.stdout == ""  # the check comes before the progress bar
+
+
+def test_bench_unknown_case_or_path(run):
+    line = assert_error(run("bench", "--cases", "decode-128K,nope"), "unknown case 'nope'")
+    for name in ("decode-1M", "decode-128K", "mtp-2", "prefill-chunk"):
+        assert name in line
+    assert_error(run("bench", "--paths", "fast,slow"), "unknown path 'slow'", "torch-composed")
+    assert_error(run("bench", "--repeats", "0"), "--repeats")
+
+
+def test_bench_runs_with_a_progress_bar(run, monkeypatch, tmp_path):
+    from indexer import bench
+
+    seen = {}
+
+    def fake_run(cases, paths, repeats, json_path=None, progress=None, echo=None):
+        seen.update(cases=[c.name for c in cases], paths=paths, repeats=repeats, json_path=json_path)
+        echo(bench.HEADER)
+        for c in cases:
+            for p in paths:
+                progress(c.name, p)
+            echo(f"{c.name:15s} {'floor':20s} {1.0:9.3f}")
+        return {}
+
+    monkeypatch.setattr(bench, "require_gpu", lambda: None)
+    monkeypatch.setattr(bench, "run", fake_run)
+    out = tmp_path / "b.json"
+    r = run("bench", "--cases", "all", "--paths", "fast,torch-topk", "--repeats", "4", "--json", out)
+    assert r.exit_code == 0, r.output
+    assert seen == {"cases": [c.name for c in bench.CASES], "paths": ["fast", "torch-topk"], "repeats": 4,
+                    "json_path": str(out)}
+    lines = r.stdout.splitlines()
+    assert lines[0] == bench.HEADER and len(lines) == 1 + len(bench.CASES)
+    assert lines[1].split() == ["decode-1M", "floor", "1.000"]
+    assert "benchmarking" in r.stderr  # the bar (a label only when stderr is no terminal)
+    r = run("bench")
+    assert r.exit_code == 0, r.output
+    assert seen["cases"] == bench.DEFAULT_CASES.split(",") and seen["paths"] == bench.DEFAULT_PATHS.split(",")
+    assert seen["repeats"] == 20 and seen["json_path"] is None

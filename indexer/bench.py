@@ -1,0 +1,452 @@
+"""Side-by-side benchmark of the indexer against its floor and its peers, in one run.
+
+    python scripts/bench.py                          # decode cases, every path
+    python scripts/bench.py --cases decode-128K,mtp-2 --paths exact,torch-composed
+    python scripts/bench.py --json out.json
+    indexer bench --cases decode-128K --json out.json   # the same, with a progress bar
+
+Per case it prints one aligned line per path: median ms, time/floor, TFLOP/s, GB/s, extra
+device memory (MB) and speed-up over torch-composed. The floor is
+max(bytes / copy bandwidth, flops / bf16 rate) with both ceilings measured in this run
+(docs/benchmarks.md of the project). Inputs are random NVFP4 pools (never zeros); cases
+whose inputs fit in L2 rotate several input sets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import arrays, nvfp4
+
+# CuPy, PyTorch and indexer.cuda_ops are imported inside the functions that need them:
+# this module imports, and its layout arithmetic runs, without a GPU.
+
+__all__ = [
+    "Case",
+    "CASES",
+    "DEFAULT_CASES",
+    "DEFAULT_PATHS",
+    "PATHS",
+    "GPUUnavailable",
+    "select_cases",
+    "select_paths",
+    "case_layout",
+    "floor_seconds",
+    "build",
+    "run",
+    "main",
+]
+
+H, D = 64, 128
+L2_BYTES = 60 << 20
+NO_GPU = "bench: needs CuPy and a CUDA GPU"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    what: str
+    seqs: int            # sequences (requests)
+    queries_per_seq: int
+    top_k: int
+    E: int = 64
+    kind: str = "decode"  # decode | ragged | mtp | prefill
+    entries: int = 0      # visible entries per query (decode), prefix length (prefill)
+    prefill_tokens: int = 0
+    ratio: int = 4
+
+
+CASES = [
+    Case("decode-1M", "V4-Pro decode at 1M context", 64, 1, 1024, entries=262_144),
+    Case("decode-128K", "V4-Flash decode at 128K", 128, 1, 512, entries=32_768),
+    Case("decode-latency", "one request, 1M context", 1, 1, 1024, entries=262_144),
+    Case("decode-ragged", "mixed batch, lengths uniform in [1, 262144]", 64, 1, 1024, kind="ragged", entries=262_144),
+    Case("decode-E256", "256-entry blocks", 64, 1, 1024, E=256, entries=65_536),
+    Case("mtp-2", "two draft tokens per request", 64, 2, 1024, kind="mtp", entries=65_536),
+    Case("prefill-8K", "one sequence, 8192 tokens, 4:1", 1, 8192, 512, kind="prefill", entries=0, prefill_tokens=8192),
+    Case("prefill-chunk", "4096 new tokens after 1M", 1, 4096, 1024, kind="prefill", entries=262_144, prefill_tokens=4096),
+]
+DEFAULT_CASES = "decode-1M,decode-128K,decode-latency,decode-ragged,decode-E256,mtp-2"
+DEFAULT_PATHS = "fast,fast-score,exact,torch-composed,torch-topk"
+KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-mma-score")
+PATHS = KERNEL_PATHS + ("torch-composed", "torch-topk")
+HEADER = (f"{'case':15s} {'path':20s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} "
+          f"{'extra MB':>9s} {'vs torch':>8s}")
+
+
+class GPUUnavailable(RuntimeError):
+    """The benchmark was asked to run where CuPy finds no CUDA GPU."""
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def select_cases(spec: str, strict: bool = True) -> list[Case]:
+    """The cases named in ``spec`` (a comma list, or 'all'), in the table's order.
+
+    With ``strict`` an unknown name raises ValueError listing the known ones; without it
+    unknown names are ignored (what ``scripts/bench.py`` has always done).
+    """
+    known = [c.name for c in CASES]
+    names = known if spec == "all" else spec.split(",")
+    unknown = [n for n in names if n not in known]
+    if strict and unknown:
+        raise ValueError(f"--cases: unknown case {', '.join(repr(n) for n in unknown)} "
+                         f"(known: {', '.join(known)}, or 'all')")
+    return [c for c in CASES if c.name in names]
+
+
+def select_paths(spec: str) -> list[str]:
+    """The paths named in ``spec`` (a comma list), in the given order; unknown names raise ValueError."""
+    paths = spec.split(",")
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown:
+        raise ValueError(f"--paths: unknown path {', '.join(repr(p) for p in unknown)} (known: {', '.join(PATHS)})")
+    return paths
+
+
+# ----------------------------------------------------------------------------- layout and floor
+
+
+def case_layout(case: Case, seed: int) -> dict:
+    """The host side of one case: lengths, block table and the counts the floor needs.
+
+    NumPy only. Returns a dict with
+      ``seq_lens``    (seqs,) entries stored per sequence,
+      ``valid_lens``  (T,) int32 entries visible to each query,
+      ``block_table`` (T, L) int32, every sequence's blocks at random distinct physical
+                      blocks (one permutation of the pool), -1 past its last block; the
+                      queries of one sequence share its row,
+      ``counts``      dict(T, pairs, bytes, flops, P, L): pairs = sum(valid_lens),
+                      flops = 2 H D pairs, bytes = the keys once per sequence (D/2 + D/16
+                      per entry, 4 per block) plus q, w and the output indices.
+    The random draws (ragged lengths, then the permutation) come from
+    ``np.random.default_rng(seed)`` in that order.
+    """
+    rng = np.random.default_rng(seed)
+    E = case.E
+    T = case.seqs * case.queries_per_seq
+    if case.kind == "prefill":
+        t = np.arange(case.prefill_tokens)
+        lens = case.entries + (t + 1) // case.ratio
+        seq_len = np.array([int(lens.max())])
+    elif case.kind == "ragged":
+        seq_len = rng.integers(1, case.entries + 1, size=case.seqs)
+        lens = seq_len
+    elif case.kind == "mtp":
+        seq_len = np.full(case.seqs, case.entries + case.queries_per_seq - 1)
+        lens = (np.full((case.seqs, case.queries_per_seq), case.entries) + np.arange(case.queries_per_seq)).reshape(-1)
+    else:
+        seq_len = np.full(case.seqs, case.entries)
+        lens = seq_len
+    blocks = -(-seq_len // E)
+    P = int(blocks.sum())
+    L = int(blocks.max())
+    perm = rng.permutation(P).astype(np.int32)
+    # sequence s takes perm[start_s : start_s + blocks[s]], sequences in order: row-major
+    # filling of the visible part of the table
+    table = np.full((case.seqs, L), -1, dtype=np.int32)
+    table[np.arange(L)[None, :] < blocks[:, None]] = perm
+    block_table = np.repeat(table, case.queries_per_seq if case.kind != "prefill" else T, axis=0)
+    pairs = int(lens.sum())
+    key_entries = int(seq_len.sum())  # each key counted once, however many queries see it
+    key_bytes = key_entries * (D // 2 + D // 16) + int(blocks.sum()) * 4
+    io_bytes = T * H * D * 4 + T * H * 4 + T * case.top_k * 4
+    counts = dict(T=T, pairs=pairs, bytes=key_bytes + io_bytes, flops=2 * H * D * pairs, P=P, L=L)
+    return dict(seq_lens=seq_len, valid_lens=lens.astype(np.int32), block_table=block_table, counts=counts)
+
+
+def floor_seconds(counts: dict, bandwidth: float, rate: float) -> float:
+    """max(bytes / bandwidth, flops / rate): the time no implementation can beat (seconds)."""
+    return max(counts["bytes"] / bandwidth, counts["flops"] / rate)
+
+
+def rotation_sets(one_set_bytes: int) -> int:
+    """How many input sets to rotate: up to 4, enough to exceed 3x L2 when one set fits in it."""
+    return min(4, max(1, (3 * L2_BYTES) // max(one_set_bytes, 1)))
+
+
+# ----------------------------------------------------------------------------- rows and lines
+
+
+def path_numbers(ms: float, extra_mb: float, counts: dict, floor_s: float) -> dict:
+    """One path's JSON numbers from its median milliseconds (``vs_torch`` is added later)."""
+    s = ms * 1e-3
+    return dict(ms=ms, x_floor=s / floor_s, tflops=counts["flops"] / s / 1e12,
+                gbs=counts["bytes"] / s / 1e9, extra_mb=extra_mb)
+
+
+def format_line(case_name: str, path: str, line: dict, torch_ms: float | None) -> str:
+    """One aligned table line; the speed-up column is empty for torch-composed itself."""
+    speed = f"{torch_ms / line['ms']:.1f}x" if torch_ms and path != "torch-composed" else ""
+    return (f"{case_name:15s} {path:20s} {line['ms']:9.3f} {line['x_floor']:8.2f} {line['tflops']:8.1f} "
+            f"{line['gbs']:8.0f} {line['extra_mb']:9.1f} {speed:>8s}")
+
+
+# ----------------------------------------------------------------------------- device side
+
+
+def require_gpu():
+    """The CuPy module; GPUUnavailable (a RuntimeError) when there is no CuPy or no GPU."""
+    cp = arrays.cupy()
+    if cp is None:
+        raise GPUUnavailable(NO_GPU)
+    return cp
+
+
+def _gpu_modules():  # gpu-only
+    """(cupy, indexer.cuda_ops, torch or None)."""
+    cp = require_gpu()
+    from . import cuda_ops  # noqa: PLC0415  (imports CuPy)
+
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        torch = None
+    return cp, cuda_ops, torch
+
+
+def build(case: Case, cp, seed: int):  # gpu-only
+    """Device arrays for one case (layout from ``case_layout``), and the counts the floor needs."""
+    lay = case_layout(case, seed)
+    P, E, T = lay["counts"]["P"], case.E, lay["counts"]["T"]
+    g = cp.random.default_rng(seed)
+    keys_fp4 = g.integers(0, 256, size=(P, E, D // 2), dtype=cp.uint8)
+    # scales: E4M3 bytes 0x28..0x47 (0.25 .. 3.75), never NaN, never zero
+    key_scale = g.integers(0x28, 0x48, size=(P, E, D // 16), dtype=cp.uint8)
+    key_gscale = (cp.exp2(g.uniform(-12, -4, size=P)).astype(cp.float32))
+    q = g.standard_normal((T, H, D), dtype=cp.float32)
+    w = g.standard_normal((T, H), dtype=cp.float32)
+    arrays_ = dict(q=q, w=w, keys_fp4=keys_fp4, key_scale=key_scale, key_gscale=key_gscale,
+                   block_table=cp.asarray(lay["block_table"]), valid_lens=cp.asarray(lay["valid_lens"]))
+    return arrays_, lay["counts"]
+
+
+def input_sets(case: Case, cp, index: int):  # gpu-only
+    """The rotated input sets of the ``index``-th case run, and the first set's counts."""
+    a, counts = build(case, cp, seed=100 + index)
+    sets = [a]
+    one = sum(x.nbytes for x in a.values())
+    for r in range(1, rotation_sets(one)):
+        sets.append(build(case, cp, seed=1000 * r + index)[0])
+    return sets, counts
+
+
+def time_it(cp, fn, sets, warmup=3, repeats=20, max_seconds=20.0):  # gpu-only
+    """Median milliseconds of fn(inputs) with CUDA events, rotating over the input sets."""
+    for i in range(warmup):
+        fn(sets[i % len(sets)])
+    cp.cuda.Device().synchronize()
+    times = []
+    t_end = time.perf_counter() + max_seconds
+    for i in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn(sets[i % len(sets)])
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+        if time.perf_counter() > t_end and len(times) >= 3:
+            break
+    return statistics.median(times)
+
+
+def time_graph(cp, fn, sets, repeats=20, echo=print):  # gpu-only
+    """Median milliseconds of CUDA-graph replays of fn (one graph per input set): the
+    device time without Python's launch overhead, as an engine running decode steps in
+    graphs sees it. None if capture fails."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    graphs = []
+    try:
+        with stream:
+            for x in sets:
+                fn(x)  # warm: the memory pool now holds blocks of every size the call takes
+                stream.synchronize()
+                stream.begin_capture()
+                fn(x)
+                graphs.append(stream.end_capture())
+    except Exception as exc:  # capture unsupported for this path: report eager time only
+        echo(f"  (graph capture failed: {type(exc).__name__}: {exc})")
+        return None
+    for g in graphs:
+        g.launch(stream)
+    stream.synchronize()
+    times = []
+    for i in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record(stream)
+        graphs[i % len(graphs)].launch(stream)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def ceilings(cp):  # gpu-only
+    """Copy bandwidth (bytes read + written per second) and dense fp16 tensor rate, measured now."""
+    n = 1 << 30
+    a = cp.random.default_rng(1).integers(0, 255, size=n, dtype=cp.uint8)
+    b = cp.empty_like(a)
+    ms = time_it(cp, lambda _: cp.copyto(b, a), [None], warmup=3, repeats=10)
+    bw = 2 * n / (ms * 1e-3)
+    del a, b
+    m = 8192
+    x = cp.random.default_rng(2).standard_normal((m, m), dtype=cp.float32).astype(cp.float16)
+    y = cp.random.default_rng(3).standard_normal((m, m), dtype=cp.float32).astype(cp.float16)
+    ms = time_it(cp, lambda _: cp.matmul(x, y), [None], warmup=3, repeats=10)
+    rate = 2 * m**3 / (ms * 1e-3)
+    return bw, rate
+
+
+def device_name(cp) -> str:  # gpu-only
+    """The current CUDA device's name."""
+    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+
+
+def torch_composed_fn(torch, top_k, E, chunk_bytes=4 << 30):  # gpu-only
+    """What a PyTorch user writes: dequantize the pool, gather by block table, bf16 einsum,
+    ReLU, weighted head sum, torch.topk; queries chunked so it fits."""
+    lut = torch.tensor(nvfp4.E2M1_VALUES, device="cuda")
+
+    def run(a):
+        codes, scales, gs = a["keys_fp4"], a["key_scale"], a["key_gscale"]
+        P, Ee, half = codes.shape
+        el = torch.stack([lut[(codes & 0xF).long()], lut[(codes >> 4).long()]], dim=-1).reshape(P, Ee, 2 * half)
+        sc = scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, dim=-1)
+        pool = (el * sc * gs[:, None, None]).to(torch.bfloat16)
+        q, w, bt, lens = a["q"], a["w"], a["block_table"], a["valid_lens"]
+        T, L = bt.shape
+        S = L * Ee
+        per_query = S * (D * 2 + H * 2 + 8)
+        step = max(1, chunk_bytes // per_query)
+        outs = []
+        for t0 in range(0, T, step):
+            t1 = min(T, t0 + step)
+            keys = pool[bt[t0:t1].clamp(min=0).long()].reshape(t1 - t0, S, D)
+            logits = torch.einsum("thd,tsd->ths", q[t0:t1].to(torch.bfloat16), keys)
+            scores = torch.einsum("th,ths->ts", w[t0:t1], torch.relu(logits).float())
+            mask = torch.arange(S, device="cuda")[None, :] >= lens[t0:t1, None]
+            scores = scores.masked_fill(mask, float("-inf"))
+            outs.append(torch.topk(scores, min(top_k, S), dim=1).indices)
+        return torch.cat(outs)
+
+    return run
+
+
+def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
+    """(median ms or None when the path does not run here, extra device MB, graph ms or None)."""
+    cp, cuda_ops, torch = mods
+    ms, extra, graph_ms = None, 0.0, None
+    if path in KERNEL_PATHS:
+        def fn(x, _p=path.split("-")[0], _only=path.endswith("-score"),
+               _k="mma" if "-mma" in path else "auto"):
+            return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
+                                       x["block_table"], x["valid_lens"], case.top_k, precision=_p,
+                                       validate=False, _score_only=_only, _fast_kernel=_k)
+        # extra device memory: everything one call allocates beyond its output
+        pool = cp.cuda.MemoryPool()
+        with cp.cuda.using_allocator(pool.malloc):
+            fn(sets[0])
+            cp.cuda.Device().synchronize()
+        extra = (pool.total_bytes() - counts["T"] * case.top_k * 4) / 2**20
+        del pool
+        ms = time_it(cp, fn, sets, repeats=repeats)
+        graph_ms = time_graph(cp, fn, sets, repeats=repeats, echo=echo)
+    elif path == "torch-composed" and torch is not None:
+        run_ = torch_composed_fn(torch, case.top_k, case.E)
+        tsets = [{k: torch.from_dlpack(v) for k, v in s.items()} for s in sets]
+        ms = time_it(cp, run_, tsets, warmup=1, repeats=min(repeats, 5), max_seconds=10)
+    elif path == "torch-topk" and torch is not None:
+        S = counts["L"] * case.E
+        sc = torch.randn(counts["T"], S, device="cuda")
+        ms = time_it(cp, lambda _: torch.topk(sc, case.top_k, dim=1), [None], repeats=repeats)
+        del sc
+    return ms, extra, graph_ms
+
+
+def free_device_memory(cp) -> None:  # gpu-only
+    """Give the cached blocks of CuPy's default pool back, between cases."""
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=None) -> dict:
+    """Measure ``cases`` x ``paths`` on the GPU, print the table, return the results.
+
+    ``cases``: Case objects or case names; ``paths``: path names (see PATHS; a path whose
+    library is missing, e.g. torch-* without PyTorch, or an unknown one, gives no row).
+    ``progress(case_name, path)`` is called after each measured pair; ``echo(line)``
+    prints a line (default: print, flushed). ``json_path`` gets the results as JSON:
+    {device, date, copy_bw, tensor_rate, cases: [{case, floor_ms, T, pairs, bytes, flops,
+    P, L, paths: {path: {ms, x_floor, tflops, gbs, extra_mb, vs_torch}}}]}, kernel paths
+    also as "path (graph)" (CUDA-graph replay). Raises GPUUnavailable (a RuntimeError)
+    without CuPy and a CUDA GPU.
+    """
+    echo = echo or _print_line
+    by_name = {c.name: c for c in CASES}
+    cases = [by_name[c] if isinstance(c, str) else c for c in cases]
+    require_gpu()
+    mods = _gpu_modules()
+    cp = mods[0]
+    bw, rate = ceilings(cp)
+    dev_name = device_name(cp)
+    echo(f"# {dev_name}  {time.strftime('%Y-%m-%d %H:%M')}  copy {bw / 1e12:.2f} TB/s  "
+         f"fp16 tensor {rate / 1e12:.0f} TFLOP/s")
+    echo(HEADER)
+    results = dict(device=dev_name, date=time.strftime("%Y-%m-%d"), copy_bw=bw, tensor_rate=rate, cases=[])
+    for ci, case in enumerate(cases):
+        sets, counts = input_sets(case, cp, ci)
+        floor_s = floor_seconds(counts, bw, rate)
+        row = dict(case=case.name, floor_ms=floor_s * 1e3, **counts, paths={})
+        torch_ms = None
+        for path in paths:
+            ms, extra, graph_ms = measure(path, case, counts, sets, mods, repeats, echo=echo)
+            if progress is not None:
+                progress(case.name, path)
+            if ms is None:
+                continue
+            if path == "torch-composed":
+                torch_ms = ms
+            row["paths"][path] = path_numbers(ms, extra, counts, floor_s)
+            if graph_ms is not None:
+                row["paths"][path + " (graph)"] = path_numbers(graph_ms, extra, counts, floor_s)
+        for path, line in row["paths"].items():
+            line["vs_torch"] = torch_ms / line["ms"] if torch_ms else None
+            echo(format_line(case.name, path, line, torch_ms))
+        echo(f"{case.name:15s} {'floor':20s} {row['floor_ms']:9.3f}")
+        results["cases"].append(row)
+        del sets
+        free_device_memory(cp)
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=2))
+    return results
+
+
+def main(argv=None) -> int:
+    """``scripts/bench.py``'s command line; returns the exit status (2 without a GPU)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list, or 'all' (known: {', '.join(c.name for c in CASES)})")
+    ap.add_argument("--paths", default=DEFAULT_PATHS)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--json", dest="json_path", default=None)
+    args = ap.parse_args(argv)
+    try:
+        require_gpu()
+    except GPUUnavailable as exc:
+        print(exc)
+        return 2
+    run(select_cases(args.cases, strict=False), args.paths.split(","), args.repeats, json_path=args.json_path)
+    return 0

@@ -1,0 +1,289 @@
+"""The benchmark module (CPU only): case layouts, counts, the floor, selection, the output
+lines and the run's orchestration with the device side replaced by fakes."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from indexer import arrays, bench
+
+H, D = 64, 128
+BY_NAME = {c.name: c for c in bench.CASES}
+
+
+def ceil_div(a, b):
+    return -(-np.asarray(a) // b)
+
+
+# ----------------------------------------------------------------------------- import
+
+
+def test_import_needs_no_cupy_or_torch():
+    code = ("import sys, indexer.bench; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'torch', 'indexer')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    mods = eval(out)  # noqa: S307  (our own output)
+    assert "indexer.bench" in mods
+    assert not [m for m in mods if not m.startswith("indexer")], mods
+    assert "indexer.cuda_ops" not in mods
+
+
+# ----------------------------------------------------------------------------- case_layout
+
+
+@pytest.fixture(scope="module")
+def layouts():
+    return {c.name: bench.case_layout(c, seed=100 + i) for i, c in enumerate(bench.CASES)}
+
+
+def test_case_table_names():
+    assert [c.name for c in bench.CASES] == ["decode-1M", "decode-128K", "decode-latency", "decode-ragged",
+                                             "decode-E256", "mtp-2", "prefill-8K", "prefill-chunk"]
+
+
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_case_layout_shapes_and_block_table(layouts, name):
+    case, lay = BY_NAME[name], layouts[name]
+    c = lay["counts"]
+    seq_lens, lens, table = lay["seq_lens"], lay["valid_lens"], lay["block_table"]
+    T = case.seqs * case.queries_per_seq
+    blocks = ceil_div(seq_lens, case.E)
+    assert c["T"] == T
+    assert c["P"] == int(blocks.sum()) and c["L"] == int(blocks.max())
+    assert seq_lens.shape == (case.seqs,)
+    assert lens.shape == (T,) and lens.dtype == np.int32
+    assert table.shape == (T, c["L"]) and table.dtype == np.int32
+    assert table.flags.c_contiguous
+    assert lens.min() >= 0 and lens.max() <= c["L"] * case.E
+    # the queries of one sequence share its row; a query sees no more than its sequence holds
+    per_seq = T // len(seq_lens)
+    rows = table.reshape(len(seq_lens), per_seq, c["L"])
+    assert (rows == rows[:, :1]).all()
+    assert (lens.reshape(len(seq_lens), per_seq) <= seq_lens[:, None]).all()
+    # visible blocks: in [0, P), distinct within a sequence and across sequences (one
+    # permutation of the pool); -1 past a sequence's last block
+    visible = np.arange(c["L"])[None, :] < blocks[:, None]
+    ids = rows[:, 0][visible]
+    assert ids.min() >= 0 and ids.max() < c["P"]
+    assert np.array_equal(np.sort(ids), np.arange(c["P"]))
+    assert (rows[:, 0][~visible] == -1).all()
+    assert not np.array_equal(ids, np.arange(c["P"]))  # permuted, not in order
+
+
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_case_layout_counts(layouts, name):
+    case, lay = BY_NAME[name], layouts[name]
+    c, lens, seq_lens = lay["counts"], lay["valid_lens"], lay["seq_lens"]
+    T = c["T"]
+    assert c["pairs"] == int(lens.astype(np.int64).sum())
+    assert c["flops"] == 2 * 64 * 128 * c["pairs"]
+    keys = int(seq_lens.sum()) * (D // 2 + D // 16) + c["P"] * 4  # once per sequence
+    io = T * H * D * 4 + T * H * 4 + T * case.top_k * 4
+    assert c["bytes"] == keys + io
+
+
+def test_case_layout_lengths_per_kind(layouts):
+    for name in ("decode-1M", "decode-latency"):
+        assert (layouts[name]["valid_lens"] == 262_144).all()
+    assert (layouts["decode-128K"]["valid_lens"] == 32_768).all()
+    assert (layouts["decode-E256"]["valid_lens"] == 65_536).all() and layouts["decode-E256"]["counts"]["L"] == 256
+    ragged = layouts["decode-ragged"]["valid_lens"]
+    assert ragged.min() >= 1 and ragged.max() <= 262_144 and len(np.unique(ragged)) > 32
+    assert np.array_equal(ragged, layouts["decode-ragged"]["seq_lens"])
+    mtp = layouts["mtp-2"]
+    assert np.array_equal(mtp["valid_lens"].reshape(64, 2), np.tile([65_536, 65_537], (64, 1)))
+    assert (mtp["seq_lens"] == 65_537).all()
+    assert np.array_equal(mtp["block_table"][0::2], mtp["block_table"][1::2])
+    t = np.arange(8192)
+    assert np.array_equal(layouts["prefill-8K"]["valid_lens"], (t + 1) // 4)
+    assert layouts["prefill-8K"]["seq_lens"].tolist() == [2048]
+    t = np.arange(4096)
+    assert np.array_equal(layouts["prefill-chunk"]["valid_lens"], 262_144 + (t + 1) // 4)
+    assert layouts["prefill-chunk"]["seq_lens"].tolist() == [262_144 + 1024]
+    assert layouts["prefill-chunk"]["counts"]["L"] == 4112
+
+
+def test_shared_keys_are_counted_once(layouts):
+    # mtp-2: 64 sequences of 65,537 keys, not 128 queries' worth
+    mtp = layouts["mtp-2"]["counts"]
+    assert mtp["bytes"] == 64 * 65_537 * 72 + 64 * 1025 * 4 + 128 * (H * D * 4 + H * 4 + 1024 * 4)
+    # prefill: one sequence of 263,168 keys read by 4,096 queries
+    pre = layouts["prefill-chunk"]["counts"]
+    assert pre["bytes"] == 263_168 * 72 + 4112 * 4 + 4096 * (H * D * 4 + H * 4 + 1024 * 4)
+    assert pre["pairs"] * 72 > 400 * pre["bytes"]
+
+
+def test_case_layout_is_reproducible():
+    case = BY_NAME["decode-ragged"]
+    a, b, c = bench.case_layout(case, 5), bench.case_layout(case, 5), bench.case_layout(case, 6)
+    assert np.array_equal(a["block_table"], b["block_table"]) and np.array_equal(a["valid_lens"], b["valid_lens"])
+    assert not np.array_equal(a["valid_lens"], c["valid_lens"])
+
+
+# ----------------------------------------------------------------------------- floor
+
+
+def test_floor_decode_128k_matches_the_docs():
+    c = bench.case_layout(BY_NAME["decode-128K"], 0)["counts"]
+    flops = 2 * 64 * 128 * 128 * 32_768
+    nbytes = 128 * 32_768 * (64 + 8) + 128 * 512 * 4 + 128 * 64 * 128 * 4 + 128 * 64 * 4 + 128 * 512 * 4
+    assert (c["flops"], c["bytes"]) == (flops, nbytes)
+    floor = bench.floor_seconds(c, 4.24e12, 780e12)
+    assert floor == max(nbytes / 4.24e12, flops / 780e12) == flops / 780e12  # compute-bound
+    assert floor * 1e3 == pytest.approx(0.088, rel=0.05)
+
+
+def test_floor_bandwidth_bound():
+    assert bench.floor_seconds({"bytes": 4e9, "flops": 1e9}, 2e12, 1e15) == 2e-3
+
+
+def test_rotation_sets():
+    assert bench.rotation_sets(1 << 30) == 1
+    assert bench.rotation_sets(100 << 20) == 1
+    assert bench.rotation_sets(70 << 20) == 2
+    assert bench.rotation_sets(1 << 20) == 4
+    assert bench.rotation_sets(0) == 4
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def test_select_cases():
+    assert [c.name for c in bench.select_cases("all")] == [c.name for c in bench.CASES]
+    assert [c.name for c in bench.select_cases(bench.DEFAULT_CASES)] == bench.DEFAULT_CASES.split(",")
+    # the table's order, once each
+    assert [c.name for c in bench.select_cases("mtp-2,decode-1M,mtp-2")] == ["decode-1M", "mtp-2"]
+    with pytest.raises(ValueError, match=r"unknown case 'nope'.*known: decode-1M, .*prefill-chunk"):
+        bench.select_cases("decode-1M,nope")
+    assert [c.name for c in bench.select_cases("decode-1M,nope", strict=False)] == ["decode-1M"]
+
+
+def test_select_paths():
+    assert bench.select_paths(bench.DEFAULT_PATHS) == ["fast", "fast-score", "exact", "torch-composed", "torch-topk"]
+    assert bench.select_paths("torch-topk,fast-mma") == ["torch-topk", "fast-mma"]
+    with pytest.raises(ValueError, match=r"unknown path 'slow'.*known: fast, "):
+        bench.select_paths("fast,slow")
+
+
+# ----------------------------------------------------------------------------- lines
+
+
+def test_path_numbers_and_format_line():
+    counts = {"flops": 2e12, "bytes": 4e9}
+    line = bench.path_numbers(2.0, 1.5, counts, 1e-3)
+    assert line == {"ms": 2.0, "x_floor": 2.0, "tflops": 1000.0, "gbs": 2000.0, "extra_mb": 1.5}
+    text = bench.format_line("decode-128K", "fast (graph)", line, 20.0)
+    assert text == (f"{'decode-128K':15s} {'fast (graph)':20s} {2.0:9.3f} {2.0:8.2f} {1000.0:8.1f} "
+                    f"{2000.0:8.0f} {1.5:9.1f} {'10.0x':>8s}")
+    assert text.endswith("   10.0x")
+    assert bench.format_line("x", "torch-composed", line, 2.0).endswith(" " * 8)
+    assert bench.format_line("x", "fast", line, None).endswith(" " * 8)
+    assert len(bench.HEADER) == len(text)
+
+
+# ----------------------------------------------------------------------------- run and main
+
+
+def test_require_gpu_returns_cupy(monkeypatch):
+    sentinel = object()
+    monkeypatch.setattr(arrays, "cupy", lambda: sentinel)
+    assert bench.require_gpu() is sentinel
+
+
+def test_run_without_gpu(monkeypatch):
+    monkeypatch.setattr(arrays, "cupy", lambda: None)
+    with pytest.raises(RuntimeError, match="^bench: needs CuPy and a CUDA GPU$") as info:
+        bench.run(["decode-128K"], ["fast"])
+    assert isinstance(info.value, bench.GPUUnavailable)
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """The device side replaced: 4 TB/s, 800 TFLOP/s; fast 0.5 ms eager, 0.4 ms in a graph,
+    torch-composed 10 ms, torch-topk not available (no PyTorch)."""
+    calls = {"measure": [], "freed": 0}
+    fake_cp = object()
+    monkeypatch.setattr(bench, "require_gpu", lambda: fake_cp)
+    monkeypatch.setattr(bench, "_gpu_modules", lambda: (fake_cp, None, None))
+    monkeypatch.setattr(bench, "ceilings", lambda cp: (4e12, 800e12))
+    monkeypatch.setattr(bench, "device_name", lambda cp: "Fake GPU")
+
+    def input_sets(case, cp, index):
+        return [{}], bench.case_layout(case, 100 + index)["counts"]
+
+    def measure(path, case, counts, sets, mods, repeats, echo=print):
+        calls["measure"].append((case.name, path, repeats))
+        return {"fast": (0.5, 12.0, 0.4), "torch-composed": (10.0, 0.0, None)}.get(path, (None, 0.0, None))
+
+    def free(cp):
+        calls["freed"] += 1
+
+    monkeypatch.setattr(bench, "input_sets", input_sets)
+    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(bench, "free_device_memory", free)
+    return calls
+
+
+def test_run_rows_lines_progress_and_json(fake_device, tmp_path):
+    lines, ticks = [], []
+    out = tmp_path / "bench.json"
+    res = bench.run(["decode-128K", bench.CASES[5]], ["fast", "torch-composed", "torch-topk"], 7,
+                    json_path=out, progress=lambda c, p: ticks.append((c, p)), echo=lines.append)
+    assert ticks == [(c, p) for c in ("decode-128K", "mtp-2") for p in ("fast", "torch-composed", "torch-topk")]
+    assert fake_device["measure"] == [t + (7,) for t in ticks]
+    assert fake_device["freed"] == 2
+    assert lines[0].startswith("# Fake GPU  ") and lines[0].endswith("copy 4.00 TB/s  fp16 tensor 800 TFLOP/s")
+    assert lines[1] == bench.HEADER
+    assert [ln.split()[:2] for ln in lines[2:]] == [
+        ["decode-128K", "fast"], ["decode-128K", "fast"], ["decode-128K", "torch-composed"], ["decode-128K", "floor"],
+        ["mtp-2", "fast"], ["mtp-2", "fast"], ["mtp-2", "torch-composed"], ["mtp-2", "floor"]]
+    assert lines[3].split()[2] == "(graph)" and lines[3].endswith("25.0x") and lines[2].endswith("20.0x")
+    assert res["device"] == "Fake GPU" and res["copy_bw"] == 4e12 and res["tensor_rate"] == 800e12
+    assert json.loads(out.read_text()) == res
+    row = res["cases"][0]
+    counts = bench.case_layout(bench.CASES[1], 100)["counts"]
+    floor = bench.floor_seconds(counts, 4e12, 800e12)
+    assert row["case"] == "decode-128K" and row["floor_ms"] == pytest.approx(floor * 1e3)
+    assert {k: row[k] for k in counts} == counts
+    assert list(row["paths"]) == ["fast", "fast (graph)", "torch-composed"]
+    fast = row["paths"]["fast"]
+    assert fast["ms"] == 0.5 and fast["extra_mb"] == 12.0 and fast["vs_torch"] == 20.0
+    assert fast["x_floor"] == pytest.approx(0.5e-3 / floor)
+    assert fast["tflops"] == pytest.approx(counts["flops"] / 0.5e-3 / 1e12)
+    assert fast["gbs"] == pytest.approx(counts["bytes"] / 0.5e-3 / 1e9)
+    assert row["paths"]["fast (graph)"]["ms"] == 0.4 and row["paths"]["fast (graph)"]["vs_torch"] == 25.0
+    assert row["paths"]["torch-composed"]["vs_torch"] == 1.0
+    assert lines[5] == f"{'decode-128K':15s} {'floor':20s} {floor * 1e3:9.3f}"
+
+
+def test_run_prints_by_default_and_no_torch_means_no_speedup(fake_device, capsys):
+    res = bench.run([bench.CASES[2]], ["fast"], 3)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == bench.HEADER and len(out) == 5
+    assert out[2].split()[:2] == ["decode-latency", "fast"] and out[2].endswith(" " * 8)
+    assert res["cases"][0]["paths"]["fast"]["vs_torch"] is None
+
+
+def test_main_without_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(arrays, "cupy", lambda: None)
+    assert bench.main(["--cases", "decode-128K", "--paths", "fast"]) == 2
+    assert capsys.readouterr().out == "bench: needs CuPy and a CUDA GPU\n"
+
+
+def test_main_arguments(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(bench, "require_gpu", lambda: None)
+    monkeypatch.setattr(bench, "run", lambda *a, **k: seen.update(args=a, kwargs=k))
+    out = str(tmp_path / "o.json")
+    assert bench.main(["--cases", "mtp-2,decode-1M,bogus", "--paths", "fast,exact", "--repeats", "3",
+                       "--json", out]) == 0
+    cases, paths, repeats = seen["args"]
+    assert [c.name for c in cases] == ["decode-1M", "mtp-2"]  # unknown names ignored, as ever
+    assert (paths, repeats, seen["kwargs"]) == (["fast", "exact"], 3, {"json_path": out})
+    assert bench.main([]) == 0
+    cases, paths, repeats = seen["args"]
+    assert [c.name for c in cases] == bench.DEFAULT_CASES.split(",")
+    assert (",".join(paths), repeats, seen["kwargs"]) == (bench.DEFAULT_PATHS, 20, {"json_path": None})
