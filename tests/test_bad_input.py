@@ -1,0 +1,216 @@
+"""The bad-input catalogue: every malformed input the API or the CLI can be handed gives a
+clear error naming the problem, never a crash, and leaves the user's data unchanged.
+
+API entries must raise ValueError/TypeError (RuntimeError for a full pool) whose message
+starts with the argument's name; CLI entries must exit non-zero with one line starting
+with "error:" and no traceback. Validation is shared by the NumPy and CUDA backends
+(indexer.validate), so these run on the CPU.
+"""
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import indexer
+from indexer import KeyPool, cli, io, nvfp4, testing
+from indexer.pool import PoolFullError
+
+RNG_SEED = 123
+
+
+def problem():
+    return testing.random_problem(np.random.default_rng(RNG_SEED), T=3, H=8, D=64, E=16, lens=[20, 33, 0],
+                                  L=3, top_k=5)
+
+
+def call_with(**changes):
+    """score_topk on the reference backend with some arguments replaced."""
+    p = problem()
+    args = dict(zip(testing.ARRAY_NAMES, p.arrays()), top_k=p.top_k)
+    args.update(changes)
+    kw = {k: args.pop(k) for k in ("backend", "precision") if k in args}
+    return lambda: indexer.score_topk(*[args[n] for n in testing.ARRAY_NAMES], args["top_k"],
+                                      backend=kw.get("backend", "numpy"), **{k: v for k, v in kw.items() if k != "backend"})
+
+
+def with_gscale(value):
+    g = problem().key_gscale.copy()
+    g[1] = value
+    return call_with(key_gscale=g)
+
+
+def with_block(row, col, value):
+    bt = problem().block_table.copy()
+    bt[row, col] = value
+    return call_with(block_table=bt)
+
+
+def with_lens(values):
+    return call_with(valid_lens=np.array(values, dtype=np.int32))
+
+
+def ragged_decreasing():
+    p = problem()
+    table = p.block_table[:2].copy()
+    table[:, 2] = 0
+    cu = np.array([0, 3, 2], dtype=np.int32)
+    return lambda: indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, table, cu,
+                                             p.valid_lens, 5, backend="numpy")
+
+
+def pool_full():
+    pool = KeyPool(1, entries_per_block=4, head_dim=32)
+    return lambda: pool.append(0, np.ones((5, 32), np.float32))
+
+
+def pool_wrong_dim():
+    pool = KeyPool(2, entries_per_block=4, head_dim=32)
+    return lambda: pool.append(0, np.ones((3, 64), np.float32))
+
+
+API = [
+    ("q float64", lambda: call_with(q=problem().q.astype(np.float64)), TypeError, "q"),
+    ("q rank 2", lambda: call_with(q=problem().q[:, 0]), ValueError, "q"),
+    ("q not contiguous", lambda: call_with(q=np.asfortranarray(problem().q)), ValueError, "q"),
+    ("q a list", lambda: call_with(q=problem().q.tolist()), TypeError, "q"),
+    ("empty batch", lambda: call_with(q=problem().q[:0], w=problem().w[:0], block_table=problem().block_table[:0],
+                                      valid_lens=problem().valid_lens[:0]), ValueError, "q"),
+    ("D not a multiple of 32", lambda: call_with(q=np.ones((3, 8, 48), np.float32)), ValueError, "q"),
+    ("more than 128 heads", lambda: call_with(q=np.ones((3, 129, 64), np.float32),
+                                              w=np.ones((3, 129), np.float32)), ValueError, "q"),
+    ("w shape", lambda: call_with(w=problem().w[:, :4].copy()), ValueError, "w"),
+    ("w int", lambda: call_with(w=problem().w.astype(np.int32)), TypeError, "w"),
+    ("keys_fp4 int8", lambda: call_with(keys_fp4=problem().keys_fp4.view(np.int8)), TypeError, "keys_fp4"),
+    ("keys_fp4 other head dim", lambda: call_with(keys_fp4=np.zeros((6, 16, 64), np.uint8)), ValueError, "keys_fp4"),
+    ("key_scale shape", lambda: call_with(key_scale=problem().key_scale[:, :, :2].copy()), ValueError, "key_scale"),
+    ("key_gscale length", lambda: call_with(key_gscale=problem().key_gscale[:-1].copy()), ValueError, "key_gscale"),
+    ("key_gscale zero", lambda: with_gscale(0.0), ValueError, "key_gscale"),
+    ("key_gscale negative", lambda: with_gscale(-1.0), ValueError, "key_gscale"),
+    ("key_gscale NaN", lambda: with_gscale(np.nan), ValueError, "key_gscale"),
+    ("key_gscale inf", lambda: with_gscale(np.inf), ValueError, "key_gscale"),
+    ("block_table int64", lambda: call_with(block_table=problem().block_table.astype(np.int64)), TypeError, "block_table"),
+    ("block_table rows", lambda: call_with(block_table=problem().block_table[:2].copy()), ValueError, "block_table"),
+    ("visible block id past P", lambda: with_block(0, 0, 10_000), ValueError, "block_table"),
+    ("visible block id -1", lambda: with_block(1, 2, -1), ValueError, "block_table"),
+    ("valid_lens int64", lambda: call_with(valid_lens=problem().valid_lens.astype(np.int64)), TypeError, "valid_lens"),
+    ("valid_lens negative", lambda: with_lens([20, -1, 0]), ValueError, "valid_lens"),
+    ("valid_lens beyond L*E", lambda: with_lens([20, 49, 0]), ValueError, "valid_lens"),
+    ("top_k zero", lambda: call_with(top_k=0), ValueError, "top_k"),
+    ("top_k beyond the maximum", lambda: call_with(top_k=indexer.MAX_TOP_K + 1), ValueError, "top_k"),
+    ("top_k float", lambda: call_with(top_k=5.0), TypeError, "top_k"),
+    ("top_k bool", lambda: call_with(top_k=True), TypeError, "top_k"),
+    ("backend unknown", lambda: call_with(backend="tpu"), ValueError, "backend"),
+    ("precision unknown", lambda: call_with(precision="half"), ValueError, "precision"),
+    ("ragged offsets decreasing", ragged_decreasing, ValueError, "cu_seqlens_q"),
+    ("quantize NaN", lambda: (lambda: nvfp4.quantize(np.array([np.nan] * 16, np.float32))), ValueError, "x"),
+    ("quantize global scale 0", lambda: (lambda: nvfp4.quantize(np.ones(16, np.float32), 0.0)), ValueError,
+     "global_scale"),
+    ("pool append other head dim", pool_wrong_dim, ValueError, "keys"),
+    ("pool full", pool_full, PoolFullError, "append"),
+]
+
+
+@pytest.mark.parametrize("name,make,error,arg", API, ids=[a[0] for a in API])
+def test_api_catalogue(name, make, error, arg):
+    fn = make()
+    with pytest.raises(error, match=rf"(?i)^{arg}\b|{arg}:"):
+        fn()
+
+
+def test_failed_calls_leave_the_inputs_unchanged():
+    for _name, make, error, _arg in API:
+        p = problem()
+        before = copy.deepcopy(p.arrays())
+        with pytest.raises(error):
+            make()()
+        for a, b in zip(before, problem().arrays()):
+            np.testing.assert_array_equal(a, b)
+
+
+def saved_problem(tmp_path, **replace):
+    p = problem()
+    data = dict(zip(testing.ARRAY_NAMES, p.arrays()))
+    data.update(replace)
+    path = tmp_path / "problem.npz"
+    io.write_arrays(path, data)
+    return path
+
+
+def cli_missing_file(tmp_path):
+    return ["score", str(tmp_path / "nope.npz"), "--top-k", "4"]
+
+
+def cli_truncated(tmp_path):
+    path = saved_problem(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return ["score", str(path), "--top-k", "4"]
+
+
+def cli_pickle(tmp_path):
+    path = tmp_path / "evil.npz"
+    np.savez(path, q=np.array([{"a": 1}], dtype=object))
+    return ["score", str(path), "--top-k", "4"]
+
+
+def cli_missing_array(tmp_path):
+    p = problem()
+    data = dict(zip(testing.ARRAY_NAMES, p.arrays()))
+    del data["w"]
+    path = tmp_path / "partial.npz"
+    io.write_arrays(path, data)
+    return ["score", str(path), "--top-k", "4"]
+
+
+def cli_pool_other_head_dim(tmp_path):
+    pool = KeyPool(4, entries_per_block=16, head_dim=64)
+    pool.append(0, np.random.default_rng(1).standard_normal((20, 64)).astype(np.float32))
+    pool_path = tmp_path / "pool.npz"
+    pool.save(pool_path)
+    data = io.read_arrays(pool_path)
+    data.update(q=np.ones((1, 8, 128), np.float32), w=np.ones((1, 8), np.float32), seqs=np.array([0]))
+    path = tmp_path / "pool_q.npz"
+    io.write_arrays(path, data)
+    return ["score", str(path), "--top-k", "4"]
+
+
+def cli_bad_top_k(tmp_path):
+    return ["score", str(saved_problem(tmp_path)), "--top-k", "0"]
+
+
+def cli_wrong_dtype(tmp_path):
+    return ["score", str(saved_problem(tmp_path, q=problem().q.astype(np.float64))), "--top-k", "4"]
+
+
+def cli_unknown_output(tmp_path):
+    return ["score", str(saved_problem(tmp_path)), "--top-k", "4", "--out", str(tmp_path / "x.csv")]
+
+
+def cli_pack_nan(tmp_path):
+    path = tmp_path / "keys.npz"
+    k = np.ones((4, 32), np.float32)
+    k[1, 1] = np.nan
+    io.write_arrays(path, {"0": k})
+    return ["pack", str(path), "--out", str(tmp_path / "pool.npz")]
+
+
+CLI = [cli_missing_file, cli_truncated, cli_pickle, cli_missing_array, cli_pool_other_head_dim, cli_bad_top_k,
+       cli_wrong_dtype, cli_unknown_output, cli_pack_nan]
+
+
+@pytest.mark.parametrize("make_args", CLI, ids=[f.__name__ for f in CLI])
+def test_cli_catalogue(tmp_path, make_args, monkeypatch):
+    monkeypatch.setattr(pickle, "loads", lambda *a, **k: pytest.fail("unpickled user data"))
+    result = CliRunner().invoke(cli.main, make_args(tmp_path))
+    assert result.exit_code != 0
+    err = result.stderr if hasattr(result, "stderr") else result.output
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert "Traceback" not in err
+
+
+def test_catalogue_is_at_least_thirty_distinct_inputs():
+    assert len(API) + len(CLI) >= 30
