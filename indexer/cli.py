@@ -1,4 +1,4 @@
-"""The ``indexer`` command line: ``demo``, ``score``, ``pack``, ``info`` and ``bench``.
+"""The ``indexer`` command line: ``demo``, ``score``, ``pack``, ``info``, ``bench`` and ``plot``.
 
 Thin on purpose: reading and writing files is ``indexer.io``, scoring is
 ``indexer.score_topk``, the pool is ``indexer.KeyPool``, checking is ``indexer.testing``.
@@ -111,6 +111,7 @@ def main():
       indexer score problem.npz --top-k 512 --out topk.npz
       indexer info
       indexer bench --cases decode-128K
+      indexer plot problem.npz --out selection.png
     """
 
 
@@ -457,6 +458,142 @@ def bench(cases, paths, repeats, json_path):
             click.echo(line)
 
         _bench.run(chosen, path_list, repeats, json_path=json_path, progress=lambda *_: bar.update(1), echo=echo)
+
+
+# ----------------------------------------------------------------------------- plot
+
+PLOT_KINDS = ("selection", "scores", "bench")
+_FIGSIZE = {"selection": (7, 6), "scores": (7, 4), "bench": (6, 4.5)}
+
+
+def _plot_kind(input_path, kind):
+    """--kind, or its default: 'bench' for a .json INPUT, else 'selection'."""
+    if kind is not None:
+        return kind
+    return "bench" if str(input_path).lower().endswith(".json") else "selection"
+
+
+def _new_figure(figsize):
+    """A matplotlib Figure outside pyplot (no backend, no GUI) and its one Axes."""
+    from .plot import require_matplotlib  # noqa: PLC0415
+
+    require_matplotlib()
+    from matplotlib.figure import Figure  # noqa: PLC0415  (optional dependency)
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.subplots()
+
+
+def _check_image_path(out, fig):
+    """ValueError unless matplotlib can write ``out``'s extension."""
+    suffix = os.path.splitext(out)[1].lower().lstrip(".")
+    kinds = fig.canvas.get_supported_filetypes()
+    if suffix not in kinds:
+        shown = repr("." + suffix) if suffix else "no extension"
+        raise ValueError(f"{out}: unknown image type ({shown}); expected one of "
+                         f"{', '.join('.' + k for k in sorted(kinds))}")
+
+
+def _read_bench_json(path):
+    """The dict ``indexer bench --json`` wrote to ``path``; ValueError naming the path."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({_one_line(exc)})") from None
+
+
+def _plot_bench(ax, input_path):
+    """Draw the bench JSON at ``input_path``; the figure widens with the number of cases."""
+    from .plot import benchmark_bars  # noqa: PLC0415
+
+    results = _read_bench_json(input_path)
+    try:
+        benchmark_bars(results, ax=ax)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{input_path}: {_one_line(exc)}") from None
+    ax.figure.set_size_inches(max(6.0, 1.3 * len(ax.get_xticks()) + 2.5), 4.5)
+
+
+def _one_query(problem, t):
+    """The seven arrays restricted to query row ``t`` (rows of q, w, block_table, valid_lens)."""
+    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
+    T = q.shape[0] if np.ndim(q) >= 1 else 0
+    if not 0 <= t < T:
+        raise ValueError(f"--query: {t} is out of range; the input has {T} queries")
+
+    def row(a):
+        return a[t : t + 1] if np.ndim(a) >= 1 else a
+
+    return row(q), row(w), keys_fp4, key_scale, key_gscale, row(block_table), row(valid_lens)
+
+
+def _plot_problem(ax, input_path, kind, query, top_k, backend):
+    """Score INPUT's problem and draw its selection map, or one query's score histogram."""
+    from . import plot as _plot, reference  # noqa: PLC0415
+
+    problem, k = io.load_problem(io.read_arrays(input_path), top_k=top_k, name=input_path)
+    name = os.path.basename(input_path)
+    if kind == "selection":
+        indices, _ = ops.score_topk(*problem, k, backend=backend, return_scores=True)
+        _plot.selection_map(indices, problem[6], ax=ax, title=f"{name}: top-{k} selection")
+        return
+    one = _one_query(problem, query)
+    _, selected = ops.score_topk(*one, k, backend=backend, return_scores=True)  # validates the row too
+    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = (arrays.to_numpy(a) for a in one)
+    row = reference.row_scores(q[0], w[0], keys_fp4, key_scale, key_gscale, block_table[0], int(valid_lens[0]))
+    _plot.score_distribution(row, arrays.to_numpy(selected)[0], k, ax=ax, title=f"{name}: scores of query {query}")
+
+
+@main.command()
+@click.argument("input_path", metavar="INPUT")
+@click.option("--out", "out", required=True, metavar="FILE",
+              help="the image to write (.png, .svg, .pdf or another type matplotlib saves).")
+@click.option("--kind", type=click.Choice(PLOT_KINDS), default=None,
+              help="selection: which entries each query selects; scores: one query's score histogram "
+                   "with the k-th score marked; bench: time / floor per case and path "
+                   "(default: bench for a .json INPUT, else selection).")
+@click.option("--query", "query", type=click.IntRange(min=0), default=None,
+              help="--kind scores: the query row shown (default 0).")
+@click.option("--top-k", "top_k", type=int, default=None,
+              help="entries kept per query (default: the array 'top_k' of INPUT).")
+@click.option("--backend", type=click.Choice(ops.BACKENDS), default="auto", show_default=True,
+              help="where the selection is computed: 'auto' runs on the GPU when CuPy finds one, else on NumPy.")
+def plot(input_path, out, kind, query, top_k, backend):
+    """Plot a selection map, a score histogram or benchmark results to an image.
+
+    For --kind selection and scores, INPUT is a problem file as 'indexer score' reads it
+    (the seven score_topk arrays, or a saved KeyPool with q, w and seqs); it is scored,
+    then 'selection' draws every query's selected entries (query down, entry across)
+    with the visible length of each query, and 'scores' the histogram of every visible
+    entry's score of query --query (float64 reference) with the k-th score marked. For
+    --kind bench, INPUT is the JSON of 'indexer bench --json'. Needs matplotlib
+    (pip install 'indexer[plot]').
+
+    \b
+    Examples:
+      indexer plot problem.npz --out selection.png --top-k 64
+      indexer plot problem.npz --kind scores --query 3 --out scores.png
+      indexer plot bench.json --out bench.png
+    """
+    kind = _plot_kind(input_path, kind)
+    if query is not None and kind != "scores":
+        raise ValueError(f"--query: only used with --kind scores (this is --kind {kind})")
+    if top_k is not None and kind == "bench":
+        raise ValueError("--top-k: not used with --kind bench")
+    try:
+        fig, ax = _new_figure(_FIGSIZE[kind])
+    except ImportError as exc:
+        raise CliError(_one_line(exc)) from None
+    _check_image_path(out, fig)  # an unknown image type fails before the work
+    if kind == "bench":
+        _plot_bench(ax, input_path)
+    else:
+        _plot_problem(ax, input_path, kind, 0 if query is None else query, top_k, backend)
+    fig.savefig(out, dpi=120)
+    click.echo(f"wrote {kind} plot to {out}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -65,7 +65,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
         _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
                 valid_lens, indices, scores, physical, workspace_budget, _score_only, _fast_kernel)
-    if arrays.framework_of(like) == "numpy" and isinstance(like, np.ndarray):
+    if isinstance(like, np.ndarray):
         indices = indices.get()
         scores = scores.get() if scores is not None else None
     else:

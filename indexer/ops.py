@@ -53,7 +53,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     return_scores : also return the float32 scores (T, top_k), -inf at padding.
     physical : return pool slots ``block_table[t, s // E] * E + s % E`` instead of ``s``.
     validate : run the argument checks (cheap, but they synchronise with the device);
-        switch off in a hot loop once the inputs are known good.
+        switch off in a hot loop once the inputs are known good. The NumPy backend always
+        validates (there is no device to synchronise with).
 
     Returns
     -------

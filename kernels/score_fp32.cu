@@ -1,6 +1,6 @@
 // score_fp32.cu: the exact scoring path. FP32 dot products of every query head with every
 // visible NVFP4 key, ReLU, weighted head sum, the block's global scale; scores to a row of
-// a float32 workspace that select_topk.cu then reduces.
+// a float32 workspace that the select kernels (select_fast.cu) then reduce.
 //
 // One CTA scores `tiles_per_cta` consecutive tiles of kTileEntries entries of one query
 // row. The query (H x D, heads padded to a multiple of 8) is staged once per CTA in shared

@@ -13,7 +13,7 @@
 //      buffer is selected from its full score row by the single-CTA radix select instead.
 // Candidate order in the buffer depends on atomics; the sort makes the output deterministic.
 #include "common.cuh"
-#include "select_topk.cu"
+#include "select_row.cuh"
 
 namespace select_fast {
 constexpr int kBins = 2048;       // top 11 bits of a key

@@ -12,7 +12,7 @@ import indexer
 from indexer import arrays, cli, io, reference, testing
 from indexer.pool import KeyPool
 
-COMMANDS = ("demo", "score", "pack", "info", "bench")
+COMMANDS = ("demo", "score", "pack", "info", "bench", "plot")
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
-// select_topk.cu: exact top-k of one float32 score row by radix select, in one CTA.
+// select_row.cuh: exact top-k of one float32 score row by radix select, in one CTA.
 //
 // The fallback of select_fast.cu for rows whose candidates overflow its buffer. The row's
-// scores become order-preserving u32 keys (NaN -> 0, never selected). Four 8-bit histogram passes, most significant digit first, find the key of
+// scores become order-preserving u32 keys (NaN -> 0, never selected). Four 8-bit
+// histogram passes, most significant digit first, find the key of
 // the k-th best entry; one collection pass takes every entry above it and, in index
 // order (a block scan), the lowest-indexed entries equal to it; a bitonic sort orders the
 // k winners by (score descending, index ascending). No locks, no divergent barriers: every
 // loop that contains a barrier has the same trip count in every thread.
+#pragma once
 #include "common.cuh"
 
 // Returns the key of entry i of the row (0 for NaN).

@@ -1,0 +1,304 @@
+"""Plots of what the indexer selects and how fast it runs (matplotlib, the ``plot`` extra).
+
+    pip install 'indexer[plot]'
+
+* ``selection_map(indices, valid_lens)``: which entries each query selects (query on y,
+  entry on x); for a prefill the causal staircase.
+* ``score_distribution(scores_row, selected_scores, top_k)``: histogram of one query's
+  scores with the k-th score (the selection threshold) marked.
+* ``benchmark_bars(results)``: time / floor per case and path from ``indexer bench --json``.
+
+Every function returns the matplotlib ``Figure``; pass ``ax`` to draw into axes of your
+own (the function then only adds artists to them). Without ``ax`` a new figure is made
+with ``matplotlib.pyplot``, under whatever backend is configured (inline in a notebook).
+Inputs may be NumPy, CuPy or PyTorch arrays (copied to the host). matplotlib is imported
+on the first call, not with this module.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import arrays
+
+__all__ = ["selection_map", "score_distribution", "benchmark_bars", "require_matplotlib", "RASTER_ABOVE"]
+
+_MISSING = "indexer.plot needs matplotlib: pip install 'indexer[plot]'"
+#: above this many selected (query, entry) pairs the selection map is a raster, not a scatter
+RASTER_ABOVE = 100_000
+#: the raster's largest size in bins along each axis
+_RASTER_BINS = 1024
+#: score histograms switch to log counts when the fullest bin holds this many entries
+_LOG_COUNTS = 50
+
+
+def _pyplot():
+    """``matplotlib.pyplot``, or ImportError saying how to install it."""
+    try:
+        import matplotlib.pyplot as plt  # noqa: PLC0415  (optional dependency, imported on use)
+    except ImportError as exc:
+        raise ImportError(_MISSING) from exc
+    return plt
+
+
+def require_matplotlib():
+    """The ``matplotlib`` module, or ImportError "indexer.plot needs matplotlib: ...".
+
+    Does not import ``pyplot`` and does not touch the backend.
+    """
+    try:
+        import matplotlib  # noqa: PLC0415
+    except ImportError as exc:
+        raise ImportError(_MISSING) from exc
+    return matplotlib
+
+
+def _axes(ax, figsize):
+    """``ax``, or the axes of a new pyplot figure of ``figsize`` inches."""
+    require_matplotlib()
+    if ax is not None:
+        return ax
+    _, ax = _pyplot().subplots(figsize=figsize, layout="constrained")
+    return ax
+
+
+# ----------------------------------------------------------------------------- selection map
+
+
+def _selected_pairs(indices):
+    """int64 (m,) query rows and (m,) entries of the selections in ``indices`` (T, k); -1 dropped."""
+    rows, cols = np.nonzero(indices >= 0)
+    return rows.astype(np.int64), indices[rows, cols].astype(np.int64)
+
+
+def _as_indices(indices):
+    idx = arrays.to_numpy(indices)
+    if idx.ndim != 2 or idx.dtype.kind not in "iu":
+        raise ValueError(f"indices: expected a 2-D integer array (T, top_k), got {idx.dtype} {idx.shape}")
+    return idx
+
+
+def _as_lens(valid_lens, T):
+    if valid_lens is None:
+        return None
+    lens = arrays.to_numpy(valid_lens)
+    if lens.shape != (T,) or lens.dtype.kind not in "iu":
+        raise ValueError(f"valid_lens: expected an integer array of shape ({T},), got {lens.dtype} {lens.shape}")
+    return lens.astype(np.int64)
+
+
+def _draw_scatter(ax, rows, entries, T):
+    # square markers about one query row tall, at least 1 pt wide
+    size = float(np.clip((400.0 / max(T, 1)) ** 2, 1.0, 16.0))
+    ax.scatter(entries, rows, s=size, marker="s", linewidths=0, color="C0", label="selected")
+
+
+def _draw_raster(ax, rows, entries, T, width):
+    """Selections per bin as an image (bins of whole queries and entries, at most 1024 x 1024)."""
+    ny, nx = min(T, _RASTER_BINS), min(width, _RASTER_BINS)
+    counts, _, _ = np.histogram2d(rows, entries, bins=(ny, nx), range=((0, T), (0, width)))
+    ax.imshow(np.ma.masked_equal(counts, 0), origin="upper", aspect="auto", interpolation="nearest",
+              extent=(-0.5, width - 0.5, T - 0.5, -0.5), cmap="viridis")
+
+
+def _draw_lens(ax, lens):
+    """The visibility boundary: a vertical step at ``valid_lens[t]`` across query row t."""
+    T = lens.shape[0]
+    t = np.arange(T, dtype=np.float64)
+    xs = np.repeat(lens - 0.5, 2)  # between the last visible entry and the first hidden one
+    ys = np.stack([t - 0.5, t + 0.5], axis=1).ravel()
+    ax.plot(xs, ys, color="C3", linewidth=1.0, label="valid_lens (visible entries)")
+
+
+def selection_map(indices, valid_lens=None, *, ax=None, title=None, raster=None):
+    """Which entries each query selects: query position (y, down) x entry position (x).
+
+    Parameters
+    ----------
+    indices : int (T, top_k)     ``score_topk``'s output; -1 padding is left out. NumPy,
+        CuPy or PyTorch. Logical entries (or physical slots with ``physical=True``).
+    valid_lens : int (T,), optional   entries visible to each query, drawn as a step line
+        (the causal staircase of a prefill).
+    ax : matplotlib Axes, optional    draw into these axes instead of a new figure.
+    title : str, optional             the axes' title (default: sizes and top_k).
+    raster : bool, optional           draw selections per bin as an image instead of one
+        marker each; default: a raster above ``RASTER_ABOVE`` selections.
+
+    Returns the matplotlib ``Figure``. The scatter's offsets are the (entry, query) pairs.
+    """
+    idx = _as_indices(indices)
+    T, k = idx.shape
+    lens = _as_lens(valid_lens, T)
+    ax = _axes(ax, (7, 6))
+    rows, entries = _selected_pairs(idx)
+    width = max(int(entries.max(initial=-1)) + 1, int(lens.max(initial=0)) if lens is not None else 0, 1)
+    if raster is None:
+        raster = rows.size > RASTER_ABOVE
+    if raster:
+        _draw_raster(ax, rows, entries, T, width)
+    else:
+        _draw_scatter(ax, rows, entries, T)
+    if lens is not None:
+        _draw_lens(ax, lens)
+        ax.legend(loc="upper right", fontsize="small")
+    ax.set_xlim(-0.5, width - 0.5)
+    ax.set_ylim(T - 0.5, -0.5)  # query 0 at the top, as in an attention matrix
+    ax.set_xlabel("entry (key position)")
+    ax.set_ylabel("query")
+    ax.set_title(title if title is not None else f"top-{k} selection of {T} queries ({rows.size} selected)")
+    return ax.figure
+
+
+# ----------------------------------------------------------------------------- score distribution
+
+
+def _finite_1d(x, name):
+    """float64 (m,): the finite values of a 1-D array (NaN and +-inf dropped)."""
+    a = arrays.to_numpy(x)
+    if a.ndim != 1 or a.dtype.kind not in "fiu":
+        raise ValueError(f"{name}: expected a 1-D array of numbers, got {a.dtype} {a.shape}")
+    a = a.astype(np.float64)
+    return a[np.isfinite(a)]
+
+
+def _kth_score(scores, top_k):
+    """The ``top_k``-th highest finite value of ``scores`` (the lowest when fewer); None if none."""
+    finite = _finite_1d(scores, "scores")
+    if finite.size == 0:
+        return None
+    k = min(int(top_k), finite.size)
+    return float(np.partition(finite, finite.size - k)[finite.size - k])
+
+
+def _check_top_k(top_k):
+    if top_k is None:
+        return None
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+        raise ValueError(f"top_k: expected a positive int, got {top_k!r}")
+    return int(top_k)
+
+
+def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None, bins=100, title=None,
+                       log=None):
+    """Histogram of one query's scores with the k-th score (the selection threshold) marked.
+
+    Parameters
+    ----------
+    scores_row : float (n,)   every visible entry's score for one query, e.g.
+        ``indexer.reference.row_scores(...)``; NaN (never selectable) and -inf (padding)
+        are left out.
+    selected_scores : float (top_k,), optional   the returned scores of that query
+        (``return_scores=True``), drawn as a second histogram on the same bins; -inf
+        padding left out.
+    top_k : int, optional   k of the threshold line; default: the number of finite
+        ``selected_scores``. The vertical line sits at the k-th highest finite score of
+        ``scores_row`` (the lowest one when fewer are finite); no line without either.
+    ax : matplotlib Axes, optional; bins : int or sequence, as ``Axes.hist``; title : str.
+    log : bool, optional   log-scale counts; default: when the fullest bin holds >= 50
+        entries (then the few selected entries in the tail stay visible).
+
+    Returns the matplotlib ``Figure``.
+    """
+    top_k = _check_top_k(top_k)
+    finite = _finite_1d(scores_row, "scores_row")
+    selected = None if selected_scores is None else _finite_1d(selected_scores, "selected_scores")
+    if top_k is None and selected is not None and selected.size:
+        top_k = int(selected.size)
+    ax = _axes(ax, (7, 4))
+    edges = bins
+    if finite.size:
+        counts, edges, _ = ax.hist(finite, bins=bins, color="C0", alpha=0.8, label=f"all entries ({finite.size})")
+        if log or (log is None and counts.max() >= _LOG_COUNTS):
+            ax.set_yscale("log")
+    if selected is not None and selected.size:
+        ax.hist(selected, bins=edges, color="C1", alpha=0.9, label=f"selected ({selected.size})")
+    threshold = _kth_score(finite, top_k) if top_k else None
+    if threshold is not None:
+        k = min(top_k, finite.size)
+        ax.axvline(threshold, color="C3", linestyle="--", linewidth=1.2,
+                   label=f"k-th score (k = {k}): {threshold:.4g}")
+    if finite.size or (selected is not None and selected.size):
+        ax.legend(fontsize="small")
+    ax.set_xlabel("score")
+    ax.set_ylabel("entries")
+    ax.set_title(title if title is not None else f"scores of one query ({finite.size} finite)")
+    return ax.figure
+
+
+# ----------------------------------------------------------------------------- benchmark bars
+
+
+def _positive(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _bench_cases(results):
+    """``[(case name, {path: x_floor})]`` from ``indexer.bench.run``'s results; ValueError naming what is wrong."""
+    if not isinstance(results, dict):
+        raise TypeError(f"results: expected the dict that indexer.bench.run returns, got {type(results).__name__}")
+    cases = results.get("cases")
+    if not isinstance(cases, list) or not cases:
+        raise ValueError("results: expected a non-empty list 'cases' (the JSON of 'indexer bench --json')")
+    out = []
+    for i, row in enumerate(cases):
+        if not isinstance(row, dict) or "case" not in row or not isinstance(row.get("paths"), dict):
+            raise ValueError(f"results: cases[{i}]: expected a dict with 'case' and a dict 'paths'")
+        name = str(row["case"])
+        paths = {}
+        for path, numbers_ in row["paths"].items():
+            x = numbers_.get("x_floor") if isinstance(numbers_, dict) else None
+            if not _positive(x):
+                raise ValueError(f"results: cases[{i}] ({name}) path {path!r}: expected a positive number "
+                                 f"'x_floor', got {x!r}")
+            paths[str(path)] = float(x)
+        out.append((name, paths))
+    if not any(paths for _, paths in out):
+        raise ValueError("results: no case has a measured path")
+    return out
+
+
+def _path_order(cases):
+    """Every path in order of first appearance."""
+    order = {}
+    for _, paths in cases:
+        for p in paths:
+            order.setdefault(p, None)
+    return list(order)
+
+
+def benchmark_bars(results, *, ax=None):
+    """Grouped bars of time / floor (``x_floor``) per case and path, log y, a line at 1.0.
+
+    Parameters
+    ----------
+    results : dict   what ``indexer.bench.run`` returns and ``indexer bench --json`` writes:
+        ``results["cases"][i]["case"]`` (name) and ``results["cases"][i]["paths"][path]["x_floor"]``
+        (time / floor, > 0); ``device`` and ``date``, when present, go in the title.
+        A path missing from a case leaves a gap in that case's group.
+    ax : matplotlib Axes, optional
+
+    Returns the matplotlib ``Figure``: one bar per (case, path) present, one colour per path.
+    Raises TypeError / ValueError (starting "results:") for a dict of another layout.
+    """
+    cases = _bench_cases(results)
+    paths = _path_order(cases)
+    ax = _axes(ax, (max(6.0, 1.3 * len(cases) + 2.5), 4.5))
+    width = 0.8 / len(paths)
+    for j, path in enumerate(paths):
+        offset = (j - (len(paths) - 1) / 2) * width
+        xs = [i + offset for i, (_, p) in enumerate(cases) if path in p]
+        ys = [p[path] for _, p in cases if path in p]
+        ax.bar(xs, ys, width, label=path, color=f"C{j % 10}")
+    values = [x for _, p in cases for x in p.values()]
+    ax.set_yscale("log")
+    ax.set_ylim(min(1.0, min(values)) / 1.5, max(1.0, max(values)) * 1.5)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1.0, label="floor")
+    ax.set_xticks(range(len(cases)), [name for name, _ in cases], rotation=20, ha="right")
+    ax.set_ylabel("time / floor (log)")
+    where = " ".join(str(results[k]) for k in ("device", "date") if results.get(k))
+    ax.set_title("time / floor per case and path" + (f"  ({where})" if where else ""))
+    ax.legend(fontsize="small", ncols=min(len(paths) + 1, 3))
+    return ax.figure
