@@ -35,15 +35,6 @@ _RASTER_BINS = 1024
 _LOG_COUNTS = 50
 
 
-def _pyplot():
-    """``matplotlib.pyplot``, or ImportError saying how to install it."""
-    try:
-        import matplotlib.pyplot as plt  # noqa: PLC0415  (optional dependency, imported on use)
-    except ImportError as exc:
-        raise ImportError(_MISSING) from exc
-    return plt
-
-
 def require_matplotlib():
     """The ``matplotlib`` module, or ImportError "indexer.plot needs matplotlib: ...".
 
@@ -61,7 +52,9 @@ def _axes(ax, figsize):
     require_matplotlib()
     if ax is not None:
         return ax
-    _, ax = _pyplot().subplots(figsize=figsize, layout="constrained")
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (optional dependency, imported on use)
+
+    _, ax = plt.subplots(figsize=figsize, layout="constrained")
     return ax
 
 
@@ -76,8 +69,8 @@ def _selected_pairs(indices):
 
 def _as_indices(indices):
     idx = arrays.to_numpy(indices)
-    if idx.ndim != 2 or idx.dtype.kind not in "iu":
-        raise ValueError(f"indices: expected a 2-D integer array (T, top_k), got {idx.dtype} {idx.shape}")
+    if idx.ndim != 2 or idx.dtype.kind not in "iu" or idx.shape[0] == 0:
+        raise ValueError(f"indices: expected a 2-D integer array (T, top_k), T >= 1, got {idx.dtype} {idx.shape}")
     return idx
 
 
