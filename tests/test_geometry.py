@@ -60,3 +60,27 @@ def test_workspace_rows_respect_the_budget():
     assert geometry.workspace_rows(3, 128) == 3
     assert geometry.select_fast_chunks(1) == 1
     assert geometry.select_fast_chunks(geometry.SELECT_CHUNK + 1) == 2
+
+
+@pytest.mark.parametrize("H,D,ok", [(64, 128, True), (1, 32, True), (65, 128, False), (64, 160, False)])
+def test_wgmma_covers_hopper_up_to_64_heads_and_d_128(H, D, ok):
+    assert geometry.wgmma_supported(H, D) is ok
+    ampere = Device(sm_count=108, max_smem_per_block=166912, compute_capability=80)
+    assert not geometry.wgmma_supported(H, D, ampere)
+    if ok:
+        sl = geometry.score_wgmma_launch(64, H, D, 262_144)
+        mma = geometry.score_mma_launch(64, 64, D, 262_144)
+        assert sl.name == f"score_wgmma_kernel<{D}>" and sl.grid == mma.grid and sl.ld == mma.ld
+        assert 0 < sl.smem <= H200.max_smem_per_block
+        from indexer import _jit
+
+        assert sl.name in _jit.INSTANCES["score_wgmma.cu"]
+    else:
+        with pytest.raises(ValueError, match="wgmma"):
+            geometry.score_wgmma_launch(64, H, D, 1000)
+
+
+def test_many_rows_get_about_eight_waves():
+    sl = geometry.score_mma_launch(512, 64, 128, 262_144)
+    ctas = sl.grid[0] * sl.grid[1]
+    assert 6 * 3 * H200.sm_count <= ctas <= 10 * 3 * H200.sm_count
