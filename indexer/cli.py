@@ -236,8 +236,11 @@ def demo(ctx, backend, precision, seed, T, N, top_k, show, as_json):
 @click.option("--physical", is_flag=True, help="return pool slots block * E + slot instead of logical entries.")
 @click.option("--scores/--no-scores", "with_scores", default=None,
               help="include the scores (default: yes on stdout, no in --out files).")
+@click.option("--chunk", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="query rows scored per call: bounds the working memory of large files "
+                   "(a progress bar shows on stderr when there is more than one chunk).")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
-def score(input_path, top_k, out, backend, precision, physical, with_scores, as_json):
+def score(input_path, top_k, out, backend, precision, physical, with_scores, chunk, as_json):
     """Score the queries saved in INPUT and print or save their top-k entries.
 
     INPUT (.npz, .safetensors) holds either the seven score_topk arrays q, w, keys_fp4,
@@ -259,9 +262,7 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, as_
         io.file_format(out)  # an unknown output type fails before the work
     problem, k = io.load_problem(data, top_k=top_k, name=input_path)
     t0 = time.perf_counter()
-    indices, scores = ops.score_topk(*problem, k, backend=backend, precision=precision, return_scores=True,
-                                     physical=physical)
-    indices, scores = arrays.to_numpy(indices), arrays.to_numpy(scores)
+    indices, scores = _score_in_chunks(problem, k, chunk, backend=backend, precision=precision, physical=physical)
     ms = (time.perf_counter() - t0) * 1e3
     if out is not None:
         result = {"indices": indices}
@@ -285,6 +286,24 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, as_
         click.echo(_table(headers, _top_rows(indices, scores if with_scores else None)))
 
 
+def _score_in_chunks(problem, k, chunk, **kwargs):
+    """score_topk over runs of ``chunk`` query rows (the pool arrays are shared), so the
+    working memory is bounded by the chunk, not the file; NumPy results."""
+    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
+    T = int(q.shape[0]) if getattr(q, "ndim", 0) >= 1 else 0
+    starts = list(range(0, max(T, 1), chunk))
+    parts = []
+    with click.progressbar(starts, label="scoring", file=sys.stderr, hidden=len(starts) < 2) as bar:
+        for r0 in bar:
+            r1 = r0 + chunk
+            out = ops.score_topk(q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1],
+                                 valid_lens[r0:r1], k, return_scores=True, **kwargs)
+            parts.append(tuple(arrays.to_numpy(x) for x in out))
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
 # ----------------------------------------------------------------------------- pack
 
 
@@ -295,7 +314,8 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, as_
               help="entries E of each pool block.")
 @click.option("--num-blocks", "num_blocks", type=click.IntRange(min=1), default=None,
               help="pool size in blocks (default: exactly what the sequences need, at least 1).")
-def pack(keys_path, out, E, num_blocks):
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON.")
+def pack(keys_path, out, E, num_blocks, as_json):
     """Quantize key sequences to NVFP4 into a paged KeyPool and save it.
 
     KEYS (.npz or .safetensors) holds one float32 (n, D) array per sequence; the array's
@@ -321,6 +341,10 @@ def pack(keys_path, out, E, num_blocks):
     pool.save(out)
     total = sum(a.shape[0] for a in sequences.values())
     empty = len(sequences) - len(pool.sequences)
+    if as_json:
+        _echo_json({"out": out, "sequences": len(pool.sequences), "keys": total, "head_dim": D, "blocks": blocks,
+                    "blocks_used": needed, "entries_per_block": E, "empty_sequences": empty})
+        return
     note = f"; {empty} empty sequence(s) hold no keys and are not stored" if empty else ""
     click.echo(f"packed {len(pool.sequences)} sequences ({total} keys, D {D}) into {blocks} blocks "
                f"of {E} entries ({needed} used{note}) -> {out}")
@@ -561,7 +585,8 @@ def _plot_problem(ax, input_path, kind, query, top_k, backend):
               help="entries kept per query (default: the array 'top_k' of INPUT).")
 @click.option("--backend", type=click.Choice(ops.BACKENDS), default="auto", show_default=True,
               help="where the selection is computed: 'auto' runs on the GPU when CuPy finds one, else on NumPy.")
-def plot(input_path, out, kind, query, top_k, backend):
+@click.option("--json", "as_json", is_flag=True, help="print what was written as JSON.")
+def plot(input_path, out, kind, query, top_k, backend, as_json):
     """Plot a selection map, a score histogram or benchmark results to an image.
 
     For --kind selection and scores, INPUT is a problem file as 'indexer score' reads it
@@ -593,7 +618,10 @@ def plot(input_path, out, kind, query, top_k, backend):
     else:
         _plot_problem(ax, input_path, kind, 0 if query is None else query, top_k, backend)
     fig.savefig(out, dpi=120)
-    click.echo(f"wrote {kind} plot to {out}")
+    if as_json:
+        _echo_json({"out": out, "kind": kind})
+    else:
+        click.echo(f"wrote {kind} plot to {out}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -513,3 +513,40 @@ def test_bench_runs_with_a_progress_bar(run, monkeypatch, tmp_path):
     assert r.exit_code == 0, r.output
     assert seen["cases"] == bench.DEFAULT_CASES.split(",") and seen["paths"] == bench.DEFAULT_PATHS.split(",")
     assert seen["repeats"] == 20 and seen["json_path"] is None
+
+
+def test_score_in_chunks_equals_one_call(tmp_path):
+    from indexer import reference
+
+    rng = np.random.default_rng(77)
+    p = testing.random_problem(rng, T=7, H=8, D=64, E=16, L=4, top_k=6)
+    path = tmp_path / "many.npz"
+    io.write_arrays(path, dict(zip(testing.ARRAY_NAMES, p.arrays())))
+    out = tmp_path / "out.npz"
+    result = CliRunner().invoke(cli.main, ["score", str(path), "--top-k", "6", "--chunk", "3", "--backend", "numpy",
+                                           "--out", str(out), "--scores"])
+    assert result.exit_code == 0, result.output
+    got = io.read_arrays(out)
+    want_idx, want_sc = reference.score_topk(*p.arrays(), 6, return_scores=True)
+    np.testing.assert_array_equal(got["indices"], want_idx)
+    np.testing.assert_array_equal(got["scores"], want_sc)
+
+
+def test_pack_and_plot_speak_json(tmp_path):
+    import json
+
+    rng = np.random.default_rng(78)
+    keys = tmp_path / "keys.npz"
+    io.write_arrays(keys, {"0": rng.standard_normal((40, 32)).astype(np.float32)})
+    result = CliRunner().invoke(cli.main, ["pack", str(keys), "--out", str(tmp_path / "pool.npz"), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["sequences"] == 1 and summary["keys"] == 40 and summary["head_dim"] == 32
+    pytest.importorskip("matplotlib")
+    p = testing.random_problem(rng, T=2, H=4, D=32, E=16, L=2, top_k=4)
+    prob = tmp_path / "p.npz"
+    io.write_arrays(prob, dict(zip(testing.ARRAY_NAMES, p.arrays())))
+    result = CliRunner().invoke(cli.main, ["plot", str(prob), "--out", str(tmp_path / "s.png"), "--top-k", "4",
+                                           "--backend", "numpy", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"out": str(tmp_path / "s.png"), "kind": "selection"}
