@@ -279,16 +279,13 @@ def _sequence_ids(seqs, name):
 def _load_pool(arrays, name):
     from .pool import KeyPool  # noqa: PLC0415  (only the pool form needs it)
 
-    # only the pool's own arrays: KeyPool.load refuses any other array in its file
+    # only the pool's own arrays: a saved pool holds no others
     pool_arrays = {k: arrays[k] for k in _POOL_ARRAYS if k in arrays}
-    with tempfile.TemporaryDirectory(prefix="indexer-") as d:
-        tmp = Path(d) / "pool.npz"
-        write_arrays(tmp, pool_arrays)
-        try:
-            return KeyPool.load(tmp)
-        except ValueError as exc:
-            problem = _one_line(exc).replace(f"{tmp}: ", "")  # the temporary copy's name says nothing
-            raise ValueError(f"{name}: not a valid saved KeyPool ({problem})") from None
+    try:
+        return KeyPool.from_arrays(pool_arrays, name=name)
+    except ValueError as exc:
+        problem = _one_line(exc).replace(f"{name}: ", "")
+        raise ValueError(f"{name}: not a valid saved KeyPool ({problem})") from None
 
 
 def _problem_from_pool(arrays, name):

@@ -497,6 +497,26 @@ class KeyPool:
             "free": list(self._free),
         }
 
+    
+    @classmethod
+    def from_arrays(cls, arrays, *, device="cpu", name="arrays"):
+        """A pool from the arrays of a saved pool already in memory (e.g. read with
+        ``indexer.io.read_arrays``): ``keys_fp4``, ``key_scale``, ``key_gscale`` and
+        ``pool_meta`` (the uint8 JSON bytes ``save`` writes), validated as ``load`` does;
+        ``name`` is used in error messages. The arrays are copied."""
+        if not isinstance(arrays, dict):
+            raise TypeError(f"arrays: expected a dict of arrays, got {type(arrays).__name__}")
+        _parse_device(device)
+        tensors = {k: np.asarray(v) for k, v in arrays.items() if k != _META_NAME}
+        meta = arrays.get(_META_NAME)
+        if meta is not None:
+            meta = np.asarray(meta)
+            if meta.dtype != np.uint8 or meta.ndim != 1:
+                raise ValueError(f"{name}: pool_meta: expected a 1-D uint8 array of UTF-8 JSON, got "
+                                 f"{meta.dtype} {meta.shape}")
+            meta = meta.tobytes()
+        return cls._from_parts(name, tensors, meta, device)
+
     @classmethod
     def _from_parts(cls, path, tensors, meta_text, device):
         def bad(problem):

@@ -609,3 +609,29 @@ def test_score_topk_matches_the_reference():
     np.testing.assert_allclose(sc[1], np.sort(s)[::-1][:top_k], rtol=1e-6)
     with pytest.raises(ValueError, match="seqs"):
         pool.score_topk(q, w, seqs[:-1], top_k, backend="numpy")
+
+
+def test_from_arrays_equals_load(tmp_path):
+    from indexer import io as indexer_io
+
+    rng = np.random.default_rng(91)
+    pool = KeyPool(6, entries_per_block=8, head_dim=32)
+    pool.append("x", rng.standard_normal((13, 32)).astype(np.float32))
+    pool.append(7, rng.standard_normal((3, 32)).astype(np.float32))
+    path = tmp_path / "pool.npz"
+    pool.save(path)
+    loaded = KeyPool.load(path)
+    rebuilt = KeyPool.from_arrays(indexer_io.read_arrays(path))
+    for name in ("keys_fp4", "key_scale", "key_gscale"):
+        np.testing.assert_array_equal(getattr(rebuilt, name), getattr(loaded, name))
+    assert rebuilt.sequences == loaded.sequences == ["x", 7]
+    np.testing.assert_array_equal(rebuilt.block_table(["x", 7]), loaded.block_table(["x", 7]))
+
+
+def test_from_arrays_rejects_bad_input():
+    with pytest.raises(TypeError, match="arrays: expected a dict"):
+        KeyPool.from_arrays([1, 2])
+    with pytest.raises(ValueError, match="mine: missing array"):
+        KeyPool.from_arrays({"keys_fp4": np.zeros((1, 1, 16), np.uint8)}, name="mine")
+    with pytest.raises(ValueError, match="pool_meta: expected a 1-D uint8"):
+        KeyPool.from_arrays({"pool_meta": np.zeros((2, 2), np.float32)})
