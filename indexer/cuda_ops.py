@@ -35,9 +35,10 @@ def _kernel(source, launch_name, device_id, smem=0):
     return kern
 
 
-def _check_alignment(name, x):
-    if x.data.ptr % 16:
-        raise ValueError(f"{name}: expected a 16-byte aligned device array (got an offset view)")
+def _check_alignment(name, x, nbytes):
+    # the kernels copy key rows with 16-byte (codes) and 4-byte (scales) asynchronous copies
+    if x.data.ptr % nbytes:
+        raise ValueError(f"{name}: expected a {nbytes}-byte aligned device array (got an offset view)")
 
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
@@ -57,7 +58,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = dev_arrays
     prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
                                       top_k, values=validate)
-    _check_alignment("keys_fp4", keys_fp4)
+    _check_alignment("keys_fp4", keys_fp4, 16)
+    _check_alignment("key_scale", key_scale, 4)
     device_id = q.device.id
     with cp.cuda.Device(device_id):
         dev = device_facts(device_id)
