@@ -2,13 +2,14 @@
 //
 // Same contract and workspace as score_mma.cu, for H <= 64 and D <= 128. One warpgroup (4
 // warps) per CTA computes 64 entries x 64 heads per wgmma.m64n64k16:
-//   * A = keys, decoded from NVFP4 into registers exactly as for mma.sync (the wgmma A
-//     fragment of each warp is the m16n8k16 one), two 64-entry sub-tiles in flight: the
-//     decode of one overlaps the tensor work of the other;
+//   * A = keys, decoded from NVFP4 into registers with the same fragment layout and K
+//     permutation as for mma.sync (the wgmma A fragment of each warp is the m16n8k16 one),
+//     through the hardware E4M3 conversion; two 64-entry sub-tiles with their own
+//     accumulators in flight: the MMAs of one overlap the decode or epilogue of the other;
 //   * B = the query, in shared memory in wgmma's K-major core-matrix layout (8 heads x 8
 //     K-values per 128-byte core matrix; core matrices 128 bytes apart along the heads,
 //     1024 bytes apart along K), in the same permuted K order as the decode;
-//   * accumulators (32 floats a thread) read by the epilogue only after wgmma.wait_group.
+//   * accumulators (2 x 32 floats a thread) read by the epilogue only after wgmma.wait_group.
 // Keys stream through KeyRing (fast_common.cuh); the epilogue is score_mma.cu's.
 #include "fast_common.cuh"
 
@@ -17,6 +18,10 @@ constexpr int kHeads = 64;          // N of the MMA: heads padded to 64
 constexpr int kSubTile = 64;        // M of the MMA: entries per wgmma
 constexpr int kCoreBytes = 128;     // 8 rows x 16 bytes
 constexpr int kLbo = (kHeads / 8) * kCoreBytes;  // bytes between core matrices along K (1024)
+// E2M1 through the hardware E4M3 conversion (values * 2^-6, scales * 2^-2) rather than
+// logic ops (values * 2^-14, scales * 2^6); the products are the same fp16 numbers
+constexpr bool kCvtDecode = true;
+constexpr u32 kScaleMul = kCvtDecode ? 0x34003400u : 0x54005400u;
 }  // namespace score_wgmma
 
 __device__ __forceinline__ u64 wgmma_desc(const void* smem_ptr, u32 lbo, u32 sbo) {
@@ -64,7 +69,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const u32 (&a)[4
 }
 
 template <int kDim>
-__global__ void __launch_bounds__(128, 2)
+__global__ void __launch_bounds__(128, 3)
 score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] from prep_query_kernel<kDim, 8>
                    const float* __restrict__ w_scaled,      // [T, 64]
                    const u8* __restrict__ keys_fp4,         // [P, E, D/2]
@@ -117,33 +122,30 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 
     const int g = lane >> 2, c = lane & 3;
     float* out = scores + (long long)t * ld;
-    u32 a_frag[2][kKSteps][4];  // A of the two sub-tiles of a tile (one may still be in flight)
-    float acc[32];
-    // what the epilogue of the sub-tile in flight needs: its rows' entries and global scales
-    int pend_s0 = 0;
-    float pend_g0 = 0.0f, pend_g1 = 0.0f;
-    bool pending = false;
-
-    auto epilogue = [&]() {
-        wgmma_wait<0>();
-        fence_accumulators(acc);
+    // Sub-tile u of a tile accumulates into acc[u] from a_frag[u]: both sub-tiles' MMAs are
+    // in flight at once, so sub-tile 0's MMAs overlap sub-tile 1's decode and sub-tile 1's
+    // MMAs overlap sub-tile 0's epilogue.
+    u32 a_frag[2][kKSteps][4];
+    float acc[2][32];
+    // weighted head sum of rows r0 and r0 + 8 of a finished sub-tile (entries s0, s0 + 8)
+    auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
         // two partial sums per row (even and odd heads) halve the dependent FMA chain
         float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < kHeads / 8; ++j) {
-            const float w0 = wsm[8 * j + 2 * c], w1 = wsm[8 * j + 2 * c + 1];
-            lo0 = fmaf(w0, relu_nan(acc[4 * j]), lo0);
-            lo1 = fmaf(w1, relu_nan(acc[4 * j + 1]), lo1);
-            hi0 = fmaf(w0, relu_nan(acc[4 * j + 2]), hi0);
-            hi1 = fmaf(w1, relu_nan(acc[4 * j + 3]), hi1);
+            const float2 wv = *reinterpret_cast<const float2*>(wsm + 8 * j + 2 * c);  // heads 8j+2c, +1
+            lo0 = fmaf(wv.x, relu_nan(d[4 * j]), lo0);
+            lo1 = fmaf(wv.y, relu_nan(d[4 * j + 1]), lo1);
+            hi0 = fmaf(wv.x, relu_nan(d[4 * j + 2]), hi0);
+            hi1 = fmaf(wv.y, relu_nan(d[4 * j + 3]), hi1);
         }
         float lo = lo0 + lo1, hi = hi0 + hi1;
         lo += __shfl_xor_sync(FULL_MASK, lo, 1);
         hi += __shfl_xor_sync(FULL_MASK, hi, 1);
         lo += __shfl_xor_sync(FULL_MASK, lo, 2);
         hi += __shfl_xor_sync(FULL_MASK, hi, 2);
-        if (c == 0) store_score(out, pend_s0, lo, pend_g0, n, hist_s);
-        if (c == 1) store_score(out, pend_s0 + 8, hi, pend_g1, n, hist_s);
+        if (c == 0) store_score(out, s0, lo, g0, n, hist_s);
+        if (c == 1) store_score(out, s0 + 8, hi, g1, n, hist_s);
     };
 
     for (int it = 0; it < num_tiles; ++it) {
@@ -151,19 +153,27 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         const unsigned char* st = keys.stage(it);
         const float* gs = keys.gs(it);
         const int tile_start = (first_tile + it) * kTile;
-
+        // Sub-tile 0's MMAs run while sub-tile 1 decodes, and sub-tile 1's while sub-tile
+        // 0's epilogue runs. No MMA stays in flight across iterations: ptxas serialises
+        // every wgmma when accumulators are read in a pipeline stage crossing the loop's
+        // back edge; the other CTAs on the SM fill the tensor pipe in the gap.
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             // decode sub-tile u: my rows r0 = 16*warp + g and r0 + 8 of it
             const int r0 = u * kSubTile + 16 * warp + g;
             u32 raw0[kWords], sc0[kWords], raw1[kWords], sc1[kWords];
-            read_row<kDim>(st, r0, c, raw0, sc0);
-            read_row<kDim>(st, r0 + 8, c, raw1, sc1);
+            read_row<kDim, kScaleMul>(st, r0, c, raw0, sc0);
+            read_row<kDim, kScaleMul>(st, r0 + 8, c, raw1, sc1);
 #pragma unroll
             for (int wd = 0; wd < kWords; ++wd) {
                 u32 d0[4], d1[4];
-                e2m1x8_to_f16x2(raw0[wd], d0);
-                e2m1x8_to_f16x2(raw1[wd], d1);
+                if constexpr (kCvtDecode) {
+                    e2m1x8_to_f16x2_cvt(raw0[wd], d0);
+                    e2m1x8_to_f16x2_cvt(raw1[wd], d1);
+                } else {
+                    e2m1x8_to_f16x2(raw0[wd], d0);
+                    e2m1x8_to_f16x2(raw1[wd], d1);
+                }
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     d0[i] = hmul2(d0[i], sc0[wd]);
@@ -175,21 +185,20 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
                 a_frag[u][2 * wd + 1][0] = d0[2]; a_frag[u][2 * wd + 1][1] = d1[2];
                 a_frag[u][2 * wd + 1][2] = d0[3]; a_frag[u][2 * wd + 1][3] = d1[3];
             }
-            const float g0 = gs[r0], g1 = gs[r0 + 8];
-            // finish the sub-tile in flight, then start this one
-            if (pending) epilogue();
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < kKSteps; ++ks)
-                wgmma_m64n64k16(acc, a_frag[u][ks], wgmma_desc(qb + 2 * ks * kLbo, kLbo, kCoreBytes), ks > 0);
+                wgmma_m64n64k16(acc[u], a_frag[u][ks], wgmma_desc(qb + 2 * ks * kLbo, kLbo, kCoreBytes), ks > 0);
             wgmma_commit();
-            pending = true;
-            pend_s0 = tile_start + r0;
-            pend_g0 = g0;
-            pend_g1 = g1;
         }
+        const int r0 = 16 * warp + g;
+        wgmma_wait<1>();
+        fence_accumulators(acc[0]);
+        epilogue(acc[0], tile_start + r0, gs[r0], gs[r0 + 8]);
+        wgmma_wait<0>();
+        fence_accumulators(acc[1]);
+        epilogue(acc[1], tile_start + kSubTile + r0, gs[kSubTile + r0], gs[kSubTile + r0 + 8]);
     }
-    if (pending) epilogue();
     cp_async_wait<0>();
     __syncthreads();
     flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
