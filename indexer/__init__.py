@@ -4,8 +4,8 @@
 
 Public surface: ``score_topk`` (NumPy reference or CUDA through CuPy), ``score_topk_ragged``
 and ``causal_lens`` (queries grouped by sequence: prefill, multi-token decode), ``KeyPool``
-(the paged NVFP4 key pool), ``nvfp4`` (the codec) and ``reference`` (the float64
-specification).
+(the paged NVFP4 key pool), ``Workspace`` (preallocated device scratch memory for CUDA-graph
+capture), ``nvfp4`` (the codec) and ``reference`` (the float64 specification).
 """
 
 from . import nvfp4, reference
@@ -13,6 +13,7 @@ from .ops import BACKENDS, PRECISIONS, score_topk, score_topk_ragged
 from .ragged import causal_lens
 from .pool import KeyPool
 from .validate import MAX_HEAD_DIM, MAX_HEADS, MAX_TOP_K
+from .workspace import Workspace
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,7 @@ __all__ = [
     "score_topk_ragged",
     "causal_lens",
     "KeyPool",
+    "Workspace",
     "nvfp4",
     "reference",
     "BACKENDS",

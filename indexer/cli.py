@@ -124,6 +124,43 @@ def _resolve_backend(backend: str) -> str:
     return backend
 
 
+def _device_count() -> int:
+    """CUDA devices CuPy sees (0 without CuPy or a GPU)."""
+    cp = arrays.cupy()
+    return 0 if cp is None else int(cp.cuda.runtime.getDeviceCount())
+
+
+_DEVICE_HELP = "run on CUDA device N (default: CuPy's current device); see 'indexer info'."
+
+
+def _use_device(device, backend="cuda", torch_too=False):
+    """Run the rest of the command under ``cupy.cuda.Device(device)`` (nothing when None),
+    and with ``torch_too`` also under ``torch.cuda.device(device)`` when PyTorch is installed
+    (the benchmark's PyTorch paths allocate on torch's current device).
+
+    A device the machine does not have, or a device with the NumPy backend, is a one-line
+    error (exit code 2) before any work.
+    """
+    if device is None:
+        return
+    if backend == "numpy":
+        raise CliError(f"--device {device}: runs on a GPU, but --backend is numpy")
+    count = _device_count()
+    if count == 0:
+        raise CliError(f"--device {device}: no CUDA GPU is visible (CuPy with a usable GPU is required)")
+    if device >= count:
+        raise CliError(f"--device {device}: CuPy sees {count} CUDA device(s), numbered 0 to {count - 1}")
+    ctx = click.get_current_context()  # gpu-only: from here on there is a GPU
+    ctx.with_resource(arrays.cupy().cuda.Device(device))  # gpu-only
+    if torch_too:  # gpu-only
+        try:
+            import torch  # noqa: PLC0415  (optional: only the benchmark's PyTorch paths use it)
+        except ImportError:
+            return
+        if torch.cuda.is_available():
+            ctx.with_resource(torch.cuda.device(device))
+
+
 @main.command()
 @click.option("--backend", type=click.Choice(ops.BACKENDS), default="auto", show_default=True,
               help="'auto' runs on the GPU when CuPy finds one, else on NumPy.")
@@ -138,9 +175,10 @@ def _resolve_backend(backend: str) -> str:
 @click.option("--top-k", "top_k", type=int, default=512, show_default=True, help="entries kept per query.")
 @click.option("--show", type=click.IntRange(min=0), default=5, show_default=True,
               help="top entries printed per query.")
+@click.option("--device", type=click.IntRange(min=0), default=None, metavar="N", help=_DEVICE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text.")
 @click.pass_context
-def demo(ctx, backend, precision, seed, T, N, top_k, show, as_json):
+def demo(ctx, backend, precision, seed, T, N, top_k, show, device, as_json):
     """Score a realistic random case and check it against the float64 reference.
 
     H = 64 heads, D = 128, a KeyPool of 64-entry blocks holding T sequences of N Gaussian
@@ -155,6 +193,7 @@ def demo(ctx, backend, precision, seed, T, N, top_k, show, as_json):
     from .pool import KeyPool  # noqa: PLC0415
 
     H, D, E = 64, 128, 64
+    _use_device(device, backend)
     chosen = _resolve_backend(backend)
     if chosen == "cuda" and not arrays.gpu_available():
         raise RuntimeError("backend 'cuda': CuPy with a usable CUDA GPU is required (pip install 'indexer[cuda13]')")
@@ -239,8 +278,9 @@ def demo(ctx, backend, precision, seed, T, N, top_k, show, as_json):
 @click.option("--chunk", type=click.IntRange(min=1), default=1024, show_default=True,
               help="query rows scored per call: bounds the working memory of large files "
                    "(a progress bar shows on stderr when there is more than one chunk).")
+@click.option("--device", type=click.IntRange(min=0), default=None, metavar="N", help=_DEVICE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
-def score(input_path, top_k, out, backend, precision, physical, with_scores, chunk, as_json):
+def score(input_path, top_k, out, backend, precision, physical, with_scores, chunk, device, as_json):
     """Score the queries saved in INPUT and print or save their top-k entries.
 
     INPUT (.npz, .safetensors) holds either the seven score_topk arrays q, w, keys_fp4,
@@ -257,6 +297,7 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
       indexer score problem.npz --top-k 512
       indexer score pool_and_queries.npz --top-k 64 --physical --out topk.npz --scores
     """
+    _use_device(device, backend)
     data = io.read_arrays(input_path)
     if out is not None:
         io.file_format(out)  # an unknown output type fails before the work
@@ -453,8 +494,9 @@ def info(as_json):
                    "torch-composed,torch-topk; torch-* need PyTorch).")
 @click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
               help="timed calls per path; the median is reported.")
+@click.option("--device", type=click.IntRange(min=0), default=None, metavar="N", help=_DEVICE_HELP)
 @click.option("--json", "json_path", default=None, metavar="FILE", help="also write every number as JSON to FILE.")
-def bench(cases, paths, repeats, json_path):
+def bench(cases, paths, repeats, device, json_path):
     """Time the GPU paths against the floor and PyTorch, case by case (needs a GPU).
 
     Measures the copy bandwidth and the fp16 tensor rate first; the floor of a case is
@@ -472,6 +514,7 @@ def bench(cases, paths, repeats, json_path):
 
     chosen = _bench.select_cases(_bench.DEFAULT_CASES if cases is None else cases)
     path_list = _bench.select_paths(_bench.DEFAULT_PATHS if paths is None else paths)
+    _use_device(device, torch_too=True)
     _bench.require_gpu()  # before the bar: without a GPU the error is the only output
     with click.progressbar(length=len(chosen) * len(path_list), label="benchmarking", file=sys.stderr) as bar:
         live = sys.stderr.isatty()

@@ -13,7 +13,7 @@ import functools
 import cupy as cp
 import numpy as np
 
-from . import _jit, arrays, geometry, validate as _validate
+from . import _jit, arrays, geometry, outbuf, streams, validate as _validate
 
 __all__ = ["score_topk", "device_facts"]
 
@@ -43,53 +43,75 @@ def _check_alignment(name, x, nbytes):
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                precision="fast", return_scores=False, physical=False, validate=True,
-               workspace_budget=256 << 20, _score_only=False, _fast_kernel="auto"):
+               workspace_budget=256 << 20, out=None, workspace=None, stream=None,
+               _score_only=False, _fast_kernel="auto"):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
-    inputs and NumPy arrays when ``q`` came from the host."""
+    inputs (PyTorch tensors for PyTorch inputs), NumPy arrays when ``q`` came from the host,
+    or ``out`` itself when given (filled through zero-copy CuPy views)."""
     like = q
     names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
     given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
-    dev_arrays = []
     for name, x in zip(names, given):
-        if isinstance(x, np.ndarray) or arrays.is_cupy(x) or arrays.is_device_array(x):
-            dev_arrays.append(arrays.to_cupy(x))
-        else:
+        if not (isinstance(x, np.ndarray) or arrays.is_cupy(x) or arrays.is_device_array(x)):
             raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
-    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = dev_arrays
-    prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
-                                      top_k, values=validate)
-    _check_alignment("keys_fp4", keys_fp4, 16)
-    if (prob.D // 16) % 4 == 0:  # scale rows then go by 4-byte copies (else byte loads)
-        _check_alignment("key_scale", key_scale, 4)
-    device_id = q.device.id
-    with cp.cuda.Device(device_id):
-        dev = device_facts(device_id)
-        indices = cp.empty((prob.T, prob.top_k), dtype=cp.int32)
-        scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
-        _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-                valid_lens, indices, scores, physical, workspace_budget, _score_only, _fast_kernel)
-    if isinstance(like, np.ndarray):
-        indices = indices.get()
-        scores = scores.get() if scores is not None else None
-    else:
-        indices = arrays.wrap_like(indices, like)
-        scores = arrays.wrap_like(scores, like) if scores is not None else None
+    # everything from the DLPack imports to the results runs on one stream: PyTorch's current
+    # one for tensors (so a torch.cuda.graph capture records it), or the one asked for
+    with streams.using(stream, given) as run_on:
+        q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = (arrays.to_cupy(x) for x in given)
+        prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
+                                          top_k, values=validate)
+        _check_alignment("keys_fp4", keys_fp4, 16)
+        if (prob.D // 16) % 4 == 0:  # scale rows then go by 4-byte copies (else byte loads)
+            _check_alignment("key_scale", key_scale, 4)
+        device_id = q.device.id
+        host_result = isinstance(like, np.ndarray)
+        if out is not None and host_result:
+            targets = outbuf.check_host(out, prob.T, prob.top_k, return_scores)
+        elif out is not None:
+            targets = outbuf.device_views(out, like, prob.T, prob.top_k, return_scores, device_id)
+        with cp.cuda.Device(device_id):
+            dev = device_facts(device_id)
+            if out is not None and not host_result:
+                indices, scores = targets  # the caller's memory: nothing allocated for the result
+            else:
+                indices = cp.empty((prob.T, prob.top_k), dtype=cp.int32)
+                scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
+            _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
+                    valid_lens, indices, scores, physical, workspace_budget, _score_only, _fast_kernel,
+                    workspace=workspace)
+            if out is not None:
+                if host_result:
+                    indices.get(stream=run_on, out=targets[0])
+                    if scores is not None:
+                        scores.get(stream=run_on, out=targets[1])
+                return outbuf.returned(out, return_scores)
+            if host_result:
+                indices = indices.get()
+                scores = scores.get() if scores is not None else None
+            else:
+                indices = arrays.wrap_like(indices, like)
+                scores = arrays.wrap_like(scores, like) if scores is not None else None
     return (indices, scores) if return_scores else indices
 
 
-def _carve(nbytes_by_name):
+def _carve(nbytes_by_name, workspace=None):
     """One device allocation cut into 256-byte aligned uint8 views, one per name: a call
-    costs a single allocation from CuPy's pool however many buffers it needs."""
+    costs a single allocation from CuPy's pool however many buffers it needs. With an
+    ``indexer.Workspace`` the views are cut from its buffer for the current device instead
+    (grown if too small), so the call takes nothing from the pool (CUDA-graph safe)."""
     offsets, total = {}, 0
     for name, nbytes in nbytes_by_name.items():
         offsets[name] = total
         total += -(-nbytes // 256) * 256
-    buf = cp.empty(max(total, 1), dtype=cp.uint8)
+    if workspace is None:
+        buf = cp.empty(max(total, 1), dtype=cp.uint8)
+    else:
+        buf = workspace.buffer(max(total, 1))
     return {name: buf[off: off + nbytes_by_name[name]] for name, off in offsets.items()}
 
 
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-            valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto"):
+            valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto", workspace=None):
     """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact';
     fp16 tensor cores for 'fast': wgmma on Hopper where it applies, else mma.sync), then
     the exact multi-CTA select. ``score_only`` stops after the scoring kernel (the
@@ -116,7 +138,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
         "counters": rows * (bins + 2) * 4,           # histogram, threshold bin, candidate count
         "cand": rows * cap * 8,                      # candidate (key, index) pairs
-    })
+    }, workspace=workspace)
     scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
     counters = ws["counters"].view(cp.uint32)
     hist = counters[: rows * bins]                  # [rows, bins]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arrays, ragged, reference, validate as _validate
+from . import arrays, outbuf, ragged, reference, streams, validate as _validate
+from .workspace import check_workspace
 
 __all__ = ["score_topk", "score_topk_ragged", "BACKENDS", "PRECISIONS"]
 
@@ -27,7 +28,7 @@ def _pick_backend(backend: str, inputs) -> str:
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                backend="auto", precision="fast", return_scores=False, physical=False,
-               validate=True):
+               validate=True, out=None, workspace=None, stream=None):
     """Score every visible key of each query and return the top-k entries, highest first.
 
     ``I[t, s] = sum_h w[t, h] * max(0, q[t, h, :] . k[s, :])`` over the entries
@@ -55,30 +56,51 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     validate : run the argument checks (cheap, but they synchronise with the device);
         switch off in a hot loop once the inputs are known good. The NumPy backend always
         validates (there is no device to synchronise with).
+    out : None, int32 (T, top_k), or with ``return_scores`` a pair (int32 (T, top_k),
+        float32 (T, top_k)): C-contiguous arrays the result is written into, of the
+        result's framework and device (NumPy for the NumPy backend and host inputs; CuPy,
+        PyTorch CUDA or another DLPack CUDA array like ``q`` on the GPU, written zero-copy).
+        The call then returns ``out`` itself and allocates no result arrays.
+    workspace : None or ``indexer.Workspace``: device scratch memory owned by the caller
+        instead of CuPy's pool, so the call can be captured in a CUDA graph (see
+        ``indexer.workspace``). The NumPy backend accepts and ignores it.
+    stream : None, a CuPy stream, a ``cudaStream_t`` pointer (int), a ``torch.cuda.Stream``
+        or an object with ``__cuda_stream__``: where the GPU work runs. None: PyTorch's
+        current stream when the inputs are PyTorch tensors, else CuPy's current stream.
+        The NumPy backend checks and ignores it.
 
     Returns
     -------
     indices : int32 (T, top_k), highest score first, ties to the lower index, -1 padding;
-        NumPy for NumPy inputs, CuPy for device inputs.
+        NumPy for NumPy inputs, CuPy for device inputs, PyTorch for PyTorch tensors.
     scores : float32 (T, top_k), only with ``return_scores``.
+    With ``out``: ``out`` itself, filled.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    check_workspace(workspace)
+    streams.check_stream(stream)
     inputs = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
     chosen = _pick_backend(backend, inputs)
     if chosen == "numpy":
         host = [arrays.to_numpy(x) for x in inputs]
-        _validate.check_score_topk(*host, top_k, values=True)
-        out = reference.score_topk(*host, int(top_k), return_scores=return_scores, physical=physical)
-        return out
+        prob = _validate.check_score_topk(*host, top_k, values=True)
+        targets = None if out is None else outbuf.check_host(out, prob.T, prob.top_k, return_scores)
+        result = reference.score_topk(*host, int(top_k), return_scores=return_scores, physical=physical)
+        if targets is None:
+            return result
+        for target, value in zip(targets, result if return_scores else (result,)):
+            target[...] = value
+        return outbuf.returned(out, return_scores)
     from . import cuda_ops  # noqa: PLC0415  (needs CuPy; imported only for the GPU path)
 
-    return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,
-                               physical=physical, validate=validate)
+    return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,  # gpu-only
+                               physical=physical, validate=validate, out=out, workspace=workspace, stream=stream)
 
 
 def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k, *,
-                      backend="auto", precision="fast", return_scores=False, physical=False, validate=True):
+                      backend="auto", precision="fast", return_scores=False, physical=False, validate=True,
+                      out=None, workspace=None, stream=None):
     """``score_topk`` for query tokens grouped by sequence, as in varlen attention.
 
     The tokens of sequence b are rows ``cu_seqlens_q[b] : cu_seqlens_q[b+1]`` of ``q``,
@@ -93,16 +115,30 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
     block_table : int32 (B, L)       logical -> physical block, per sequence
     cu_seqlens_q : int32 (B+1,)      query row offsets: 0 = cu[0] <= cu[1] <= ... <= cu[B] = T
     valid_lens : int32 (T,)          entries visible to each query token
-    top_k, backend, precision, return_scores, physical, validate : as ``score_topk``
-        (``physical`` indices go through the token's sequence's block table)
+    top_k, backend, precision, return_scores, physical, validate, out, workspace, stream :
+        as ``score_topk`` (``physical`` indices go through the token's sequence's block
+        table; with a workspace the per-token block table is built in it too, so the call
+        allocates nothing on the GPU)
 
     Returns the same as ``score_topk``: int32 (T, top_k) indices (and float32 scores).
     """
+    check_workspace(workspace)
+    streams.check_stream(stream)
+    kwargs = dict(backend=backend, precision=precision, return_scores=return_scores, physical=physical,
+                  validate=validate, out=out, workspace=workspace)
+    args = (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k)
+    if _pick_backend(backend, args[:-1]) == "cuda":  # gpu-only
+        # the per-token table is built on the call's device and stream, like the launch
+        with streams.using(stream, args[:-1]) as run_on:
+            return _ragged(*args, stream=run_on, **kwargs)
+    return _ragged(*args, stream=stream, **kwargs)
+
+
+def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k, **kwargs):
     if arrays.framework_of(cu_seqlens_q) == "torch" or arrays.framework_of(block_table) == "torch":
         cu_seqlens_q, block_table = (arrays.to_cupy(x) for x in (cu_seqlens_q, block_table))  # gpu-only
     T = int(q.shape[0])
-    if _validate.check_cu_seqlens(cu_seqlens_q, block_table, T, values=validate) == 0:
+    if _validate.check_cu_seqlens(cu_seqlens_q, block_table, T, values=kwargs["validate"]) == 0:
         raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
-    per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T)
-    return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, backend=backend,
-                      precision=precision, return_scores=return_scores, physical=physical, validate=validate)
+    per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T, workspace=kwargs["workspace"])
+    return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, **kwargs)

@@ -56,7 +56,7 @@ import re
 
 import numpy as np
 
-from . import arrays, nvfp4, ops
+from . import arrays, nvfp4, ops, streams
 
 __all__ = ["KeyPool", "PoolFullError"]
 
@@ -429,9 +429,25 @@ class KeyPool:
         whole sequence).
 
         q : float32 (T, H, D); w : float32 (T, H). Keyword arguments (backend, precision,
-        return_scores, physical, validate) go to the scoring function. Returns int32
-        indices (T, top_k) (and float32 scores with ``return_scores``).
+        return_scores, physical, validate, out, workspace, stream) go to the scoring
+        function. Returns int32 indices (T, top_k) (and float32 scores with
+        ``return_scores``), or ``out`` itself when given.
+
+        The block table and lengths are built from the host bookkeeping on every call (a
+        host-to-device copy for a GPU pool), so this call cannot be captured in a CUDA
+        graph; capture ``indexer.score_topk`` on the pool's arrays with your own device
+        block table instead (``examples/engine_decode_step.py``).
         """
+        if self._xp is not np:  # pragma: no cover  (needs a GPU)
+            # the tables are copied to the device on the stream the call runs on (PyTorch's
+            # current stream for tensors), so the kernels never read them before they land
+            with streams.using(kwargs.get("stream"), (q, w, self.keys_fp4)) as run_on:
+                if run_on is not None:
+                    kwargs["stream"] = run_on
+                return self._score_topk(q, w, seqs, top_k, cu_seqlens_q, valid_lens, kwargs)
+        return self._score_topk(q, w, seqs, top_k, cu_seqlens_q, valid_lens, kwargs)
+
+    def _score_topk(self, q, w, seqs, top_k, cu_seqlens_q, valid_lens, kwargs):
         ids = _check_seq_list(seqs)
         shape = np.shape(q)
         if cu_seqlens_q is None:

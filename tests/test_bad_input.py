@@ -31,7 +31,7 @@ def call_with(**changes):
     p = problem()
     args = dict(zip(testing.ARRAY_NAMES, p.arrays()), top_k=p.top_k)
     args.update(changes)
-    kw = {k: args.pop(k) for k in ("backend", "precision") if k in args}
+    kw = {k: args.pop(k) for k in ("backend", "precision", "out", "workspace", "stream", "return_scores") if k in args}
     return lambda: indexer.score_topk(*[args[n] for n in testing.ARRAY_NAMES], args["top_k"],
                                       backend=kw.get("backend", "numpy"), **{k: v for k, v in kw.items() if k != "backend"})
 
@@ -105,6 +105,14 @@ API = [
     ("backend unknown", lambda: call_with(backend="tpu"), ValueError, "backend"),
     ("precision unknown", lambda: call_with(precision="half"), ValueError, "precision"),
     ("ragged offsets decreasing", ragged_decreasing, ValueError, "cu_seqlens_q"),
+    ("out int64", lambda: call_with(out=np.zeros((3, 5), np.int64)), ValueError, "out"),
+    ("out of the wrong shape", lambda: call_with(out=np.zeros((3, 6), np.int32)), ValueError, "out"),
+    ("out a pair without return_scores", lambda: call_with(out=(np.zeros((3, 5), np.int32),
+                                                                np.zeros((3, 5), np.float32))), TypeError, "out"),
+    ("out scores float64", lambda: call_with(return_scores=True, out=(np.zeros((3, 5), np.int32),
+                                                                      np.zeros((3, 5), np.float64))), ValueError, "out"),
+    ("workspace not a Workspace", lambda: call_with(workspace="ws"), TypeError, "workspace"),
+    ("stream negative", lambda: call_with(stream=-1), ValueError, "stream"),
     ("quantize NaN", lambda: (lambda: nvfp4.quantize(np.array([np.nan] * 16, np.float32))), ValueError, "x"),
     ("quantize global scale 0", lambda: (lambda: nvfp4.quantize(np.ones(16, np.float32), 0.0)), ValueError,
      "global_scale"),

@@ -550,3 +550,48 @@ def test_pack_and_plot_speak_json(tmp_path):
                                            "--backend", "numpy", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {"out": str(tmp_path / "s.png"), "kind": "selection"}
+
+
+# ----------------------------------------------------------------------------- --device
+
+
+def _device_args(command, tmp_path, rng):
+    if command == "score":
+        _, path = problem_file(tmp_path, rng, top_k=4)
+        return ["score", path]
+    return [command]
+
+
+@pytest.mark.parametrize("command", ["demo", "score", "bench"])
+def test_device_option_is_in_the_help(run, command):
+    assert "--device N" in run(command, "--help").stdout
+
+
+@pytest.mark.parametrize("command", ["demo", "score", "bench"])
+def test_device_beyond_the_device_count(run, monkeypatch, tmp_path, rng, command):
+    monkeypatch.setattr(cli, "_device_count", lambda: 1)
+    r = run(*_device_args(command, tmp_path, rng), "--device", "1")
+    line = assert_error(r, "--device 1", "CuPy sees 1 CUDA device(s), numbered 0 to 0")
+    assert r.exit_code == 2 and r.stdout == ""  # refused before any work
+    assert line.startswith("error: --device 1")
+
+
+@pytest.mark.parametrize("command", ["demo", "score", "bench"])
+def test_device_without_a_gpu(run, monkeypatch, tmp_path, rng, command):
+    monkeypatch.setattr(arrays, "cupy", lambda: None)
+    assert cli._device_count() == 0
+    r = run(*_device_args(command, tmp_path, rng), "--device", "0")
+    assert_error(r, "--device 0: no CUDA GPU is visible")
+    assert r.exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["demo", "score"])
+def test_device_with_the_numpy_backend(run, tmp_path, rng, command):
+    r = run(*_device_args(command, tmp_path, rng), "--backend", "numpy", "--device", "0")
+    assert_error(r, "--device 0: runs on a GPU, but --backend is numpy")
+    assert r.exit_code == 2
+
+
+def test_device_must_be_a_non_negative_int(run):
+    assert_error(run("demo", "--device", "-1"), "--device")
+    assert_error(run("demo", "--device", "gpu1"), "--device")

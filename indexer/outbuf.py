@@ -1,0 +1,91 @@
+"""``out=``: caller-owned result arrays, for steps that allocate nothing.
+
+``out`` is the int32 (T, top_k) indices array, or with ``return_scores=True`` the pair
+``(indices, scores)`` with float32 (T, top_k) scores. The arrays belong to the framework
+the result would have: NumPy for the NumPy backend and for host inputs on the GPU; for
+device inputs the framework of ``q`` (CuPy for CuPy, a PyTorch CUDA tensor for PyTorch;
+CuPy or the same library for other DLPack arrays such as JAX, whose own arrays are
+immutable), on ``q``'s device. They must be C-contiguous and must not overlap the inputs.
+The GPU writes into them through zero-copy CuPy views; the call returns ``out`` itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import arrays
+
+__all__ = ["split", "check_host", "device_views", "returned"]
+
+_WANT = {"numpy": "a NumPy array", "cupy": "a CuPy array", "torch": "a PyTorch CUDA tensor"}
+
+
+def split(out, return_scores: bool):
+    """(indices, scores or None) from ``out``; TypeError naming ``out`` when its structure
+    does not match ``return_scores``."""
+    pair = isinstance(out, (tuple, list))
+    if return_scores:
+        if not pair or len(out) != 2:
+            raise TypeError("out: expected a pair (indices, scores) with return_scores=True, got "
+                            + (f"a {type(out).__name__} of {len(out)}" if pair else type(out).__name__))
+        return out[0], out[1]
+    if pair:
+        raise TypeError(f"out: expected one int32 (T, top_k) array (a pair only with return_scores=True), "
+                        f"got a {type(out).__name__}")
+    return out, None
+
+
+def _check(name, x, dtype, shape):
+    """dtype, shape, contiguity and (NumPy) writeability of a NumPy or CuPy array."""
+    if x.dtype != dtype or tuple(x.shape) != shape:
+        raise ValueError(f"{name}: expected {np.dtype(dtype).name} of shape (T, top_k) = {shape}, "
+                         f"got {x.dtype} of shape {tuple(x.shape)}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise ValueError(f"{name}: expected a writeable array, got a read-only one")
+
+
+def _names(return_scores):
+    return ("out[0]", "out[1]") if return_scores else ("out", None)
+
+
+def check_host(out, T: int, top_k: int, return_scores: bool):
+    """``out`` for a NumPy result: (indices, scores or None) NumPy arrays, checked."""
+    parts = split(out, return_scores)
+    for name, x, dtype in zip(_names(return_scores), parts, (np.int32, np.float32)):
+        if name is None:
+            continue
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name}: expected a NumPy array (the result here is NumPy), got {type(x).__name__}")
+        _check(name, x, dtype, (T, top_k))
+    return parts
+
+
+def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: int):  # gpu-only
+    """``out`` for a device result of inputs like ``like`` (``q``): zero-copy CuPy views
+    (indices, scores or None) on ``device_id``, checked."""
+    want = arrays.framework_of(like)
+    views = []
+    for name, x, dtype in zip(_names(return_scores), split(out, return_scores), (np.int32, np.float32)):
+        if name is None:
+            views.append(None)
+            continue
+        kind = arrays.framework_of(x)
+        ok = (kind == want) if want in _WANT else (kind == "cupy" or (kind == "other" and arrays.is_device_array(x)))
+        if not ok or not arrays.is_device_array(x):
+            expected = _WANT.get(want, "a CuPy array (or a device array of q's library)")
+            raise TypeError(f"{name}: expected {expected} like q, got {type(x).__name__}")
+        view = arrays.to_cupy(x)
+        _check(name, view, dtype, (T, top_k))
+        if view.device.id != device_id:
+            raise ValueError(f"{name}: expected an array on cuda:{device_id} (where q is), got cuda:{view.device.id}")
+        views.append(view)
+    return tuple(views)
+
+
+def returned(out, return_scores: bool):
+    """What a call given ``out`` returns: ``out`` itself (a list pair as a tuple)."""
+    if return_scores and isinstance(out, list):
+        return tuple(out)
+    return out

@@ -1,0 +1,115 @@
+"""Which CUDA stream (and GPU) a GPU call runs on.
+
+The kernels run on CuPy's current stream. That is right for CuPy callers; a PyTorch caller
+expects the work on ``torch.cuda.current_stream(device)`` (the stream its own kernels, its
+caching allocator and ``torch.cuda.graph`` capture use), so with PyTorch tensors among the
+inputs the call runs there, wrapped as a ``cupy.cuda.ExternalStream``. A ``stream=``
+argument overrides both: a CuPy stream, a raw ``cudaStream_t`` pointer (int), a
+``torch.cuda.Stream`` or any object with ``__cuda_stream__`` (the CUDA stream protocol).
+
+PyTorch is never imported here: when a tensor is among the inputs, ``torch`` is already in
+``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import warnings
+
+from . import arrays
+
+__all__ = ["check_stream", "device_of", "resolve", "using"]
+
+
+def _module(x) -> str:
+    return type(x).__module__.split(".")[0]
+
+
+def check_stream(stream):
+    """The kind of a ``stream=`` argument: None, 'cupy', 'int', 'torch' or 'protocol'.
+
+    Needs no GPU (the CPU backend checks and then ignores the argument). TypeError or
+    ValueError naming ``stream`` for anything else.
+    """
+    if stream is None:
+        return None
+    if isinstance(stream, bool):
+        raise TypeError("stream: expected a CuPy stream, a stream pointer (int) or a torch.cuda.Stream, got bool")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError(f"stream: expected a cudaStream_t pointer >= 0, got {stream}")
+        return "int"
+    if _module(stream) == "cupy" and hasattr(stream, "ptr"):
+        return "cupy"
+    if _module(stream) == "torch" and hasattr(stream, "cuda_stream"):
+        return "torch"
+    if hasattr(stream, "__cuda_stream__"):
+        return "protocol"
+    raise TypeError("stream: expected a CuPy stream, a stream pointer (int), a torch.cuda.Stream or an object "
+                    f"with __cuda_stream__, got {type(stream).__name__}")
+
+
+def device_of(inputs) -> int:  # gpu-only
+    """The CUDA device of the first device array among ``inputs`` (the current CuPy device
+    when all are host arrays)."""
+    cp = arrays.cupy()
+    for x in inputs:
+        if arrays.is_cupy(x):
+            return int(x.device.id)
+        if arrays.framework_of(x) == "torch" and getattr(x, "is_cuda", False):
+            return int(x.device.index)
+        if hasattr(x, "__dlpack_device__") and arrays.is_device_array(x):
+            return int(x.__dlpack_device__()[1])
+    return int(cp.cuda.runtime.getDevice())
+
+
+@functools.lru_cache(maxsize=256)
+def _external(ptr: int, device_id: int):  # gpu-only
+    # one wrapper per (stream, device): cheap to reuse on every call, and CuPy 14's
+    # deprecation warning for ExternalStream is silenced once instead of per call
+    cp = arrays.cupy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cp.cuda.ExternalStream(int(ptr), int(device_id))
+
+
+def _check_device(where, device_id):  # gpu-only
+    if where is not None and where >= 0 and where != device_id:
+        raise ValueError(f"stream: a stream of cuda:{where}, but the inputs are on cuda:{device_id}")
+
+
+def resolve(stream, inputs, device_id: int):  # gpu-only
+    """The CuPy stream a GPU call on ``device_id`` runs on, or None for CuPy's current one.
+
+    ``stream`` as ``check_stream`` takes it; when None, PyTorch tensors among ``inputs``
+    select ``torch.cuda.current_stream(device_id)``.
+    """
+    kind = check_stream(stream)
+    if kind is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not any(arrays.framework_of(x) == "torch" for x in inputs):
+            return None
+        return _external(torch.cuda.current_stream(device_id).cuda_stream, device_id)
+    if kind == "cupy":
+        _check_device(getattr(stream, "device_id", -1), device_id)
+        return stream
+    if kind == "int":
+        return _external(stream, device_id)
+    if kind == "torch":
+        _check_device(stream.device.index, device_id)
+        return _external(stream.cuda_stream, device_id)
+    return _external(stream.__cuda_stream__()[1], device_id)
+
+
+@contextlib.contextmanager
+def using(stream, inputs):  # gpu-only
+    """Make the inputs' GPU current and, when one is chosen, the call's stream (see
+    ``resolve``); yields that CuPy stream or None. Everything inside (conversions through
+    DLPack, validation, launches) is then ordered on one stream."""
+    cp = arrays.cupy()
+    device_id = device_of(inputs)
+    chosen = resolve(stream, inputs, device_id)
+    with cp.cuda.Device(device_id), (chosen if chosen is not None else contextlib.nullcontext()):
+        yield chosen

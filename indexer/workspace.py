@@ -1,0 +1,128 @@
+"""A preallocated device workspace: GPU calls that take no memory from CuPy's pool.
+
+Why: a GPU ``score_topk`` needs scratch memory (the staged fp16 queries, a float32 score
+row per query in flight, histograms, selection candidates). By default each call takes it
+from CuPy's memory pool and gives it back when the call returns. A CUDA graph captured
+around such a call records the addresses of that memory; once the call has returned, CuPy
+may hand the same memory to any other array, and every replay of the graph then writes its
+scratch data over that array. A ``Workspace`` owns its buffer for as long as it lives, so
+the addresses a graph captures stay valid and private to the graph:
+
+    ws = indexer.Workspace()
+    idx = torch.empty(T, top_k, dtype=torch.int32, device="cuda")
+    indexer.score_topk(..., validate=False, workspace=ws, out=idx)      # warm-up: sizes ws
+    with torch.cuda.graph(g):
+        indexer.score_topk(..., validate=False, workspace=ws, out=idx)  # allocates nothing
+
+Rules:
+
+* The workspace holds one buffer per device (plus a small one per device for the
+  per-token block table of ``score_topk_ragged``). A call that needs more bytes than the
+  buffer holds reallocates it (grows); it never shrinks. Growing replaces the buffer, so a
+  graph captured earlier with the smaller buffer must not be replayed after a larger call:
+  size the workspace first (one call with the largest shapes, or ``reserve``), then capture.
+* Growing is refused while the current stream is capturing (RuntimeError): make one call
+  with the same shapes, or ``reserve`` the bytes, before the capture.
+* Calls that share a workspace must be ordered (one stream, or events between streams):
+  concurrent calls on different streams need one workspace each.
+* Keep the workspace alive as long as any graph that uses it.
+* The NumPy backend accepts a workspace and ignores it (it has no device memory).
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+
+from . import arrays
+
+__all__ = ["Workspace", "check_workspace"]
+
+# buffers grow in whole MiB: calls whose shapes differ a little do not each reallocate
+_GRANULE = 1 << 20
+
+
+class Workspace:
+    """Device scratch memory that ``score_topk(..., workspace=ws)`` carves its buffers from
+    instead of CuPy's memory pool (see the module docstring for why and the rules).
+
+    Attributes
+    ----------
+    nbytes : int   bytes held, over all devices (0 until the first GPU call or ``reserve``)
+    """
+
+    def __init__(self):
+        self._buffers = {}  # (device id, part) -> CuPy uint8 array, 1-D
+        self._lock = threading.Lock()  # growth from several threads replaces a buffer once
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(b.nbytes) for b in list(self._buffers.values()))
+
+    def reserve(self, nbytes, device=None) -> None:
+        """Grow the buffer of ``device`` (a CUDA device number; None: CuPy's current
+        device) to at least ``nbytes`` bytes now, e.g. before a graph capture whose calls
+        must not allocate. Never shrinks."""
+        if not isinstance(nbytes, numbers.Integral) or isinstance(nbytes, bool):
+            raise TypeError(f"nbytes: expected an int, got {type(nbytes).__name__}")
+        if nbytes < 0:
+            raise ValueError(f"nbytes: expected an int >= 0, got {nbytes}")
+        if device is not None and (not isinstance(device, numbers.Integral) or isinstance(device, bool)):
+            raise TypeError(f"device: expected a CUDA device number or None, got {type(device).__name__}")
+        if device is not None and device < 0:
+            raise ValueError(f"device: expected a CUDA device number >= 0, got {device}")
+        cp = arrays.cupy()
+        if cp is None:
+            raise RuntimeError("Workspace.reserve: needs CuPy and a CUDA GPU (pip install 'indexer[cuda13]')")
+        count = cp.cuda.runtime.getDeviceCount()  # gpu-only
+        if device is not None and device >= count:  # gpu-only
+            raise ValueError(f"device: {device}, but CuPy sees {count} CUDA device(s)")
+        with cp.cuda.Device(device if device is not None else cp.cuda.runtime.getDevice()):  # gpu-only
+            self.buffer(int(nbytes))
+
+    def buffer(self, nbytes: int, part: str = "launch"):  # gpu-only
+        """A uint8 CuPy array of ``nbytes`` bytes: the start of this workspace's ``part``
+        buffer on the current CuPy device, grown first if it is smaller. Used by the CUDA
+        backend; the contents are scratch (overwritten by every call)."""
+        cp = arrays.cupy()
+        key = (int(cp.cuda.runtime.getDevice()), part)
+        buf = self._buffers.get(key)
+        if buf is None or buf.nbytes < nbytes:
+            with self._lock:
+                buf = self._buffers.get(key)
+                if buf is None or buf.nbytes < nbytes:
+                    _refuse_during_capture(cp, nbytes, 0 if buf is None else int(buf.nbytes))
+                    size = max(_GRANULE, -(-nbytes // _GRANULE) * _GRANULE)
+                    # drop the old buffer before allocating: the pool can reuse its memory
+                    buf = self._buffers.pop(key, None)
+                    del buf
+                    self._buffers[key] = buf = cp.empty(size, dtype=cp.uint8)
+        return buf[:nbytes]
+
+    def __repr__(self):
+        where = sorted({d for d, _ in self._buffers})
+        return f"Workspace(nbytes={self.nbytes}, devices={where})"
+
+
+def _refuse_during_capture(cp, nbytes, held):  # gpu-only
+    """RuntimeError when the current stream is capturing a CUDA graph: an allocation there
+    would be pool memory the graph keeps using after the call (the hazard a workspace
+    exists to avoid), or fail outright."""
+    stream = cp.cuda.get_current_stream()
+    try:
+        capturing = bool(stream.is_capturing())
+        reason = ""
+    except Exception as exc:  # noqa: BLE001  (an invalidated capture, or a query illegal during one)
+        capturing, reason = True, f" (capture state: {exc})"
+    if capturing:
+        raise RuntimeError(
+            f"workspace: this call needs {nbytes} bytes, the workspace holds {held} on this device, and it "
+            f"cannot grow while the stream is capturing a CUDA graph{reason}; make one call with the same "
+            "shapes (or ws.reserve(nbytes)) before the capture")
+
+
+def check_workspace(workspace):
+    """``workspace`` itself when it is None or a ``Workspace``; TypeError naming it otherwise."""
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise TypeError(f"workspace: expected an indexer.Workspace or None, got {type(workspace).__name__}")
+    return workspace

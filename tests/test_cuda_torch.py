@@ -1,0 +1,162 @@
+"""PyTorch callers: out= tensors written zero-copy, the call ordered on PyTorch's current
+stream (or the stream given), and the step captured in a torch.cuda.CUDAGraph."""
+
+import numpy as np
+import pytest
+
+import indexer
+from indexer import arrays, testing
+from tests.gpu import requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+torch = pytest.importorskip("torch")
+
+
+def tensors(p):
+    return [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in p.arrays()]
+
+
+def empty_out(T, k):
+    return (torch.full((T, k), -7, dtype=torch.int32, device="cuda"),
+            torch.full((T, k), 7.0, dtype=torch.float32, device="cuda"))
+
+
+def pair_of_problems(seed, **kw):
+    a = testing.random_problem(np.random.default_rng(seed), **kw)
+    b = testing.random_problem(np.random.default_rng(seed + 1), **kw)
+    assert all(x.shape == y.shape for x, y in zip(a.arrays(), b.arrays()))
+    return a, b
+
+
+def assert_same(got, expected):
+    assert torch.equal(got[0], expected[0])
+    assert got[1].cpu().numpy().tobytes() == expected[1].cpu().numpy().tobytes()
+
+
+def test_out_tensors_are_returned_and_filled():
+    p = testing.random_problem(np.random.default_rng(50), T=4, H=16, D=64, E=16, L=4, top_k=20)
+    x = tensors(p)
+    out = empty_out(4, 20)
+    assert indexer.score_topk(*x, p.top_k, return_scores=True, out=out) is out
+    assert_same(out, indexer.score_topk(*x, p.top_k, return_scores=True))
+    testing.check_topk(p, out[0].cpu().numpy(), out[1].cpu().numpy(), tol=testing.TOL_FAST)
+    idx = out[0]
+    assert indexer.score_topk(*x, p.top_k, physical=True, out=idx) is idx
+
+
+def test_bad_out_tensors_name_the_argument():
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(51), T=3, H=8, D=64, E=16, L=3, top_k=12)
+    x = tensors(p)
+    with pytest.raises(TypeError, match="^out: expected a PyTorch CUDA tensor like q, got ndarray"):
+        indexer.score_topk(*x, p.top_k, out=cp.empty((3, 12), dtype=cp.int32))
+    with pytest.raises(TypeError, match="^out: expected a PyTorch CUDA tensor"):
+        indexer.score_topk(*x, p.top_k, out=torch.empty((3, 12), dtype=torch.int32))  # on the host
+    with pytest.raises(ValueError, match="^out: expected int32"):
+        indexer.score_topk(*x, p.top_k, out=torch.empty((3, 12), dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match="^out: expected a C-contiguous"):
+        indexer.score_topk(*x, p.top_k, out=torch.empty((12, 3), dtype=torch.int32, device="cuda").t())
+
+
+def _sleep_then_refill(x, new):
+    """On the current torch stream: ~0.1 s of GPU sleep, then overwrite the inputs in place.
+    Work on any other stream would see the old inputs (torch's side streams do not wait
+    for, nor make wait, the legacy default stream)."""
+    torch.cuda._sleep(200_000_000)
+    for a, b in zip(x, new):
+        a.copy_(b, non_blocking=True)
+
+
+def test_the_call_runs_on_torchs_current_stream():
+    p, p2 = pair_of_problems(52, T=3, H=16, D=64, E=32, lens=700, top_k=50)
+    x, new = tensors(p), tensors(p2)
+    expected = indexer.score_topk(*new, p2.top_k, return_scores=True)
+    out = empty_out(3, 50)
+    indexer.score_topk(*x, p.top_k, return_scores=True, validate=False, out=out)  # warm-up
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _sleep_then_refill(x, new)
+        assert indexer.score_topk(*x, p.top_k, return_scores=True, validate=False, out=out) is out
+        finished = torch.cuda.Event()
+        finished.record(side)
+    assert not finished.query()  # nothing waited on the host: the sleep is still running
+    side.synchronize()  # only that stream
+    assert_same(out, expected)
+    # and without out=: the returned tensors are ordered on that stream too
+    old = tensors(p)  # uploaded before: a host-to-device copy would wait for the sleep
+    with torch.cuda.stream(side):
+        _sleep_then_refill(x, old)
+        res = indexer.score_topk(*x, p.top_k, return_scores=True, validate=False)
+    side.synchronize()
+    assert_same(res, indexer.score_topk(*old, p.top_k, return_scores=True))
+
+
+@pytest.mark.parametrize("kind", ["torch", "int", "cupy"])
+def test_the_call_runs_on_the_stream_it_is_given(kind):
+    cp = arrays.cupy()
+    p, p2 = pair_of_problems(53, T=3, H=16, D=64, E=32, lens=700, top_k=50)
+    x, new = tensors(p), tensors(p2)
+    expected = indexer.score_topk(*new, p2.top_k, return_scores=True)
+    out = empty_out(3, 50)
+    indexer.score_topk(*x, p.top_k, return_scores=True, validate=False, out=out)  # warm-up
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        _sleep_then_refill(x, new)
+    given = {"torch": side, "int": side.cuda_stream,
+             "cupy": cp.cuda.ExternalStream(side.cuda_stream, torch.cuda.current_device())}[kind]
+    # called while torch's current stream is the default one: the argument wins
+    indexer.score_topk(*x, p.top_k, return_scores=True, validate=False, out=out, stream=given)
+    side.synchronize()
+    assert_same(out, expected)
+
+
+def test_torch_cuda_graph_capture_and_replay():
+    p, p2 = pair_of_problems(54, T=4, H=64, D=128, E=64, lens=3000, top_k=256)
+    x = tensors(p)
+    ws, out = indexer.Workspace(), empty_out(4, 256)
+    kw = dict(return_scores=True, validate=False, workspace=ws, out=out)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as PyTorch recommends
+        indexer.score_topk(*x, p.top_k, **kw)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    n = ws.nbytes
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res = indexer.score_topk(*x, p.top_k, **kw)
+    assert res is out and ws.nbytes == n
+    for a, b in zip(x, tensors(p2)):  # new values, same addresses
+        a.copy_(b)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = indexer.score_topk(*x, p.top_k, return_scores=True)
+    assert_same(out, eager)
+    testing.check_topk(p2, out[0].cpu().numpy(), out[1].cpu().numpy(), tol=testing.TOL_FAST)
+    for a, b in zip(x, tensors(p)):  # and back: the same graph, the first inputs
+        a.copy_(b)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same(out, indexer.score_topk(*tensors(p), p.top_k, return_scores=True))
+
+
+def test_key_pool_with_tensors_and_out():
+    rng = np.random.default_rng(55)
+    pool = indexer.KeyPool(16, entries_per_block=16, head_dim=64, device="cuda")
+    for seq, n in (("a", 70), ("b", 9)):
+        pool.append(seq, torch.randn(n, 64, device="cuda"))
+    q = torch.from_numpy(rng.standard_normal((2, 8, 64)).astype(np.float32)).cuda()
+    w = torch.from_numpy(rng.standard_normal((2, 8)).astype(np.float32)).cuda()
+    out = torch.empty((2, 12), dtype=torch.int32, device="cuda")
+    ws = indexer.Workspace()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert pool.score_topk(q, w, ["a", "b"], 12, out=out, workspace=ws) is out
+    side.synchronize()
+    assert ws.nbytes > 0
+    expected = pool.score_topk(q, w, ["a", "b"], 12)
+    assert torch.equal(out, expected)

@@ -1,0 +1,249 @@
+"""out=, workspace= and stream= on the NumPy backend (CPU): out arrays are filled and returned
+as themselves, bad ones are refused naming the argument, a workspace and a stream are
+checked and then ignored (there is no device memory or stream on the host)."""
+
+import numpy as np
+import pytest
+
+import indexer
+from indexer import KeyPool, arrays, outbuf, reference, streams, testing, workspace as workspace_mod
+
+
+def problem(rng, T=4, top_k=10):
+    return testing.random_problem(rng, T=T, H=8, D=64, E=16, L=3, top_k=top_k)
+
+
+def empty_out(p, scores=False):
+    idx = np.full((p.q.shape[0], p.top_k), -7, dtype=np.int32)
+    if not scores:
+        return idx
+    return idx, np.full((p.q.shape[0], p.top_k), 7.0, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------- out=
+
+
+def test_out_indices_is_returned_and_filled(rng):
+    p = problem(rng)
+    out = empty_out(p)
+    result = indexer.score_topk(*p.args(), backend="numpy", out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, reference.score_topk(*p.args()))
+
+
+def test_out_pair_is_returned_and_filled(rng):
+    p = problem(rng)
+    out = empty_out(p, scores=True)
+    result = indexer.score_topk(*p.args(), backend="numpy", return_scores=True, physical=True, out=out)
+    assert result is out
+    idx, sc = reference.score_topk(*p.args(), return_scores=True, physical=True)
+    np.testing.assert_array_equal(out[0], idx)
+    assert out[1].tobytes() == sc.tobytes()
+
+
+def test_out_list_pair_returns_a_tuple_of_the_same_arrays(rng):
+    p = problem(rng)
+    out = list(empty_out(p, scores=True))
+    result = indexer.score_topk(*p.args(), backend="numpy", return_scores=True, out=out)
+    assert isinstance(result, tuple) and result[0] is out[0] and result[1] is out[1]
+    testing.check_topk(p, *result)
+
+
+def test_out_ragged_and_key_pool(rng):
+    p = problem(rng, T=3)
+    cu = np.array([0, 2, 3], dtype=np.int32)
+    table = p.block_table[:2].copy()
+    table[:, :] = np.arange(3, dtype=np.int32)
+    out = empty_out(p, scores=True)
+    result = indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, table, cu, p.valid_lens,
+                                       p.top_k, backend="numpy", return_scores=True, out=out)
+    assert result is out
+    expected = indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, table, cu,
+                                         p.valid_lens, p.top_k, backend="numpy", return_scores=True)
+    np.testing.assert_array_equal(out[0], expected[0])
+    np.testing.assert_array_equal(out[1], expected[1])
+
+    pool = KeyPool(8, entries_per_block=16, head_dim=64)
+    pool.append("a", rng.standard_normal((40, 64)).astype(np.float32))
+    pool.append("b", rng.standard_normal((7, 64)).astype(np.float32))
+    q = rng.standard_normal((2, 8, 64)).astype(np.float32)
+    w = rng.standard_normal((2, 8)).astype(np.float32)
+    out = np.empty((2, 5), dtype=np.int32)
+    ws = indexer.Workspace()
+    assert pool.score_topk(q, w, ["a", "b"], 5, out=out, workspace=ws) is out
+    np.testing.assert_array_equal(out, pool.score_topk(q, w, ["a", "b"], 5))
+    assert ws.nbytes == 0  # the NumPy backend takes no workspace memory
+    cu = np.array([0, 2], dtype=np.int32)
+    assert pool.score_topk(q, w, ["a"], 5, cu_seqlens_q=cu, out=out) is out
+
+
+def test_out_leaves_other_rows_alone_and_overwrites_every_entry(rng):
+    # every entry of out is written (padding too): nothing of the old contents survives
+    p = testing.random_problem(rng, T=3, H=4, D=32, E=8, lens=[0, 3, 40], L=5, top_k=12)
+    out = empty_out(p, scores=True)
+    indexer.score_topk(*p.args(), backend="numpy", return_scores=True, out=out)
+    assert np.all(out[0][0] == -1) and np.all(np.isneginf(out[1][0]))
+    assert np.all(out[0][1, 3:] == -1)
+    assert not np.any(out[0] == -7) and not np.any(out[1] == 7.0)
+
+
+def bad_outs(p):
+    T, k = p.q.shape[0], p.top_k
+    idx = np.zeros((T, k), dtype=np.int32)
+    sc = np.zeros((T, k), dtype=np.float32)
+    read_only = idx.copy()
+    read_only.flags.writeable = False
+    return [
+        ("int64", dict(out=np.zeros((T, k), dtype=np.int64)), ValueError, r"^out: expected int32 of shape \(T, top_k\)"),
+        ("shape", dict(out=np.zeros((T, k + 1), dtype=np.int32)), ValueError, r"^out: expected int32 of shape \(T, top_k\) = "),
+        ("transposed", dict(out=np.zeros((k, T), dtype=np.int32).T), ValueError, "^out: expected a C-contiguous"),
+        ("read-only", dict(out=read_only), ValueError, "^out: expected a writeable"),
+        ("str", dict(out="indices"), TypeError, "^out: expected a NumPy array"),
+        ("pair without scores", dict(out=(idx, sc)), TypeError, "^out: expected one int32"),
+        ("single with scores", dict(out=idx, return_scores=True), TypeError, r"^out: expected a pair \(indices, scores\)"),
+        ("triple", dict(out=(idx, sc, sc), return_scores=True), TypeError, "^out: expected a pair"),
+        ("scores int32", dict(out=(idx, idx.copy()), return_scores=True), ValueError, "^out\\[1\\]: expected float32"),
+        ("indices float", dict(out=(sc.copy(), sc), return_scores=True), ValueError, "^out\\[0\\]: expected int32"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_bad_out_names_the_argument(rng, case):
+    p = problem(rng)
+    name, kwargs, error, pattern = bad_outs(p)[case]
+    with pytest.raises(error, match=pattern):
+        indexer.score_topk(*p.args(), backend="numpy", **kwargs)
+
+
+def test_bad_inputs_are_reported_before_out(rng):
+    p = problem(rng)
+    args = list(p.args())
+    args[-1] = 0  # top_k
+    with pytest.raises(ValueError, match="^top_k"):
+        indexer.score_topk(*args, backend="numpy", out="not an array")
+
+
+def test_out_split_and_returned():
+    a, b = np.zeros(1), np.zeros(1)
+    assert outbuf.split(a, False) == (a, None)
+    assert outbuf.split((a, b), True) == (a, b)
+    assert outbuf.returned([a, b], True) == (a, b)
+    t = (a, b)
+    assert outbuf.returned(t, True) is t
+    with pytest.raises(TypeError, match="a list of 1"):
+        outbuf.split([a], True)
+
+
+# ----------------------------------------------------------------------------- workspace=
+
+
+def test_workspace_on_the_numpy_backend_is_accepted_and_ignored(rng):
+    p = problem(rng)
+    ws = indexer.Workspace()
+    got = indexer.score_topk(*p.args(), backend="numpy", workspace=ws)
+    np.testing.assert_array_equal(got, reference.score_topk(*p.args()))
+    assert ws.nbytes == 0
+    assert repr(ws) == "Workspace(nbytes=0, devices=[])"
+
+
+@pytest.mark.parametrize("bad", ["ws", 123, object()])
+def test_bad_workspace_names_the_argument(rng, bad):
+    p = problem(rng)
+    with pytest.raises(TypeError, match="^workspace: expected an indexer.Workspace"):
+        indexer.score_topk(*p.args(), backend="numpy", workspace=bad)
+    cu = np.array([0, p.q.shape[0]], dtype=np.int32)
+    with pytest.raises(TypeError, match="^workspace"):
+        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[:1], cu,
+                                  p.valid_lens, p.top_k, backend="numpy", workspace=bad)
+
+
+@pytest.mark.parametrize("nbytes,device,error,pattern", [
+    (1.5, None, TypeError, "^nbytes: expected an int"),
+    (True, None, TypeError, "^nbytes"),
+    (-1, None, ValueError, "^nbytes: expected an int >= 0"),
+    (10, "0", TypeError, "^device: expected a CUDA device number"),
+    (10, -1, ValueError, "^device: expected a CUDA device number >= 0"),
+])
+def test_workspace_reserve_checks_its_arguments(nbytes, device, error, pattern):
+    with pytest.raises(error, match=pattern):
+        indexer.Workspace().reserve(nbytes, device=device)
+
+
+def test_workspace_reserve_needs_a_gpu(monkeypatch):
+    monkeypatch.setattr(arrays, "cupy", lambda: None)
+    ws = indexer.Workspace()
+    with pytest.raises(RuntimeError, match="needs CuPy and a CUDA GPU"):
+        ws.reserve(1 << 20)
+    assert ws.nbytes == 0
+
+
+def test_check_workspace():
+    ws = indexer.Workspace()
+    assert workspace_mod.check_workspace(ws) is ws
+    assert workspace_mod.check_workspace(None) is None
+
+
+# ----------------------------------------------------------------------------- stream=
+
+
+class _FakeTorchStream:
+    """Looks like a torch.cuda.Stream to the duck-typed check (module 'torch...')."""
+
+    cuda_stream = 1234
+
+
+_FakeTorchStream.__module__ = "torch.cuda.streams"
+
+
+class _FakeCupyStream:
+    ptr = 5
+
+
+_FakeCupyStream.__module__ = "cupy.cuda.stream"
+
+
+class _ProtocolStream:
+    def __cuda_stream__(self):
+        return (0, 99)
+
+
+def test_check_stream_kinds():
+    assert streams.check_stream(None) is None
+    assert streams.check_stream(0) == "int"
+    assert streams.check_stream(2**40) == "int"
+    assert streams.check_stream(_FakeTorchStream()) == "torch"
+    assert streams.check_stream(_FakeCupyStream()) == "cupy"
+    assert streams.check_stream(_ProtocolStream()) == "protocol"
+
+
+@pytest.mark.parametrize("bad,error,pattern", [
+    (True, TypeError, "^stream: expected a CuPy stream.*got bool"),
+    (-3, ValueError, "^stream: expected a cudaStream_t pointer >= 0"),
+    ("default", TypeError, "^stream: expected a CuPy stream.*got str"),
+    (1.0, TypeError, "^stream"),
+])
+def test_bad_stream_names_the_argument(rng, bad, error, pattern):
+    p = problem(rng)
+    with pytest.raises(error, match=pattern):
+        indexer.score_topk(*p.args(), backend="numpy", stream=bad)
+    cu = np.array([0, p.q.shape[0]], dtype=np.int32)
+    with pytest.raises(error, match=pattern):
+        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[:1], cu,
+                                  p.valid_lens, p.top_k, backend="numpy", stream=bad)
+
+
+def test_stream_on_the_numpy_backend_is_ignored(rng):
+    p = problem(rng)
+    got = indexer.score_topk(*p.args(), backend="numpy", stream=0)
+    np.testing.assert_array_equal(got, reference.score_topk(*p.args()))
+    got = indexer.score_topk(*p.args(), backend="numpy", stream=_FakeTorchStream())
+    np.testing.assert_array_equal(got, reference.score_topk(*p.args()))
+
+
+def test_ragged_with_no_sequences_is_refused(rng):
+    p = problem(rng)
+    empty = np.zeros((0, 3), dtype=np.int32)
+    cu = np.zeros(1, dtype=np.int32)
+    with pytest.raises(ValueError, match="^(block_table|cu_seqlens_q)"):
+        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, empty, cu, p.valid_lens,
+                                  p.top_k, backend="numpy", validate=False)
