@@ -123,9 +123,13 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         sl = geometry.score_fp32_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
         heads = 0
     else:
-        use_wgmma = fast_kernel == "wgmma" or (fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev))
+        # the wgmma kernel's bulk copies need 16-byte aligned scale rows of whole blocks
+        use_wgmma = fast_kernel == "wgmma" or (
+            fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E)
+            and key_scale.data.ptr % 16 == 0)
         if use_wgmma:
-            sl = geometry.score_wgmma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
+            _check_alignment("key_scale", key_scale, 16)
+            sl = geometry.score_wgmma_launch(prob.T, prob.H, prob.D, prob.max_len, dev, E=prob.E)
             heads = 64
         else:
             sl = geometry.score_mma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
@@ -171,9 +175,15 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         nr = r1 - r0
         counters.fill(0)
         lens = valid_lens[r0:r1]
-        score_k((nr, sl.grid[1]), sl.block,
+        if sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
+            grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
+        elif not exact and use_wgmma:
+            grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))
+        else:
+            grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
+        score_k(grid, sl.block,
                 (query[0][r0:r1], query[1][r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
-                 *shape_args, i32(sl.tiles_per_cta), scores_ws, ld, *(() if exact else (hist,))),
+                 *sched_args, scores_ws, ld, *(() if exact else (hist,))),
                 shared_mem=sl.smem)
         if score_only:
             continue

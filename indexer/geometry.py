@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "select_fast_chunks",
+           "wgmma_supported", "wgmma_smem_bytes", "select_fast_chunks", "MAX_BALANCED_ROWS",
            "workspace_rows", "workspace_row_bytes", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -42,6 +42,7 @@ class ScoreLaunch:
     smem: int              # dynamic shared memory, bytes
     tiles_per_cta: int
     ld: int                # workspace row stride in floats (a multiple of TILE_ENTRIES)
+    balanced: bool = False  # grid (G,): every CTA takes an equal share of all rows' tiles
 
 
 def head_groups(H: int) -> int:
@@ -113,23 +114,48 @@ def score_mma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
                        tiles_per_cta=per_cta, ld=tiles * TILE_ENTRIES)
 
 
-def wgmma_supported(H: int, D: int, dev: Device = H200) -> bool:
-    """The warpgroup-MMA kernel covers Hopper (sm_90a), up to 64 heads and D up to 128."""
-    return dev.compute_capability == 90 and H <= 64 and D <= 128
+#: rows the balanced schedule of the wgmma kernel holds (kernels/score_wgmma.cu: kMaxBalancedRows)
+MAX_BALANCED_ROWS = 1024
+_WGMMA_STAGES = 4  # kernels/score_wgmma.cu: kStages
+
+
+def wgmma_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
+    """The warpgroup-MMA kernel covers Hopper (sm_90a), up to 64 heads, D up to 128, and
+    pools whose block size E is a power of two with E * D/16 a multiple of 16 (its keys
+    arrive by bulk copies of whole block runs, 16-byte multiples)."""
+    return (dev.compute_capability == 90 and H <= 64 and D <= 128 and E > 0 and E & (E - 1) == 0
+            and (E * (D // 16)) % 16 == 0)
+
+
+def wgmma_smem_bytes(D: int) -> int:
+    """Shared memory of ``score_wgmma_kernel<D>`` (kernels/score_wgmma.cu: WgmmaSmem)."""
+    stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+    return ((D // 8) * 1024 + 64 * 4 + _WGMMA_STAGES * stage + _WGMMA_STAGES * TILE_ENTRIES * 4
+            + _WGMMA_STAGES * 8 + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4)
 
 
 def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
-                       ctas_per_sm: int = 3) -> ScoreLaunch:
+                       ctas_per_sm: int = 3, E: int = 64) -> ScoreLaunch:
     """Geometry of ``score_wgmma_kernel``: one warpgroup, 128 entries per CTA iteration
-    (two wgmma sub-tiles of 64), the query in wgmma's core-matrix layout; runs of tiles as
-    for ``score_mma_launch``."""
-    if not wgmma_supported(H, D, dev):
-        raise ValueError(f"q: the wgmma kernel needs sm_90, H <= 64 and D <= 128, got H = {H}, D = {D}")
+    (two wgmma sub-tiles of 64), the query in wgmma's core-matrix layout.
+
+    Up to ``MAX_BALANCED_ROWS`` rows, one wave of CTAs (``ctas_per_sm`` per SM) shares the
+    tiles of all rows equally, whatever their lengths (found on the device, no host sync):
+    a ragged batch costs its total length, not its longest row times the batch. Beyond
+    that, runs of tiles per row as for ``score_mma_launch``.
+    """
+    if not wgmma_supported(H, D, dev, E):
+        raise ValueError(f"q: the wgmma kernel needs sm_90, H <= 64, D <= 128 and a power-of-two E with "
+                         f"E * D/16 a multiple of 16, got H = {H}, D = {D}, E = {E}")
+    smem = wgmma_smem_bytes(D)
+    name = f"score_wgmma_kernel<{D}>"
+    ld = tiles_per_row(max_len) * TILE_ENTRIES
+    if T <= MAX_BALANCED_ROWS:
+        return ScoreLaunch(name=name, grid=(dev.sm_count * ctas_per_sm, 1), block=(128,), smem=smem,
+                           tiles_per_cta=0, ld=ld, balanced=True)
     base = score_mma_launch(T, 64, D, max_len, dev, ctas_per_sm)
-    stage = TILE_ENTRIES * (D // 2) + -(-(TILE_ENTRIES * (D // 16)) // 16) * 16
-    smem = (D // 8) * 1024 + 64 * 4 + _MMA_STAGES * stage + (_MMA_STAGES + 1) * TILE_ENTRIES * 8 + HIST_BINS * 4
-    return ScoreLaunch(name=f"score_wgmma_kernel<{D}>", grid=base.grid, block=(128,), smem=smem,
-                       tiles_per_cta=base.tiles_per_cta, ld=base.ld)
+    return ScoreLaunch(name=name, grid=base.grid, block=(128,), smem=smem, tiles_per_cta=base.tiles_per_cta,
+                       ld=ld)
 
 
 def select_fast_chunks(ld: int) -> int:

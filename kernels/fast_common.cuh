@@ -296,7 +296,11 @@ __device__ __forceinline__ void read_row(const unsigned char* st, int row, int c
 #pragma unroll
         for (int m2 = 0; m2 < kWords / 2; m2 += 2) {
             const int g0 = c * (kDim / 64) + m2;
-            const u32 two = (m2 + 1 < kWords / 2) ? (u32)srow[g0] | ((u32)srow[g0 + 1] << 8) : (u32)srow[g0];
+            u32 two;
+            if constexpr (kDim % 128 == 0)  // g0 even: one aligned 16-bit load
+                two = *reinterpret_cast<const unsigned short*>(srow + g0);
+            else
+                two = (m2 + 1 < kWords / 2) ? (u32)srow[g0] | ((u32)srow[g0 + 1] << 8) : (u32)srow[g0];
             const u32 v = scales_to_f16x2<kScaleMul>(two);
             sc[2 * m2] = sc[2 * m2 + 1] = splat_lo(v);
             if (m2 + 1 < kWords / 2) sc[2 * m2 + 2] = sc[2 * m2 + 3] = splat_hi(v);

@@ -12,6 +12,7 @@
 //   * accumulators (2 x 32 floats a thread) read by the epilogue only after wgmma.wait_group.
 // Keys stream through KeyRing (fast_common.cuh); the epilogue is score_mma.cu's.
 #include "fast_common.cuh"
+#include "bulk_copy.cuh"
 
 namespace score_wgmma {
 constexpr int kHeads = 64;          // N of the MMA: heads padded to 64
@@ -21,6 +22,9 @@ constexpr int kLbo = (kHeads / 8) * kCoreBytes;  // bytes between core matrices 
 // E2M1 through the hardware E4M3 conversion (values * 2^-6, scales * 2^-2) rather than
 // logic ops (values * 2^-14, scales * 2^6); the products are the same fp16 numbers
 constexpr bool kCvtDecode = true;
+constexpr int kStages = 4;          // shared-memory ring depth (tiles)
+constexpr int kTile = 128;          // entries per ring stage: two sub-tiles
+constexpr int kMaxBalancedRows = 1024;  // rows the balanced schedule holds in shared memory
 constexpr u32 kScaleMul = kCvtDecode ? 0x34003400u : 0x54005400u;
 }  // namespace score_wgmma
 
@@ -68,60 +72,182 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const u32 (&a)[4
 #endif
 }
 
+
+// Shared-memory bytes of one ring stage (codes, then scales), 128-byte aligned.
+__host__ __device__ constexpr int wgmma_stage_bytes(int D) {
+    return ((score_wgmma::kTile * (D / 2) + score_wgmma::kTile * (D / 16)) + 127) / 128 * 128;
+}
+
+// ---------------------------------------------------------------------------
+// The key stream of one CTA through one query row: tiles of 128 entries land in a ring of
+// kStages shared-memory stages by bulk copies, one per (tile, pool block) for the codes and
+// one for the scales, issued by threads 0 .. kTile / rows_per_copy - 1 (E a power of two:
+// a tile covers 128 / E whole blocks, or 128 entries of one block). A copy reports to its
+// stage's mbarrier, which every thread arrives at once per tile, so one wait tells a thread
+// the whole tile has landed. Block ids and global scales are loaded two and one tiles ahead
+// (registers), so no thread waits on its own global loads. Pool blocks that are out of
+// range or past the row's visible end are not copied: their stage rows keep stale bytes
+// and their global scale reads NaN, so their scores are NaN (never selected) or lie past n
+// (never read).
+// ---------------------------------------------------------------------------
 template <int kDim>
-__global__ void __launch_bounds__(128, 3)
-score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] from prep_query_kernel<kDim, 8>
-                   const float* __restrict__ w_scaled,      // [T, 64]
-                   const u8* __restrict__ keys_fp4,         // [P, E, D/2]
-                   const u8* __restrict__ key_scale,        // [P, E, D/16]
-                   const float* __restrict__ key_gscale,    // [P]
-                   const int* __restrict__ block_table,     // [T, L]
-                   const int* __restrict__ valid_lens,      // [T]
-                   int P, int E, int e_shift, int L, int tiles_per_cta,
-                   float* __restrict__ scores,              // [T, ld] workspace
-                   long long ld,
-                   u32* __restrict__ hist)                  // [T, kHistBins]
-{
+struct BulkRing {
+    static constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
+    static constexpr int kStageBytes = wgmma_stage_bytes(kDim);
+    static constexpr int kScaleOffset = score_wgmma::kTile * kCodeBytes;
+    static constexpr int kS = score_wgmma::kStages;
+
+    unsigned char* ring;  // [kS][kStageBytes]
+    float* meta_gs;       // [kS][kTile]: global scale of each copy (index: row >> row_shift)
+    u64* bars;            // [kS]
+    const u8* __restrict__ keys_fp4;
+    const u8* __restrict__ key_scale;
+    const float* __restrict__ key_gscale;
+    const int* __restrict__ bt;  // this row's block table
+    int P, E, e_shift, n, first_tile, num_tiles, jbase;
+    int row_shift;        // log2(rows per copy) = log2(min(E, 128))
+    int copies;           // copies per tile = 128 >> row_shift
+    int b_next2, b_next;  // prefetched block ids (tiles it + kS, it + kS - 1 ... see advance)
+    float g_next;
+
+    // Is this thread an issuer (thread i < copies: the i-th block run of every tile)?
+    __device__ bool issuer(int tid) const { return tid < copies; }
+
+    // block id of my run of tile j of this segment, -1 when not visible or out of range
+    __device__ int block_of(int j, int tid) const {
+        const int s = (first_tile + j) * score_wgmma::kTile + (tid << row_shift);
+        if (j >= num_tiles || s >= n) return -1;
+        const int b = bt[s >> e_shift];
+        return (b >= 0 && b < P) ? b : -1;
+    }
+    __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }
+
+    // Issue tile j (segment-relative) into its stage: every thread arrives once.
+    __device__ void issue(int j, int tid, int b, float g) {
+        const int slot = (u32)(jbase + j) % kS;
+        u64* bar = bars + slot;
+        if (!issuer(tid)) {
+            mbar_arrive(bar);
+            return;
+        }
+        meta_gs[slot * score_wgmma::kTile + tid] = g;
+        if (b < 0) {
+            mbar_arrive(bar);
+            return;
+        }
+        const int rows = 1 << row_shift;
+        const int s = (first_tile + j) * score_wgmma::kTile + (tid << row_shift);
+        const long long ent = (long long)b * E + (s & (E - 1));
+        unsigned char* st = ring + slot * kStageBytes;
+        const u32 code_bytes = rows * kCodeBytes, scale_bytes = rows * kScaleBytes;
+        mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
+        bulk_copy_g2s(st + tid * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
+        bulk_copy_g2s(st + kScaleOffset + tid * scale_bytes, key_scale + ent * kScaleBytes, scale_bytes, bar);
+    }
+
+    // Before the loop (after the caller's barrier that retired the previous segment):
+    // tiles 0 .. kS - 2 issued, block ids of the next two tiles in flight.
+    __device__ void start(int tid) {
+        for (int j = 0; j < kS - 1; ++j) {
+            const int b = j < num_tiles && issuer(tid) ? block_of(j, tid) : -1;
+            if (j < num_tiles) issue(j, tid, b, scale_of(b));
+        }
+        b_next = issuer(tid) ? block_of(kS - 1, tid) : -1;
+        b_next2 = issuer(tid) ? block_of(kS, tid) : -1;
+        g_next = scale_of(b_next);
+    }
+
+    // Top of iteration it: wait for tile it, barrier (every thread is done with tile it - 1,
+    // whose stage is refilled now), issue tile it + kS - 1, advance the prefetch.
+    __device__ void begin_tile(int it, int tid) {
+        const int j = jbase + it;
+        mbar_wait(bars + (u32)j % kS, ((u32)j / kS) & 1u);
+        __syncthreads();
+        if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);
+        b_next = b_next2;
+        g_next = scale_of(b_next);
+        b_next2 = issuer(tid) ? block_of(it + kS + 1, tid) : -1;
+    }
+    __device__ const unsigned char* stage(int it) const { return ring + (u32)(jbase + it) % kS * kStageBytes; }
+    __device__ float gscale(int it, int row) const {
+        return meta_gs[(u32)(jbase + it) % kS * score_wgmma::kTile + (row >> row_shift)];
+    }
+};
+
+// My (fragment column c) code words of stage row `row` and the fp16x2 scale splats
+// (the stage layout of BulkRing: codes [128][D/2], then scales [128][D/16]).
+template <int kDim>
+__device__ __forceinline__ void read_stage_row(const unsigned char* st, int row, int c, u32 (&raw)[kDim / 32],
+                                               u32 (&sc)[kDim / 32]) {
+    static_assert(KeyRing<kDim>::kCodeBytes == BulkRing<kDim>::kCodeBytes &&
+                  KeyRing<kDim>::kScaleOffset == BulkRing<kDim>::kScaleOffset, "same stage layout as KeyRing");
+    read_row<kDim, score_wgmma::kScaleMul>(st, row, c, raw, sc);
+}
+
+template <int kDim>
+struct WgmmaSmem {
+    static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;  // B in core-matrix layout
+    static constexpr int kW = kQBytes;                               // float[64]
+    static constexpr int kRing = kW + 64 * 4;                        // BulkRing stages (128-aligned)
+    static constexpr int kMeta = kRing + score_wgmma::kStages * BulkRing<kDim>::kStageBytes;
+    static constexpr int kBars = kMeta + score_wgmma::kStages * score_wgmma::kTile * 4;
+    static constexpr int kHist = kBars + score_wgmma::kStages * 8;
+    static constexpr int kSched = kHist + score_mma::kHistBins * 4;  // int[kMaxBalancedRows + 1]
+    static constexpr int kScratch = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;  // u32[32]
+    static constexpr int kBytes = kScratch + 32 * 4;
+};
+
+// Score one segment of one row: tiles first_tile .. first_tile + num_tiles - 1 of row t
+// (num_tiles > 0). Ring slots continue from jbase (the tiles this CTA scored before).
+template <int kDim>
+__device__ __forceinline__ void score_segment(
+    unsigned char* smem, const unsigned short* __restrict__ q16, const float* __restrict__ w_scaled,
+    const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
+    const int* __restrict__ block_table, int t, int n, int first_tile, int num_tiles, int jbase, int P, int E,
+    int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
     using namespace score_wgmma;
-    using Ring = KeyRing<kDim>;
-    static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 128, "D must be a multiple of 32 in [32, 128]");
+    using Smem = WgmmaSmem<kDim>;
     constexpr int kWords = kDim / 32, kKSteps = kDim / 16;
-    constexpr int kRowHalves = kDim + 8;                   // row of q16 in global memory
-    constexpr int kQBytes = (kDim / 8) * kLbo;             // B in core-matrix layout
-    constexpr int kThreads = 128, kTile = score_mma::kTileEntries;
+    constexpr int kRowHalves = kDim + 8;  // row of q16 in global memory
+    constexpr int kThreads = 128;
     constexpr int kHistBins = score_mma::kHistBins;
-
-    extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char* qb = smem;                                            // [D/8][8][8 heads][16 B]
-    float* wsm = reinterpret_cast<float*>(smem + kQBytes);               // [64]
-    unsigned char* ring_smem = reinterpret_cast<unsigned char*>(wsm + kHeads);
-    u32* hist_s = reinterpret_cast<u32*>(ring_smem + Ring::kSmemBytes);  // [kHistBins]
-
-    const int t = blockIdx.x;
+    unsigned char* qb = smem;  // [D/8][8][8 heads][16 B]
+    float* wsm = reinterpret_cast<float*>(smem + Smem::kW);
+    u32* hist_s = reinterpret_cast<u32*>(smem + Smem::kHist);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    Ring keys;
-    if (!keys.init(ring_smem, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t, P, E, e_shift, L,
-                   tiles_per_cta))
-        return;  // uniform: this CTA's tiles lie past the row's end
-    const int n = keys.n, first_tile = keys.first_tile, num_tiles = keys.num_tiles;
 
-    // ---- prologue: the query into the core-matrix layout (first copy group), weights,
-    // metadata and copies of the first stages
+    BulkRing<kDim> keys;
+    keys.ring = smem + Smem::kRing;
+    keys.meta_gs = reinterpret_cast<float*>(smem + Smem::kMeta);
+    keys.bars = reinterpret_cast<u64*>(smem + Smem::kBars);
+    keys.keys_fp4 = keys_fp4; keys.key_scale = key_scale; keys.key_gscale = key_gscale;
+    keys.bt = block_table + (long long)t * L;
+    keys.P = P; keys.E = E; keys.e_shift = e_shift; keys.n = n;
+    keys.first_tile = first_tile; keys.num_tiles = num_tiles; keys.jbase = jbase;
+    keys.row_shift = e_shift < 7 ? e_shift : 7;
+    keys.copies = kTile >> keys.row_shift;
+
+    // ---- prologue: the query into the core-matrix layout, weights, histogram, first tiles
     {
         const unsigned short* qsrc = q16 + (long long)t * kHeads * kRowHalves;
         for (int i = tid; i < kHeads * (kDim / 8); i += kThreads) {
             const int h = i / (kDim / 8), kc = i % (kDim / 8);
             cp_async_16(qb + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16, qsrc + h * kRowHalves + kc * 8, true);
         }
+        cp_async_commit();
         for (int h = tid; h < kHeads; h += kThreads) wsm[h] = w_scaled[(long long)t * kHeads + h];
     }
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
-    keys.prime_metadata(tid);
+    keys.start(tid);
+    cp_async_wait<0>();
+    fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
     __syncthreads();
-    keys.start_copies(tid);  // group 0 also holds the query copied above
 
     const int g = lane >> 2, c = lane & 3;
     float* out = scores + (long long)t * ld;
+    // the query's descriptor for k-step 0; k-step ks starts 2 * ks * kLbo bytes further (the
+    // address field, bytes / 16, cannot carry: shared memory is below 256 KB)
+    const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
     // Sub-tile u of a tile accumulates into acc[u] from a_frag[u]: both sub-tiles' MMAs are
     // in flight at once, so sub-tile 0's MMAs overlap sub-tile 1's decode and sub-tile 1's
     // MMAs overlap sub-tile 0's epilogue.
@@ -144,26 +270,30 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         hi += __shfl_xor_sync(FULL_MASK, hi, 1);
         lo += __shfl_xor_sync(FULL_MASK, lo, 2);
         hi += __shfl_xor_sync(FULL_MASK, hi, 2);
-        if (c == 0) store_score(out, s0, lo, g0, n, hist_s);
-        if (c == 1) store_score(out, s0 + 8, hi, g1, n, hist_s);
+        // lane c = 0 stores row r0, lane c = 1 row r0 + 8 (one predicated path, no branches)
+        if (c < 2) {
+            const int s = s0 + 8 * c;
+            const float score = (c ? hi : lo) * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
+            out[s] = score;
+            const u32 key = score_to_key(score);
+            if (s < n && key) atomicAdd(&hist_s[key >> 21], 1u);
+        }
     };
 
     for (int it = 0; it < num_tiles; ++it) {
         keys.begin_tile(it, tid);
         const unsigned char* st = keys.stage(it);
-        const float* gs = keys.gs(it);
         const int tile_start = (first_tile + it) * kTile;
-        // Sub-tile 0's MMAs run while sub-tile 1 decodes, and sub-tile 1's while sub-tile
-        // 0's epilogue runs. No MMA stays in flight across iterations: ptxas serialises
-        // every wgmma when accumulators are read in a pipeline stage crossing the loop's
-        // back edge; the other CTAs on the SM fill the tensor pipe in the gap.
+        // No MMA stays in flight across iterations: ptxas serialises every wgmma when
+        // accumulators are read in a pipeline stage crossing the loop's back edge; the
+        // other CTAs on the SM fill the tensor pipe in the gap.
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             // decode sub-tile u: my rows r0 = 16*warp + g and r0 + 8 of it
             const int r0 = u * kSubTile + 16 * warp + g;
             u32 raw0[kWords], sc0[kWords], raw1[kWords], sc1[kWords];
-            read_row<kDim, kScaleMul>(st, r0, c, raw0, sc0);
-            read_row<kDim, kScaleMul>(st, r0 + 8, c, raw1, sc1);
+            read_stage_row<kDim>(st, r0, c, raw0, sc0);
+            read_stage_row<kDim>(st, r0 + 8, c, raw1, sc1);
 #pragma unroll
             for (int wd = 0; wd < kWords; ++wd) {
                 u32 d0[4], d1[4];
@@ -188,18 +318,110 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < kKSteps; ++ks)
-                wgmma_m64n64k16(acc[u], a_frag[u][ks], wgmma_desc(qb + 2 * ks * kLbo, kLbo, kCoreBytes), ks > 0);
+                wgmma_m64n64k16(acc[u], a_frag[u][ks], desc_q + (u64)((2 * ks * kLbo) >> 4), ks > 0);
             wgmma_commit();
         }
         const int r0 = 16 * warp + g;
         wgmma_wait<1>();
         fence_accumulators(acc[0]);
-        epilogue(acc[0], tile_start + r0, gs[r0], gs[r0 + 8]);
+        epilogue(acc[0], tile_start + r0, keys.gscale(it, r0), keys.gscale(it, r0 + 8));
         wgmma_wait<0>();
         fence_accumulators(acc[1]);
-        epilogue(acc[1], tile_start + kSubTile + r0, gs[kSubTile + r0], gs[kSubTile + r0 + 8]);
+        epilogue(acc[1], tile_start + kSubTile + r0, keys.gscale(it, kSubTile + r0),
+                 keys.gscale(it, kSubTile + r0 + 8));
     }
-    cp_async_wait<0>();
-    __syncthreads();
+    __syncthreads();  // histogram complete; every stage read (the next segment refills them)
     flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
+    __syncthreads();
+}
+
+// Two schedules, one kernel:
+//   * balanced (grid (G,)): the tiles of all rows, concatenated, are cut into G nearly equal
+//     ranges, one per CTA; a range may span several rows (a segment per row). Ragged batches
+//     and single long rows keep every SM busy. Needs T <= kMaxBalancedRows.
+//   * per row (grid (T, chunks)): CTA (t, y) scores tiles y * tiles_per_cta .. of row t.
+// E must be a power of two with E * D/16 a multiple of 16 (bulk copies of whole block runs);
+// key_scale 16-byte aligned. The launcher checks both.
+template <int kDim>
+__global__ void __launch_bounds__(128, 3)
+score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] from prep_query_kernel<kDim, 8>
+                   const float* __restrict__ w_scaled,      // [T, 64]
+                   const u8* __restrict__ keys_fp4,         // [P, E, D/2]
+                   const u8* __restrict__ key_scale,        // [P, E, D/16]
+                   const float* __restrict__ key_gscale,    // [P]
+                   const int* __restrict__ block_table,     // [T, L]
+                   const int* __restrict__ valid_lens,      // [T]
+                   int T, int P, int E, int e_shift, int L, int tiles_per_cta, int balanced,
+                   float* __restrict__ scores,              // [T, ld] workspace
+                   long long ld,
+                   u32* __restrict__ hist)                  // [T, kHistBins]
+{
+    using namespace score_wgmma;
+    using Smem = WgmmaSmem<kDim>;
+    static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 128, "D must be a multiple of 32 in [32, 128]");
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x;
+    const int max_len = L * E;
+    auto visible = [&](int row) {
+        const int len = valid_lens[row];
+        return len < 0 ? 0 : (len > max_len ? max_len : len);
+    };
+
+    u64* bars = reinterpret_cast<u64*>(smem + Smem::kBars);
+    if (tid < kStages) mbar_init(bars + tid, 128);
+    mbar_init_fence();
+
+    int* start = reinterpret_cast<int*>(smem + Smem::kSched);
+    int t = blockIdx.x, seg_first = 0, seg_num = 0, g = 0, g_end = 0;
+    if (!balanced) {
+        seg_first = blockIdx.y * tiles_per_cta;
+        seg_num = min(seg_first + tiles_per_cta, (visible(t) + kTile - 1) / kTile) - seg_first;
+        __syncthreads();  // barriers initialised
+    } else {
+        // start[r] = tiles of rows before r (exclusive scan, in shared memory)
+        u32* scratch = reinterpret_cast<u32*>(smem + Smem::kScratch);
+        constexpr int kPer = kMaxBalancedRows / 128;
+        u32 mine[kPer], sum = 0u;
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const int row = tid * kPer + j;
+            mine[j] = row < T ? (u32)((visible(row) + kTile - 1) / kTile) : 0u;
+            sum += mine[j];
+        }
+        u32 total;
+        u32 base = block_exclusive_scan<128>(sum, scratch, &total);  // its barriers also publish the mbarrier init
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const int row = tid * kPer + j;
+            if (row < T) start[row] = (int)base;
+            base += mine[j];
+        }
+        if (tid == 0) start[T] = (int)total;
+        __syncthreads();
+        const long long G = gridDim.x;
+        g = (int)((long long)total * blockIdx.x / G);
+        g_end = (int)((long long)total * (blockIdx.x + 1) / G);
+        if (g < g_end) {
+            // the row holding tile g: the last r with start[r] <= g (empty rows share starts)
+            int lo = 0, hi = T - 1;
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (start[mid] <= g) lo = mid; else hi = mid - 1;
+            }
+            t = lo;
+            seg_first = g - start[t];
+            seg_num = min(g_end, start[t + 1]) - g;
+        }
+    }
+    int jbase = 0;
+    while (seg_num > 0) {
+        score_segment<kDim>(smem, q16, w_scaled, keys_fp4, key_scale, key_gscale, block_table, t, visible(t),
+                            seg_first, seg_num, jbase, P, E, e_shift, L, scores, ld, hist);
+        jbase += seg_num;
+        g += seg_num;
+        if (!balanced || g >= g_end) break;
+        do { ++t; } while (start[t + 1] <= g);  // the next row with tiles
+        seg_first = 0;
+        seg_num = min(g_end, start[t + 1]) - g;
+    }
 }

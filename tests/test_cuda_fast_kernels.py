@@ -41,8 +41,55 @@ def run(p, kernel, **kw):
 def test_random(kernel, H, D, E, top_k, T, lens):
     rng = np.random.default_rng(H * 1000 + D + E)
     p = testing.random_problem(rng, T=T, H=H, D=D, E=E, lens=lens, L=None if lens else 5, top_k=top_k)
+    if kernel == "wgmma" and not geometry.wgmma_supported(H, D, geometry.H200, E):
+        # the wgmma kernel copies whole block runs: a forced call says why, auto falls back
+        with pytest.raises(ValueError, match="power-of-two E"):
+            run(p, kernel)
+        kernel = "auto"
     idx, sc = run(p, kernel)
     testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
+
+
+@pytest.mark.parametrize("kernel", kernels())
+@pytest.mark.parametrize("T,E,max_len,seed", [
+    (1, 64, 65_536, 0),       # one long row spread over every CTA
+    (37, 64, 9_000, 1),       # ragged: lengths 0 .. 9,000, zeros and off-edge lengths included
+    (300, 2, 700, 2),         # many short rows, 2-entry blocks (16-byte scale runs)
+    (5, 256, 3_000, 3),       # blocks longer than a tile
+    (1025, 128, 400, 4),      # past MAX_BALANCED_ROWS: runs of tiles per row
+])
+def test_ragged_batches_and_schedules(kernel, T, E, max_len, seed):
+    rng = np.random.default_rng(100 + seed)
+    lens = rng.integers(0, max_len + 1, size=T)
+    lens[rng.random(T) < 0.2] = 0
+    lens[0] = max_len
+    if T > 2:
+        lens[1] = 1
+        lens[2] = 129
+    top_k = 64 if T > 100 else 300
+    p = testing.random_problem(rng, T=T, H=64, D=128, E=E, lens=lens, top_k=top_k, gscale_spread=2.0)
+    idx, sc = run(p, kernel)
+    testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
+
+
+def test_wgmma_falls_back_when_scales_are_not_16_byte_aligned():
+    from indexer import cuda_ops
+
+    if "wgmma" not in kernels():
+        pytest.skip("no Hopper GPU")
+    cp = arrays.cupy()
+    rng = np.random.default_rng(7)
+    p = testing.random_problem(rng, T=3, H=64, D=128, E=64, lens=2000, top_k=50)
+    args = [cp.asarray(a) for a in p.arrays()]
+    # the same scales 8 bytes into a bigger buffer: 8-byte aligned, not 16
+    buf = cp.zeros(args[3].size + 8, dtype=cp.uint8)
+    buf[8:] = args[3].ravel()
+    args[3] = buf[8:].reshape(args[3].shape)
+    assert args[3].data.ptr % 16 == 8
+    with pytest.raises(ValueError, match="key_scale.*16-byte"):
+        cuda_ops.score_topk(*args, p.top_k, _fast_kernel="wgmma")
+    idx, sc = cuda_ops.score_topk(*args, p.top_k, return_scores=True)  # auto: mma.sync
+    testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
 
 
 @pytest.mark.parametrize("kernel", kernels())

@@ -68,16 +68,35 @@ def test_wgmma_covers_hopper_up_to_64_heads_and_d_128(H, D, ok):
     ampere = Device(sm_count=108, max_smem_per_block=166912, compute_capability=80)
     assert not geometry.wgmma_supported(H, D, ampere)
     if ok:
+        # up to MAX_BALANCED_ROWS rows: one wave of 3 CTAs per SM shares all rows' tiles
         sl = geometry.score_wgmma_launch(64, H, D, 262_144)
         mma = geometry.score_mma_launch(64, 64, D, 262_144)
-        assert sl.name == f"score_wgmma_kernel<{D}>" and sl.grid == mma.grid and sl.ld == mma.ld
-        assert 0 < sl.smem <= H200.max_smem_per_block
+        assert sl.name == f"score_wgmma_kernel<{D}>" and sl.balanced and sl.grid == (3 * H200.sm_count, 1)
+        assert sl.ld == mma.ld
+        # three CTAs (plus the 1 KB each reserves) fit the H200's 228 KB of shared memory per SM
+        assert 0 < sl.smem and 3 * (sl.smem + 1024) <= 228 * 1024
+        assert sl.smem == geometry.wgmma_smem_bytes(D)
+        # more rows: runs of tiles per row, as the mma.sync kernel
+        many = geometry.MAX_BALANCED_ROWS + 1
+        sl = geometry.score_wgmma_launch(many, H, D, 4096)
+        mma = geometry.score_mma_launch(many, 64, D, 4096)
+        assert not sl.balanced and sl.grid == mma.grid and sl.tiles_per_cta == mma.tiles_per_cta
         from indexer import _jit
 
         assert sl.name in _jit.INSTANCES["score_wgmma.cu"]
     else:
         with pytest.raises(ValueError, match="wgmma"):
             geometry.score_wgmma_launch(64, H, D, 1000)
+
+
+@pytest.mark.parametrize("E,D,ok", [(64, 128, True), (2, 128, True), (256, 128, True), (1, 128, False),
+                                    (48, 128, False), (8, 96, True), (4, 96, False), (8, 32, True), (4, 32, False)])
+def test_wgmma_needs_whole_block_runs_of_16_byte_multiples(E, D, ok):
+    # its keys arrive by bulk copies of E (or 128) rows: E a power of two, E * D/16 % 16 == 0
+    assert geometry.wgmma_supported(64, D, H200, E) is ok
+    if not ok:
+        with pytest.raises(ValueError, match="power-of-two E"):
+            geometry.score_wgmma_launch(4, 64, D, 1000, E=E)
 
 
 def test_many_rows_get_about_eight_waves():

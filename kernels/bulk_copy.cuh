@@ -1,0 +1,50 @@
+// bulk_copy.cuh: Hopper's bulk asynchronous copies (the TMA engine, no tensor map) and the
+// shared-memory barriers that track them.
+//
+// One thread issues a copy of a contiguous run of bytes (a multiple of 16, both addresses
+// 16-byte aligned) from global to shared memory; the copy reports its bytes to an mbarrier,
+// whose phase completes once every expected arrival has come and every expected byte has
+// landed. Compiled for every target; the instructions exist on sm_90 and later only, and
+// the launcher picks the kernels that use them on Hopper only.
+#pragma once
+#include "common.cuh"
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+#if __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(u64* bar, u32 arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+}
+// make barrier initialisation visible to the async proxy (then a __syncthreads)
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// arrive, announcing `bytes` more bytes to land in this phase
+__device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+// global -> shared, `bytes` (multiple of 16) reported to `bar`
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+// order this thread's earlier shared-memory accesses before later async-proxy ones
+// (shared memory written with ordinary stores, then read by wgmma or overwritten by a bulk copy)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#else
+__device__ __forceinline__ void mbar_init(u64*, u32) { __trap(); }
+__device__ __forceinline__ void mbar_init_fence() {}
+__device__ __forceinline__ void mbar_arrive(u64*) { __trap(); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(u64*, u32) { __trap(); }
+__device__ __forceinline__ void mbar_wait(u64*, u32) { __trap(); }
+__device__ __forceinline__ void bulk_copy_g2s(void*, const void*, u32, u64*) { __trap(); }
+__device__ __forceinline__ void fence_proxy_async() {}
+#endif
