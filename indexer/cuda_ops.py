@@ -43,7 +43,7 @@ def _check_alignment(name, x, nbytes):
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                precision="fast", return_scores=False, physical=False, validate=True,
-               workspace_budget=256 << 20, out=None, workspace=None, stream=None,
+               workspace_budget=geometry.DEFAULT_WORKSPACE_BYTES, out=None, workspace=None, stream=None,
                _score_only=False, _fast_kernel="auto"):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
     inputs (PyTorch tensors for PyTorch inputs), NumPy arrays when ``q`` came from the host,
@@ -134,11 +134,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         else:
             sl = geometry.score_mma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
             heads = 8 * geometry.mma_head_blocks(prob.H)
-    rows = geometry.workspace_rows(prob.T, sl.ld, workspace_budget)
+    # every buffer is per run of rows, so a call never takes more than the budget (beyond
+    # 256-byte rounding), however many rows it has
+    query_bytes = heads * (prob.D + 8) * 2 + heads * 4
+    rows = geometry.workspace_rows(prob.T, sl.ld, workspace_budget, query_bytes)
     bins, cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
     ws = _carve({
-        "q16": prob.T * heads * (prob.D + 8) * 2,  # fast path: the staged query
-        "w_scaled": prob.T * heads * 4,
+        "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
+        "w_scaled": rows * heads * 4,
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
         "counters": rows * (bins + 2) * 4,           # histogram, threshold bin, candidate count
         "cand": rows * cap * 8,                      # candidate (key, index) pairs
@@ -153,15 +156,12 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
 
     if exact:
         score_k = _kernel("score_fp32.cu", sl.name, device_id, sl.smem)
-        query = (q, w)
         shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
         score_k = _kernel("score_wgmma.cu" if use_wgmma else "score_mma.cu", sl.name, device_id, sl.smem)
         prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
-        q16 = ws["q16"].view(cp.uint16).reshape(prob.T, heads, prob.D + 8)
-        w_scaled = ws["w_scaled"].view(cp.float32).reshape(prob.T, heads)
-        prep_k((prob.T,), (128,), (q, w, i32(prob.H), q16, w_scaled))
-        query = (q16, w_scaled)
+        q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
+        w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
         shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
     hist_k = _kernel("select_fast.cu", "topk_histogram_kernel<256, 16>", device_id)
@@ -175,6 +175,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         nr = r1 - r0
         counters.fill(0)
         lens = valid_lens[r0:r1]
+        if exact:
+            query = (q[r0:r1], w[r0:r1])
+        else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
+            prep_k((nr, heads // 8), (256,), (q[r0:r1], w[r0:r1], i32(prob.H), q16, w_scaled))
+            query = (q16, w_scaled)
         if sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
             grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
         elif not exact and use_wgmma:
@@ -182,7 +187,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         else:
             grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
         score_k(grid, sl.block,
-                (query[0][r0:r1], query[1][r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
+                (query[0], query[1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
                  *sched_args, scores_ws, ld, *(() if exact else (hist,))),
                 shared_mem=sl.smem)
         if score_only:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "select_fast_chunks", "MAX_BALANCED_ROWS",
-           "workspace_rows", "workspace_row_bytes", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -163,11 +163,19 @@ def select_fast_chunks(ld: int) -> int:
     return max(1, -(-ld // SELECT_CHUNK))
 
 
-def workspace_row_bytes(ld: int) -> int:
-    """Workspace bytes per query row: scores, histogram and counter, candidate buffer."""
-    return 4 * ld + 4 * (HIST_BINS + 2) + 8 * CANDIDATE_CAP
+#: default device workspace of one call: issue 4's bound on extra memory for decode
+DEFAULT_WORKSPACE_BYTES = 64 << 20
 
 
-def workspace_rows(T: int, ld: int, budget_bytes: int = 256 << 20) -> int:
-    """How many query rows of workspace fit the budget (at least one)."""
-    return max(1, min(T, budget_bytes // workspace_row_bytes(ld)))
+def workspace_row_bytes(ld: int, query_bytes: int = 0) -> int:
+    """Workspace bytes per query row: scores, histogram and counters, candidate buffer, and
+    ``query_bytes`` of staged query (the fast path's fp16 copy and scaled weights)."""
+    return 4 * ld + 4 * (HIST_BINS + 2) + 8 * CANDIDATE_CAP + query_bytes
+
+
+def workspace_rows(T: int, ld: int, budget_bytes: int = DEFAULT_WORKSPACE_BYTES, query_bytes: int = 0) -> int:
+    """Query rows per run: as many as fit the budget (at least one), spread evenly over the
+    runs so that no run is a small tail (each run pays the select's latency once)."""
+    fit = max(1, min(T, budget_bytes // workspace_row_bytes(ld, query_bytes)))
+    runs = -(-T // fit) if T else 1
+    return max(1, -(-T // runs))

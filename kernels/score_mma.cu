@@ -24,39 +24,49 @@
 // K slot kk of k-step s = 2*wd + hh holds d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where
 // c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8.
 template <int kDim, int kNBlocks>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(256)
 prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
                   unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8]
                   float* __restrict__ w_scaled)      // [T, kHeads]
 {
-    constexpr int kHeads = 8 * kNBlocks, kRowHalves = kDim + 8;
+    // grid (T, kHeads / 8), 8 warps: one head per warp. The row is read once, all loads in
+    // flight together, and permuted through shared memory (a chain of dependent global
+    // loads per head made this kernel cost ~20 us per call before).
+    constexpr int kHeads = 8 * kNBlocks, kRowHalves = kDim + 8, kPer = kDim / 32;
+    __shared__ float row_s[8][kDim];
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float* qt = q + (long long)t * H * kDim;
-    unsigned short* out = q16 + (long long)t * kHeads * kRowHalves;
-    for (int h = warp; h < kHeads; h += 4) {
-        float amax = 0.0f;
-        if (h < H)
-            for (int d = lane; d < kDim; d += 32) amax = fmaxf(amax, fabsf(qt[h * kDim + d]));
+    const int h = blockIdx.y * 8 + warp;
+    const float* qh = q + ((long long)t * H + h) * kDim;
+    float v[kPer];
+    float amax = 0.0f;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-        int e = 0;
-        if (amax > 0.0f && amax <= 3.402823466e38f) {
-            int ex;
-            frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
-            e = 15 - ex;
-        }
-        for (int i = lane; i < kRowHalves; i += 32) {
-            unsigned short hx = 0;
-            if (i < kDim && h < H) {
-                const int ks = i / 16, kk = i % 16;
-                const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8;
-                const int d = c * (kDim / 4) + 8 * wd + 4 * hh + 2 * j + lohi;
-                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hx) : "f"(ldexpf(qt[h * kDim + d], e)));
-            }
-            out[h * kRowHalves + i] = hx;
-        }
-        if (lane == 0) w_scaled[(long long)t * kHeads + h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
+    for (int j = 0; j < kPer; ++j) {
+        v[j] = h < H ? qh[lane + 32 * j] : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
     }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.402823466e38f) {
+        int ex;
+        frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+        e = 15 - ex;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) row_s[warp][lane + 32 * j] = v[j];
+    __syncwarp();
+    unsigned short* out = q16 + ((long long)t * kHeads + h) * kRowHalves;
+    for (int i = lane; i < kRowHalves; i += 32) {
+        unsigned short hx = 0;
+        if (i < kDim) {
+            const int ks = i / 16, kk = i % 16;
+            const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, jj = kk % 2, lohi = kk / 8;
+            const int d = c * (kDim / 4) + 8 * wd + 4 * hh + 2 * jj + lohi;
+            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hx) : "f"(ldexpf(row_s[warp][d], e)));
+        }
+        out[i] = hx;
+    }
+    if (lane == 0) w_scaled[(long long)t * kHeads + h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
 }
 
 // kDim: head dim (multiple of 32). kNBlocks: 8-head column blocks (even; heads padded).

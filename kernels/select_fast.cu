@@ -95,10 +95,17 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     const float* r = scores + (long long)row * ld;
     u64* out = cand + (long long)row * cap;
     const int lane = threadIdx.x & 31;
+    // every load in flight before the first (possibly atomic-bound) append
+    u32 keys[kPerThread];
+#pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
         const int i = start + j * kThreads + threadIdx.x;
-        u32 key = 0u;
-        if (i < n) key = score_to_key(r[i]);
+        keys[j] = i < n ? score_to_key(r[i]) : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+        const int i = start + j * kThreads + threadIdx.x;
+        const u32 key = keys[j];
         const bool take = key != 0u && (key >> kBinShift) >= bin;
         const u32 mask = __ballot_sync(FULL_MASK, take);
         if (mask == 0u) continue;
@@ -134,7 +141,7 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
                                          oi, os, buf);
         return;
     }
-    u32 size = 32u;
+    u32 size = 64u;  // bitonic_sort_desc needs at least 64 keys
     while (size < cnt) size <<= 1;
     const u64* src = cand + (long long)row * kCap;
     for (u32 i = tid; i < size; i += kThreads) buf[i] = i < cnt ? src[i] : 0ull;

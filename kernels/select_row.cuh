@@ -97,7 +97,7 @@ __device__ __forceinline__ void select_row_radix(
     const u32 m = m_raw < (u32)top_k ? m_raw : (u32)top_k;
 
     // ---- bitonic sort of the m winners, descending by (key, ~index)
-    u32 size = 32u;
+    u32 size = 64u;  // bitonic_sort_desc needs at least 64 keys
     while (size < m) size <<= 1;
     for (u32 i = m + tid; i < size; i += kThreads) cand[i] = 0ull;
     __syncthreads();

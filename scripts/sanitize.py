@@ -50,6 +50,16 @@ def cases():
             score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", precision=precision,
                        return_scores=True)
             ran += 1
+    # the wgmma kernel's schedules and bulk-copy runs: a balanced ragged batch (empty rows,
+    # rows spanning CTAs), 2- and 256-entry blocks, and more rows than the balanced schedule
+    # holds (runs of tiles per row)
+    for T, E, max_len in ((20, 64, 3000), (9, 2, 600), (5, 256, 2000), (1030, 16, 150)):
+        lens = rng.integers(0, max_len + 1, size=T)
+        lens[: T // 4] = 0
+        p = testing.random_problem(rng, T=T, H=64, D=128 if T < 1000 else 32, E=E, lens=lens, top_k=33)
+        score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", precision="fast",
+                   return_scores=True)
+        ran += 1
     # validation off, bad inputs: ids out of range for visible blocks, lengths past L*E
     p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=48, L=3, top_k=64)
     p.block_table[0, 1] = 10**6

@@ -28,7 +28,7 @@ def problems(draw):
     rng = np.random.default_rng(seed)
     H = draw(st.sampled_from([1, 3, 8, 16, 33, 64, 128]))
     D = draw(st.sampled_from([32, 64, 96, 128, 256]))
-    E = draw(st.sampled_from([1, 7, 16, 64, 256]))
+    E = draw(st.sampled_from([1, 2, 7, 16, 64, 128, 256]))
     T = draw(st.integers(1, 6))
     top_k = draw(st.sampled_from([1, 2, 5, 16, 100, 513, 2048]))
     max_len = draw(st.sampled_from([1, E, E + 1, 3 * E - 1, 700, 5000]))

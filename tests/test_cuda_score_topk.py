@@ -197,3 +197,20 @@ def test_replay_from_a_cuda_graph_matches_eager():
         graph.launch(stream)
         stream.synchronize()
     np.testing.assert_array_equal(out.get(), eager)
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+def test_runs_of_rows_under_a_small_workspace_budget_give_the_same_bits(precision):
+    # the workspace is cut into runs of rows that fit the budget: one row per run here
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(77)
+    p = testing.random_problem(rng, T=7, H=64, D=128, E=64, L=6, top_k=40)
+    args = [cp.asarray(a) for a in p.arrays()]
+    whole = cuda_ops.score_topk(*args, p.top_k, precision=precision, return_scores=True)
+    per_row = cuda_ops.score_topk(*args, p.top_k, precision=precision, return_scores=True, workspace_budget=1)
+    np.testing.assert_array_equal(whole[0].get(), per_row[0].get())
+    assert whole[1].get().tobytes() == per_row[1].get().tobytes()
+    testing.check_topk(p, per_row[0].get(), per_row[1].get(),
+                       tol=testing.TOL_FAST if precision == "fast" else testing.TOL_EXACT)

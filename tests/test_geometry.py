@@ -58,6 +58,14 @@ def test_workspace_rows_respect_the_budget():
     assert rows * geometry.workspace_row_bytes(ld) <= 32 << 20 or rows == 1
     assert geometry.workspace_rows(64, ld, budget_bytes=1) == 1
     assert geometry.workspace_rows(3, 128) == 3
+    # decode-1M (64 rows of 262,144 entries) under the default 64 MB: two even runs of 32
+    q_bytes = 64 * 136 * 2 + 64 * 4
+    rows = geometry.workspace_rows(64, ld, query_bytes=q_bytes)
+    assert rows == 32 and rows * geometry.workspace_row_bytes(ld, q_bytes) <= geometry.DEFAULT_WORKSPACE_BYTES
+    # runs are even: 10 rows that fit 4 at a time run as 4 + 4 + 2, 9 as 3 x 3 (no tail of 1)
+    per = geometry.workspace_row_bytes(128)
+    assert geometry.workspace_rows(10, 128, budget_bytes=4 * per) == 4
+    assert geometry.workspace_rows(9, 128, budget_bytes=4 * per) == 3
     assert geometry.select_fast_chunks(1) == 1
     assert geometry.select_fast_chunks(geometry.SELECT_CHUNK + 1) == 2
 
