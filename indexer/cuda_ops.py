@@ -119,8 +119,10 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     tensor-core kernel for tests and benchmarks."""
     i32 = np.int32
     exact = precision == "exact"
+    # the workspace is cut into runs of rows under the budget; the launch is sized for a run
+    # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
+    ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
     if exact:
-        sl = geometry.score_fp32_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
         heads = 0
     else:
         # the wgmma kernel's bulk copies need 16-byte aligned scale rows of whole blocks
@@ -129,15 +131,16 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             and key_scale.data.ptr % 16 == 0)
         if use_wgmma:
             _check_alignment("key_scale", key_scale, 16)
-            sl = geometry.score_wgmma_launch(prob.T, prob.H, prob.D, prob.max_len, dev, E=prob.E)
-            heads = 64
-        else:
-            sl = geometry.score_mma_launch(prob.T, prob.H, prob.D, prob.max_len, dev)
-            heads = 8 * geometry.mma_head_blocks(prob.H)
-    # every buffer is per run of rows, so a call never takes more than the budget (beyond
-    # 256-byte rounding), however many rows it has
+        heads = 64 if use_wgmma else 8 * geometry.mma_head_blocks(prob.H)
     query_bytes = heads * (prob.D + 8) * 2 + heads * 4
-    rows = geometry.workspace_rows(prob.T, sl.ld, workspace_budget, query_bytes)
+    rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes)
+    if exact:
+        sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
+    elif use_wgmma:
+        sl = geometry.score_wgmma_launch(rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
+    else:
+        sl = geometry.score_mma_launch(rows, prob.H, prob.D, prob.max_len, dev)
+    assert sl.ld == ld
     bins, cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
     ws = _carve({
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run

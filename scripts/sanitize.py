@@ -87,7 +87,11 @@ def main(argv=None) -> int:
     failed = 0
     rows = []
     for tool in args.tools.split(","):
-        cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", sys.executable, __file__, "--cases"]
+        # synccheck tracks every mbarrier (the wgmma kernel's key ring: 4 per CTA); its default
+        # table overflows and then fails the launch, so size it for a few thousand CTAs
+        extra = ["--num-cuda-barriers", "16384"] if tool == "synccheck" else []
+        cmd = ["compute-sanitizer", "--tool", tool, *extra, "--error-exitcode", "3", sys.executable, __file__,
+               "--cases"]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         out = proc.stdout + proc.stderr
         m = re.search(r"ERROR SUMMARY: (\d+) error", out) or re.search(r"RACECHECK SUMMARY: \d+ hazards displayed \((\d+) error", out)
