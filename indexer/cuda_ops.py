@@ -44,7 +44,7 @@ def _check_alignment(name, x, nbytes):
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                precision="fast", return_scores=False, physical=False, validate=True,
                workspace_budget=geometry.DEFAULT_WORKSPACE_BYTES, out=None, workspace=None, stream=None,
-               _score_only=False, _fast_kernel="auto"):
+               _score_only=False, _fast_kernel="auto", _select="auto"):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
     inputs (PyTorch tensors for PyTorch inputs), NumPy arrays when ``q`` came from the host,
     or ``out`` itself when given (filled through zero-copy CuPy views)."""
@@ -78,7 +78,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
                 scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
             _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
                     valid_lens, indices, scores, physical, workspace_budget, _score_only, _fast_kernel,
-                    workspace=workspace)
+                    workspace=workspace, select=_select)
             if out is not None:
                 if host_result:
                     indices.get(stream=run_on, out=targets[0])
@@ -111,12 +111,14 @@ def _carve(nbytes_by_name, workspace=None):
 
 
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-            valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto", workspace=None):
+            valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto", workspace=None,
+            select="auto"):
     """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact';
     fp16 tensor cores for 'fast': wgmma on Hopper where it applies, else mma.sync), then
     the exact multi-CTA select. ``score_only`` stops after the scoring kernel (the
     benchmark's "scoring part alone"); ``fast_kernel`` ('auto', 'mma', 'wgmma') picks the
-    tensor-core kernel for tests and benchmarks."""
+    tensor-core kernel and ``select`` ('auto', 'rows': one CTA per row, 'multi': the
+    multi-CTA passes) the select, for tests and benchmarks."""
     i32 = np.int32
     exact = precision == "exact"
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
@@ -133,7 +135,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             _check_alignment("key_scale", key_scale, 16)
         heads = 64 if use_wgmma else 8 * geometry.mma_head_blocks(prob.H)
     query_bytes = heads * (prob.D + 8) * 2 + heads * 4
-    rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes)
+    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
+    row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
+    rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select)
     if exact:
         sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
     elif use_wgmma:
@@ -146,8 +150,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
-        "counters": rows * (bins + 2) * 4,           # histogram, threshold bin, candidate count
-        "cand": rows * cap * 8,                      # candidate (key, index) pairs
+        "counters": 0 if row_select else rows * (bins + 2) * 4,  # histogram, threshold, count
+        "cand": 0 if row_select else rows * cap * 8,             # candidate (key, index) pairs
     }, workspace=workspace)
     scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
     counters = ws["counters"].view(cp.uint32)
@@ -171,12 +175,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     thr_k = _kernel("select_fast.cu", "topk_threshold_kernel", device_id)
     filter_k = _kernel("select_fast.cu", "topk_filter_kernel<256, 16>", device_id)
     final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
+    row_k = _kernel("select_fast.cu", f"topk_row_kernel<256, {_validate.MAX_TOP_K}>", device_id)
     chunks = geometry.select_fast_chunks(sl.ld)
 
     for r0 in range(0, prob.T, rows):
         r1 = min(prob.T, r0 + rows)
         nr = r1 - r0
-        counters.fill(0)
+        if not row_select:
+            counters.fill(0)
         lens = valid_lens[r0:r1]
         if exact:
             query = (q[r0:r1], w[r0:r1])
@@ -191,9 +197,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
         score_k(grid, sl.block,
                 (query[0], query[1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
-                 *sched_args, scores_ws, ld, *(() if exact else (hist,))),
+                 *sched_args, scores_ws, ld, *(() if exact else (0 if row_select else hist,))),
                 shared_mem=sl.smem)
         if score_only:
+            continue
+        if row_select:
+            row_k((nr,), (256,), (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
+                                  i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                                  indices[r0:r1], scores[r0:r1] if scores is not None else 0))
             continue
         if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
             hist_k((nr, chunks), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))

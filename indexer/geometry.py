@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "select_fast_chunks", "MAX_BALANCED_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -163,19 +163,27 @@ def select_fast_chunks(ld: int) -> int:
     return max(1, -(-ld // SELECT_CHUNK))
 
 
+#: rows up to this many entries (workspace row length) are selected by one CTA per row
+#: straight from their scores (kernels/select_fast.cu: topk_row_kernel), not by the
+#: multi-CTA histogram/filter/sort passes
+ROW_SELECT_MAX_LEN = 4096
+
 #: default device workspace of one call: issue 4's bound on extra memory for decode
 DEFAULT_WORKSPACE_BYTES = 64 << 20
 
 
-def workspace_row_bytes(ld: int, query_bytes: int = 0) -> int:
-    """Workspace bytes per query row: scores, histogram and counters, candidate buffer, and
-    ``query_bytes`` of staged query (the fast path's fp16 copy and scaled weights)."""
-    return 4 * ld + 4 * (HIST_BINS + 2) + 8 * CANDIDATE_CAP + query_bytes
+def workspace_row_bytes(ld: int, query_bytes: int = 0, row_select: bool = False) -> int:
+    """Workspace bytes per query row: the score row, ``query_bytes`` of staged query (the
+    fast path's fp16 copy and scaled weights) and, for the multi-CTA select, the histogram,
+    counters and candidate buffer (``row_select``: one CTA per row needs none of them)."""
+    select = 0 if row_select else 4 * (HIST_BINS + 2) + 8 * CANDIDATE_CAP
+    return 4 * ld + query_bytes + select
 
 
-def workspace_rows(T: int, ld: int, budget_bytes: int = DEFAULT_WORKSPACE_BYTES, query_bytes: int = 0) -> int:
+def workspace_rows(T: int, ld: int, budget_bytes: int = DEFAULT_WORKSPACE_BYTES, query_bytes: int = 0,
+                   row_select: bool = False) -> int:
     """Query rows per run: as many as fit the budget (at least one), spread evenly over the
     runs so that no run is a small tail (each run pays the select's latency once)."""
-    fit = max(1, min(T, budget_bytes // workspace_row_bytes(ld, query_bytes)))
+    fit = max(1, min(T, budget_bytes // workspace_row_bytes(ld, query_bytes, row_select)))
     runs = -(-T // fit) if T else 1
     return max(1, -(-T // runs))

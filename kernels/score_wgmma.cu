@@ -245,6 +245,7 @@ __device__ __forceinline__ void score_segment(
 
     const int g = lane >> 2, c = lane & 3;
     float* out = scores + (long long)t * ld;
+    const bool count_keys = hist != nullptr;  // no histogram when one CTA per row selects
     // the query's descriptor for k-step 0; k-step ks starts 2 * ks * kLbo bytes further (the
     // address field, bytes / 16, cannot carry: shared memory is below 256 KB)
     const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
@@ -276,7 +277,7 @@ __device__ __forceinline__ void score_segment(
             const float score = (c ? hi : lo) * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
             out[s] = score;
             const u32 key = score_to_key(score);
-            if (s < n && key) atomicAdd(&hist_s[key >> 21], 1u);
+            if (count_keys && s < n && key) atomicAdd(&hist_s[key >> 21], 1u);
         }
     };
 
@@ -331,7 +332,7 @@ __device__ __forceinline__ void score_segment(
                  keys.gscale(it, kSubTile + r0 + 8));
     }
     __syncthreads();  // histogram complete; every stage read (the next segment refills them)
-    flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
+    if (count_keys) flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
     __syncthreads();
 }
 
@@ -354,7 +355,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
                    int T, int P, int E, int e_shift, int L, int tiles_per_cta, int balanced,
                    float* __restrict__ scores,              // [T, ld] workspace
                    long long ld,
-                   u32* __restrict__ hist)                  // [T, kHistBins]
+                   u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
 {
     using namespace score_wgmma;
     using Smem = WgmmaSmem<kDim>;

@@ -150,3 +150,21 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
     for (int i = tid; i < top_k; i += kThreads) write_winner(i, m, buf, bt_row, E, num_blocks, physical, oi, os);
 }
+
+// Short rows (at most a few thousand entries): the whole exact select of a row in one CTA
+// (select_row.cuh), straight from its scores: no histogram, threshold, filter or candidate
+// buffer in global memory, one launch. Prefill's thousands of short causal rows go here.
+template <int kThreads, int kMaxK>
+__global__ void __launch_bounds__(kThreads)
+topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
+                int top_k, const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
+                int* __restrict__ out_idx, float* __restrict__ out_scores)
+{
+    __shared__ u64 cand[kMaxK];
+    const int row = blockIdx.x;
+    int n = valid_lens[row];
+    n = n < 0 ? 0 : (n > max_len ? max_len : n);
+    select_row_radix<kThreads, kMaxK>(scores + (long long)row * ld, n, top_k, block_table + (long long)row * L, E,
+                                      num_blocks, physical, out_idx + (long long)row * top_k,
+                                      out_scores ? out_scores + (long long)row * top_k : nullptr, cand);
+}

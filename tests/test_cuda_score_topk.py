@@ -214,3 +214,28 @@ def test_runs_of_rows_under_a_small_workspace_budget_give_the_same_bits(precisio
     assert whole[1].get().tobytes() == per_row[1].get().tobytes()
     testing.check_topk(p, per_row[0].get(), per_row[1].get(),
                        tol=testing.TOL_FAST if precision == "fast" else testing.TOL_EXACT)
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+@pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS + ("random", "long"))
+def test_both_selects_give_the_same_answer(kind, precision):
+    # one CTA per row (short rows, the default up to ROW_SELECT_MAX_LEN entries) and the
+    # multi-CTA passes (long rows) see the same scores: identical indices and scores, both
+    # meeting the reference's contract, on adversarial rows too
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(91)
+    if kind == "random":
+        p = testing.random_problem(rng, T=9, H=64, D=128, E=64, L=8, top_k=100)
+    elif kind == "long":  # past ROW_SELECT_MAX_LEN: the row select forced on a long row
+        p = testing.random_problem(rng, T=2, H=8, D=64, E=64, lens=[9000, 4097], top_k=700)
+    else:
+        p = testing.adversarial_problem(kind, rng, H=64, D=128, E=64)
+    args = [cp.asarray(a) for a in p.arrays()]
+    out = {s: cuda_ops.score_topk(*args, p.top_k, precision=precision, return_scores=True, physical=True,
+                                  _select=s) for s in ("rows", "multi")}
+    np.testing.assert_array_equal(out["rows"][0].get(), out["multi"][0].get())
+    assert out["rows"][1].get().tobytes() == out["multi"][1].get().tobytes()
+    logical = cuda_ops.score_topk(*args, p.top_k, precision=precision, return_scores=True, _select="rows")
+    testing.check_topk(p, logical[0].get(), logical[1].get(), tol=TOL[precision])
