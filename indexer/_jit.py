@@ -96,8 +96,8 @@ INSTANCES = {
     "score_fp32.cu": _heads_instances(),
     "score_mma.cu": _mma_instances(),
     "score_wgmma.cu": [f"score_wgmma_kernel<{d}>" for d in (32, 64, 96, 128)],
-    "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_threshold_kernel",
-                       "topk_filter_kernel<256, 16>", "topk_final_kernel<1024, 8192>",
+    "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>", "topk_threshold_kernel",
+                       "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>", "topk_final_kernel<1024, 8192>",
                        "topk_row_kernel<256, 4096>"],
 }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "select_fast_chunks", "MAX_BALANCED_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -158,9 +158,16 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
                        ld=ld)
 
 
-def select_fast_chunks(ld: int) -> int:
+def select_fast_per_thread(rows: int, ld: int, dev: Device = H200) -> int:
+    """Entries per thread (256 threads a CTA) of the histogram and filter kernels: 16, or 4
+    when a run has too few rows for 16 to give every SM two CTAs (a batch of one long row
+    would otherwise read its 1 MB of scores with 64 CTAs)."""
+    return 16 if rows * select_fast_chunks(ld, 16) >= 2 * dev.sm_count else 4
+
+
+def select_fast_chunks(ld: int, per_thread: int = 16) -> int:
     """CTAs per row of the histogram and filter kernels."""
-    return max(1, -(-ld // SELECT_CHUNK))
+    return max(1, -(-ld // (256 * per_thread)))
 
 
 #: rows up to this many entries (workspace row length) are selected by one CTA per row

@@ -239,3 +239,21 @@ def test_both_selects_give_the_same_answer(kind, precision):
     assert out["rows"][1].get().tobytes() == out["multi"][1].get().tobytes()
     logical = cuda_ops.score_topk(*args, p.top_k, precision=precision, return_scores=True, _select="rows")
     testing.check_topk(p, logical[0].get(), logical[1].get(), tol=TOL[precision])
+
+
+@PRECISIONS
+def test_many_long_rows_use_the_wide_select_chunks(precision):
+    # rows x chunks >= 2 x SMs: the histogram/filter kernels take 16 entries a thread
+    # (fewer rows take 4); both against the reference
+    from indexer import cuda_ops, geometry
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(23)
+    T = 140
+    lens = rng.integers(4200, 8001, size=T)
+    p = testing.random_problem(rng, T=T, H=8, D=64, E=64, lens=lens, top_k=64)
+    dev = cuda_ops.device_facts(cp.cuda.Device().id)
+    ld = geometry.tiles_per_row(int(lens.max())) * geometry.TILE_ENTRIES
+    assert geometry.select_fast_per_thread(T, ld, dev) == 16
+    idx, sc = run_cuda(p, precision)
+    testing.check_topk(p, idx, sc, tol=TOL[precision])

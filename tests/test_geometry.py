@@ -68,6 +68,10 @@ def test_workspace_rows_respect_the_budget():
     assert geometry.workspace_rows(9, 128, budget_bytes=4 * per) == 3
     assert geometry.select_fast_chunks(1) == 1
     assert geometry.select_fast_chunks(geometry.SELECT_CHUNK + 1) == 2
+    # one long row: 4 entries a thread, 256 CTAs instead of 64; a decode batch keeps 16
+    assert geometry.select_fast_per_thread(1, 262_144) == 4
+    assert geometry.select_fast_chunks(262_144, 4) == 256
+    assert geometry.select_fast_per_thread(32, 262_144) == 16
 
 
 @pytest.mark.parametrize("H,D,ok", [(64, 128, True), (1, 32, True), (65, 128, False), (64, 160, False)])
