@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 
 from . import arrays, outbuf, ragged, reference, streams, validate as _validate
 from .workspace import check_workspace

@@ -1,7 +1,47 @@
-"""Shared skip rule of the GPU tests: they run where CuPy sees a CUDA device, else skip."""
+"""What the GPU tests share: the skip rule (they run where CuPy sees a CUDA device, else
+skip), problem pairs for refilling captured inputs, and calls from several threads."""
 
+import concurrent.futures
+
+import numpy as np
 import pytest
 
-from indexer import arrays
+import indexer
+from indexer import arrays, testing
 
 requires_gpu = pytest.mark.skipif(not arrays.gpu_available(), reason="needs CuPy and a CUDA GPU")
+
+
+def pair_of_problems(seed, **kw):
+    """Two random problems of identical shapes (for refilling captured inputs in place)."""
+    a = testing.random_problem(np.random.default_rng(seed), **kw)
+    b = testing.random_problem(np.random.default_rng(seed + 1), **kw)
+    assert all(x.shape == y.shape for x, y in zip(a.arrays(), b.arrays()))
+    return a, b
+
+
+def check_threads(problems, device_of):
+    """Thread i scores problems[i] (a list) on GPU device_of(i), on its own non-blocking
+    stream with its own workspace, into out= buffers; every result meets the reference's
+    contract (fast path)."""
+    cp = arrays.cupy()
+
+    def work(i):
+        results = []
+        with cp.cuda.Device(device_of(i)):
+            stream = cp.cuda.Stream(non_blocking=True)
+            ws = indexer.Workspace()  # one workspace per stream
+            with stream:
+                for p in problems[i]:
+                    dev = [cp.asarray(a) for a in p.arrays()]
+                    T = p.q.shape[0]
+                    out = (cp.full((T, p.top_k), -7, dtype=cp.int32), cp.full((T, p.top_k), 7.0, dtype=cp.float32))
+                    indexer.score_topk(*dev, p.top_k, return_scores=True, out=out, workspace=ws)
+                    results.append((out[0].get(), out[1].get()))
+        return results
+
+    with concurrent.futures.ThreadPoolExecutor(len(problems)) as pool:
+        done = list(pool.map(work, range(len(problems))))
+    for i, batch in enumerate(problems):
+        for p, (idx, sc) in zip(batch, done[i]):
+            testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)

@@ -2,14 +2,12 @@
 memory taken on GPU 0), and concurrent calls from threads, each on its own stream and
 device, all meet the reference's contract."""
 
-import concurrent.futures
-
 import numpy as np
 import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import check_threads, requires_gpu
 
 
 def _device_count():
@@ -87,25 +85,7 @@ def test_ragged_and_key_pool_on_gpu1():
 
 
 def test_concurrent_calls_from_four_threads_on_two_gpus():
-    cp = arrays.cupy()
     problems = [[testing.random_problem(np.random.default_rng(200 + 10 * i + j), T=4, H=32, D=128, E=64,
                                         lens=None, L=30, top_k=128) for j in range(3)] for i in range(4)]
 
-    def work(i):
-        results = []
-        with cp.cuda.Device(i % 2):
-            stream = cp.cuda.Stream(non_blocking=True)
-            ws = indexer.Workspace()  # one workspace per stream
-            with stream:
-                for p in problems[i]:
-                    dev = [cp.asarray(a) for a in p.arrays()]
-                    out = (cp.empty((4, 128), dtype=cp.int32), cp.empty((4, 128), dtype=cp.float32))
-                    indexer.score_topk(*dev, p.top_k, return_scores=True, out=out, workspace=ws)
-                    results.append((out[0].get(), out[1].get()))
-        return results
-
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        done = list(pool.map(work, range(4)))
-    for i in range(4):
-        for p, (idx, sc) in zip(problems[i], done[i]):
-            testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
+    check_threads(problems, lambda i: i % 2)

@@ -2,14 +2,13 @@
 arrays, a workspace reused across calls and replayed from CUDA graphs without touching
 CuPy's pool, and the call ordered on the stream it is given."""
 
-import concurrent.futures
 
 import numpy as np
 import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import check_threads, pair_of_problems, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -30,14 +29,6 @@ def empty_out(T, k, scores=True):
 
 def no_allocation(nbytes):
     raise AssertionError(f"the call allocated {nbytes} bytes from CuPy")
-
-
-def pair_of_problems(seed, **kw):
-    """Two random problems of identical shapes (for refilling captured inputs in place)."""
-    a = testing.random_problem(np.random.default_rng(seed), **kw)
-    b = testing.random_problem(np.random.default_rng(seed + 1), **kw)
-    assert all(x.shape == y.shape for x, y in zip(a.arrays(), b.arrays()))
-    return a, b
 
 
 def refill(dev, p):
@@ -322,21 +313,4 @@ def test_concurrent_calls_from_four_threads_each_on_its_own_stream():
     problems = [[testing.random_problem(np.random.default_rng(100 + 10 * i + j), T=3, H=16, D=64, E=32,
                                         lens=None, L=20, top_k=48) for j in range(3)] for i in range(4)]
     device = cp.cuda.runtime.getDevice()
-
-    def work(i):
-        results = []
-        with cp.cuda.Device(device):
-            stream = cp.cuda.Stream(non_blocking=True)
-            ws = indexer.Workspace()  # one workspace per stream
-            with stream:
-                for p in problems[i]:
-                    out = empty_out(3, 48)
-                    indexer.score_topk(*on_device(p), p.top_k, return_scores=True, out=out, workspace=ws)
-                    results.append((out[0].get(), out[1].get()))
-        return results
-
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        done = list(pool.map(work, range(4)))
-    for i in range(4):
-        for p, (idx, sc) in zip(problems[i], done[i]):
-            testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
+    check_threads(problems, lambda i: device)

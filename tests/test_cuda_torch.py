@@ -6,7 +6,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import pair_of_problems, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 torch = pytest.importorskip("torch")
@@ -19,13 +19,6 @@ def tensors(p):
 def empty_out(T, k):
     return (torch.full((T, k), -7, dtype=torch.int32, device="cuda"),
             torch.full((T, k), 7.0, dtype=torch.float32, device="cuda"))
-
-
-def pair_of_problems(seed, **kw):
-    a = testing.random_problem(np.random.default_rng(seed), **kw)
-    b = testing.random_problem(np.random.default_rng(seed + 1), **kw)
-    assert all(x.shape == y.shape for x, y in zip(a.arrays(), b.arrays()))
-    return a, b
 
 
 def assert_same(got, expected):
