@@ -74,10 +74,12 @@ def _import_cupy_or_fail():  # gpu-only
 
 
 def framework_of(x) -> str:
-    """'numpy', 'cupy', 'torch' or 'other' (another DLPack device array)."""
+    """'numpy', 'cupy', 'torch', 'jax' or 'other' (another DLPack device array)."""
     mod = type(x).__module__.split(".")[0]
     if mod in ("numpy", "cupy", "torch"):
         return mod
+    if mod in ("jax", "jaxlib"):
+        return "jax"
     if isinstance(x, (list, tuple, int, float)):
         return "numpy"
     return "other"
@@ -121,4 +123,11 @@ def wrap_like(result, like):  # gpu-only
         return torch.from_dlpack(result)
     if kind == "numpy":
         return result.get()
+    if kind == "jax":  # a JAX array over the same device memory (zero copy through DLPack)
+        import jax.dlpack  # noqa: PLC0415  (only reached when the caller passed a JAX array)
+
+        try:
+            return jax.dlpack.from_dlpack(result)  # JAX versions that take __dlpack__ objects
+        except TypeError:
+            return jax.dlpack.from_dlpack(result.toDlpack())  # older ones: a capsule
     return result

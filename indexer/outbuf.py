@@ -4,8 +4,8 @@
 ``(indices, scores)`` with float32 (T, top_k) scores. The arrays belong to the framework
 the result would have: NumPy for the NumPy backend and for host inputs on the GPU; for
 device inputs the framework of ``q`` (CuPy for CuPy, a PyTorch CUDA tensor for PyTorch;
-CuPy or the same library for other DLPack arrays such as JAX, whose own arrays are
-immutable), on ``q``'s device. They must be C-contiguous and must not overlap the inputs.
+CuPy for JAX, whose arrays are immutable; CuPy or the same library for other DLPack
+arrays), on ``q``'s device. They must be C-contiguous and must not overlap the inputs.
 The GPU writes into them through zero-copy CuPy views; the call returns ``out`` itself.
 """
 
@@ -74,7 +74,8 @@ def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: 
         kind = arrays.framework_of(x)
         ok = (kind == want) if want in _WANT else (kind == "cupy" or (kind == "other" and arrays.is_device_array(x)))
         if not ok or not arrays.is_device_array(x):
-            expected = _WANT.get(want, "a CuPy array (or a device array of q's library)")
+            expected = _WANT.get(want, "a CuPy array (JAX arrays are immutable)" if want == "jax"
+                                 else "a CuPy array (or a device array of q's library)")
             raise TypeError(f"{name}: expected {expected} like q, got {type(x).__name__}")
         view = arrays.to_cupy(x)
         _check(name, view, dtype, (T, top_k))

@@ -44,6 +44,9 @@ def test_numpy_inputs_stay_with_numpy():
     assert arrays.framework_of(x) == "numpy"
     assert arrays.framework_of([1, 2]) == "numpy"
     assert arrays.framework_of(FakeDLPack(2)) == "other"
+    # JAX's arrays live in jaxlib (jax.Array's implementation); results go back as JAX arrays
+    FakeJax = type("ArrayImpl", (), {"__module__": "jaxlib.xla_extension"})
+    assert arrays.framework_of(FakeJax()) == "jax"
     assert not arrays.is_cupy(x)
     assert arrays.to_numpy(x) is x
     np.testing.assert_array_equal(arrays.to_numpy([1.5, 2.5]), np.array([1.5, 2.5]))
