@@ -171,13 +171,17 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
         shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
-    per = geometry.select_fast_per_thread(rows, sl.ld, dev)
-    hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
-    thr_k = _kernel("select_fast.cu", "topk_threshold_kernel", device_id)
-    filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
-    final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
-    row_k = _kernel("select_fast.cu", f"topk_row_kernel<256, {_validate.MAX_TOP_K}>", device_id)
-    chunks = geometry.select_fast_chunks(sl.ld, per)
+    # only the select this call takes is compiled and looked up
+    if row_select:
+        row_k = _kernel("select_fast.cu", f"topk_row_kernel<256, {_validate.MAX_TOP_K}>", device_id)
+    else:
+        per = geometry.select_fast_per_thread(rows, sl.ld, dev)
+        if exact:  # the tensor-core kernels count the histogram in their epilogue
+            hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
+        thr_k = _kernel("select_fast.cu", "topk_threshold_kernel", device_id)
+        filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
+        final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
+        chunks = geometry.select_fast_chunks(sl.ld, per)
 
     for r0 in range(0, prob.T, rows):
         r1 = min(prob.T, r0 + rows)
