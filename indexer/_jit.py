@@ -95,7 +95,8 @@ def _mma_instances():
 INSTANCES = {
     "score_fp32.cu": _heads_instances(),
     "score_mma.cu": _mma_instances(),
-    "score_wgmma.cu": [f"score_wgmma_kernel<{d}>" for d in (32, 64, 96, 128)],
+    "score_wgmma.cu": [f"{k}<{d}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel",
+                                                                          "score_wgmma_pairs_kernel")],
     "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>", "topk_threshold_kernel",
                        "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>", "topk_final_kernel<1024, 8192>",
                        "topk_row_kernel<256, 4096>"],

@@ -75,7 +75,8 @@ CASES = [
 ]
 DEFAULT_CASES = "decode-1M,decode-128K,decode-latency,decode-ragged,decode-E256,mtp-2"
 DEFAULT_PATHS = "fast,fast-score,exact,torch-composed,torch-topk"
-KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-mma-score")
+KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-mma-score", "fast-single",
+                "fast-single-score")
 PATHS = KERNEL_PATHS + ("torch-composed", "torch-topk")
 HEADER = (f"{'case':15s} {'path':20s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} "
           f"{'extra MB':>9s} {'vs torch':>8s}")
@@ -160,7 +161,12 @@ def case_layout(case: Case, seed: int) -> dict:
     key_bytes = key_entries * (D // 2 + D // 16) + int(blocks.sum()) * 4
     io_bytes = T * H * D * 4 + T * H * 4 + T * case.top_k * 4
     counts = dict(T=T, pairs=pairs, bytes=key_bytes + io_bytes, flops=2 * H * D * pairs, P=P, L=L)
-    return dict(seq_lens=seq_len, valid_lens=lens.astype(np.int32), block_table=block_table, counts=counts)
+    # queries grouped by sequence (varlen offsets) where several share one: the GPU path then
+    # scores rows of a sequence in pairs that share each key tile
+    q_per = T if case.kind == "prefill" else case.queries_per_seq
+    cu = np.arange(0, T + 1, q_per, dtype=np.int32) if q_per > 1 else None
+    return dict(seq_lens=seq_len, valid_lens=lens.astype(np.int32), block_table=block_table, counts=counts,
+                cu_seqlens=cu)
 
 
 def floor_seconds(counts: dict, bandwidth: float, rate: float) -> float:
@@ -226,6 +232,8 @@ def build(case: Case, cp, seed: int):  # gpu-only
     w = g.standard_normal((T, H), dtype=cp.float32)
     arrays_ = dict(q=q, w=w, keys_fp4=keys_fp4, key_scale=key_scale, key_gscale=key_gscale,
                    block_table=cp.asarray(lay["block_table"]), valid_lens=cp.asarray(lay["valid_lens"]))
+    if lay["cu_seqlens"] is not None:
+        arrays_["cu_seqlens"] = cp.asarray(lay["cu_seqlens"])
     return arrays_, lay["counts"]
 
 
@@ -346,10 +354,12 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
     ms, extra, graph_ms = None, 0.0, None
     if path in KERNEL_PATHS:
         def fn(x, _p=path.split("-")[0], _only=path.endswith("-score"),
-               _k="mma" if "-mma" in path else "auto"):
+               _k="mma" if "-mma" in path else "wgmma-single" if "-single" in path else "auto"):
+            # fast-single: rows of a sequence scored one by one (no shared key tiles)
             return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
                                        x["block_table"], x["valid_lens"], case.top_k, precision=_p,
-                                       validate=False, _score_only=_only, _fast_kernel=_k)
+                                       validate=False, _score_only=_only, _fast_kernel=_k,
+                                       _cu_seqlens=x.get("cu_seqlens"))
         # extra device memory: everything one call allocates beyond its output
         pool = cp.cuda.MemoryPool()
         with cp.cuda.using_allocator(pool.malloc):

@@ -44,7 +44,7 @@ def _check_alignment(name, x, nbytes):
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                precision="fast", return_scores=False, physical=False, validate=True,
                workspace_budget=geometry.DEFAULT_WORKSPACE_BYTES, out=None, workspace=None, stream=None,
-               _score_only=False, _fast_kernel="auto", _select="auto"):
+               _score_only=False, _fast_kernel="auto", _select="auto", _cu_seqlens=None):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
     inputs (PyTorch tensors for PyTorch inputs), NumPy arrays when ``q`` came from the host,
     or ``out`` itself when given (filled through zero-copy CuPy views)."""
@@ -78,7 +78,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
                 scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
             _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
                     valid_lens, indices, scores, physical, workspace_budget, _score_only, _fast_kernel,
-                    workspace=workspace, select=_select)
+                    workspace=workspace, select=_select,
+                    cu_seqlens=None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens))
             if out is not None:
                 if host_result:
                     indices.get(stream=run_on, out=targets[0])
@@ -112,13 +113,16 @@ def _carve(nbytes_by_name, workspace=None):
 
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
             valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto", workspace=None,
-            select="auto"):
+            select="auto", cu_seqlens=None):
     """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact';
     fp16 tensor cores for 'fast': wgmma on Hopper where it applies, else mma.sync), then
     the exact multi-CTA select. ``score_only`` stops after the scoring kernel (the
     benchmark's "scoring part alone"); ``fast_kernel`` ('auto', 'mma', 'wgmma') picks the
     tensor-core kernel and ``select`` ('auto', 'rows': one CTA per row, 'multi': the
-    multi-CTA passes) the select, for tests and benchmarks."""
+    multi-CTA passes) the select, for tests and benchmarks. ``cu_seqlens`` (int32 (B+1,),
+    the varlen layout of ``score_topk_ragged``) lets the wgmma path score consecutive rows
+    of one sequence as pairs sharing each key tile ('wgmma-single' in ``fast_kernel`` turns
+    that off)."""
     i32 = np.int32
     exact = precision == "exact"
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
@@ -128,7 +132,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         heads = 0
     else:
         # the wgmma kernel's bulk copies need 16-byte aligned scale rows of whole blocks
-        use_wgmma = fast_kernel == "wgmma" or (
+        use_wgmma = fast_kernel in ("wgmma", "wgmma-single") or (
             fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E)
             and key_scale.data.ptr % 16 == 0)
         if use_wgmma:
@@ -138,8 +142,13 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select)
+    # rows of one sequence in pairs: each key tile decoded once for two queries
+    use_pairs = (not exact and use_wgmma and cu_seqlens is not None and fast_kernel != "wgmma-single"
+                 and rows <= geometry.MAX_BALANCED_ROWS)
     if exact:
         sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
+    elif use_pairs:
+        sl = geometry.score_wgmma_pairs_launch(rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
     elif use_wgmma:
         sl = geometry.score_wgmma_launch(rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
     else:
@@ -166,6 +175,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
         score_k = _kernel("score_wgmma.cu" if use_wgmma else "score_mma.cu", sl.name, device_id, sl.smem)
+        if use_pairs:
+            n_seq = i32(cu_seqlens.shape[0] - 1)
         prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
         q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
         w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
@@ -194,7 +205,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
             prep_k((nr, heads // 8), (256,), (q[r0:r1], w[r0:r1], i32(prob.H), q16, w_scaled))
             query = (q16, w_scaled)
-        if sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
+        if use_pairs:  # row pairs of one sequence share each key tile (one wave, balanced)
+            grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
+        elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
             grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
         elif not exact and use_wgmma:
             grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))

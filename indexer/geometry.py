@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -156,6 +156,31 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
     base = score_mma_launch(T, 64, D, max_len, dev, ctas_per_sm)
     return ScoreLaunch(name=name, grid=base.grid, block=(128,), smem=smem, tiles_per_cta=base.tiles_per_cta,
                        ld=ld)
+
+
+_PAIR_STAGES = 3  # kernels/score_wgmma.cu: score_wgmma_pairs::kStages
+
+
+def wgmma_pairs_smem_bytes(D: int) -> int:
+    """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem)."""
+    stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+    return (2 * (D // 8) * 1024 + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
+            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (MAX_BALANCED_ROWS // 2 + 1) * 4 + 32 * 4)
+
+
+def score_wgmma_pairs_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64,
+                             ctas_per_sm: int = 3) -> ScoreLaunch:
+    """Geometry of ``score_wgmma_pairs_kernel``: row pairs of one sequence share each key
+    tile (decoded once, multiplied against both queries); one wave of ``ctas_per_sm`` CTAs
+    per SM shares all pairs' tiles. Up to ``MAX_BALANCED_ROWS`` rows."""
+    if not wgmma_supported(H, D, dev, E):
+        raise ValueError(f"q: the wgmma kernels need sm_90, H <= 64, D <= 128 and a power-of-two E with "
+                         f"E * D/16 a multiple of 16, got H = {H}, D = {D}, E = {E}")
+    if T > MAX_BALANCED_ROWS:
+        raise ValueError(f"q: the pair kernel takes at most {MAX_BALANCED_ROWS} rows a run, got {T}")
+    return ScoreLaunch(name=f"score_wgmma_pairs_kernel<{D}>", grid=(dev.sm_count * ctas_per_sm, 1), block=(128,),
+                       smem=wgmma_pairs_smem_bytes(D), tiles_per_cta=0,
+                       ld=tiles_per_row(max_len) * TILE_ENTRIES, balanced=True)
 
 
 def select_fast_per_thread(rows: int, ld: int, dev: Device = H200) -> int:

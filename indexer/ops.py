@@ -27,7 +27,7 @@ def _pick_backend(backend: str, inputs) -> str:
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                backend="auto", precision="fast", return_scores=False, physical=False,
-               validate=True, out=None, workspace=None, stream=None):
+               validate=True, out=None, workspace=None, stream=None, _cu_seqlens=None):
     """Score every visible key of each query and return the top-k entries, highest first.
 
     ``I[t, s] = sum_h w[t, h] * max(0, q[t, h, :] . k[s, :])`` over the entries
@@ -94,7 +94,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     from . import cuda_ops  # noqa: PLC0415  (needs CuPy; imported only for the GPU path)
 
     return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,  # gpu-only
-                               physical=physical, validate=validate, out=out, workspace=workspace, stream=stream)
+                               physical=physical, validate=validate, out=out, workspace=workspace, stream=stream,
+                               _cu_seqlens=_cu_seqlens)
 
 
 def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k, *,
@@ -140,4 +141,6 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
     if _validate.check_cu_seqlens(cu_seqlens_q, block_table, T, values=kwargs["validate"]) == 0:
         raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
     per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T, workspace=kwargs["workspace"])
-    return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, **kwargs)
+    # the GPU path pairs consecutive rows of one sequence so they share each key tile
+    return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, _cu_seqlens=cu_seqlens_q,
+                      **kwargs)

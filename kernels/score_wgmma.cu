@@ -90,12 +90,12 @@ __host__ __device__ constexpr int wgmma_stage_bytes(int D) {
 // and their global scale reads NaN, so their scores are NaN (never selected) or lie past n
 // (never read).
 // ---------------------------------------------------------------------------
-template <int kDim>
+template <int kDim, int kStagesT = score_wgmma::kStages>
 struct BulkRing {
     static constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
     static constexpr int kStageBytes = wgmma_stage_bytes(kDim);
     static constexpr int kScaleOffset = score_wgmma::kTile * kCodeBytes;
-    static constexpr int kS = score_wgmma::kStages;
+    static constexpr int kS = kStagesT;
 
     unsigned char* ring;  // [kS][kStageBytes]
     float* meta_gs;       // [kS][kTile]: global scale of each copy (index: row >> row_shift)
@@ -419,5 +419,332 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         do { ++t; } while (start[t + 1] <= g);  // the next row with tiles
         seg_first = 0;
         seg_num = min(g_end, start[t + 1]) - g;
+    }
+}
+
+// ===========================================================================
+// Pairs of query rows of one sequence (multi-token decode, prefill): the rows share a
+// block table, so each key tile is copied and decoded once and multiplied against both
+// queries (two wgmma groups per decoded A fragment): the decode, ~45% of the single-query
+// kernel's instructions, is paid once for two queries.
+//
+// Work units are row pairs (2u, 2u + 1). A pair shares when row_seq says both rows read the
+// same sequence; its tiles run to the longer row's end (each query's scores past its own
+// length are written but never counted or read). A pair that does not share (or a last
+// row alone) runs as single-row pieces, the second query slot shadowing the first with its
+// stores off. Up to kMaxUnits pairs, one wave shares all pairs' tiles (as the balanced
+// schedule of the single-query kernel).
+//
+// Shared memory for two queries (2 x 16 KB of B operand, two histograms) keeps 3 CTAs per
+// SM with a 3-stage ring and histograms of packed 16-bit counts (flushed to the row's
+// 32-bit histogram at least every kFlushTiles tiles, before a count can overflow).
+// ===========================================================================
+namespace score_wgmma_pairs {
+constexpr int kStages = 3;
+constexpr int kMaxUnits = score_wgmma::kMaxBalancedRows / 2;
+constexpr int kFlushTiles = 256;  // 256 tiles x 128 entries < 65,536
+constexpr int kPackedWords = score_mma::kHistBins / 2;
+}  // namespace score_wgmma_pairs
+
+template <int kDim>
+struct WgmmaPairSmem {
+    static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;
+    static constexpr int kQ1 = kQBytes;                                 // second query's B
+    static constexpr int kW = 2 * kQBytes;                              // float[2][64]
+    static constexpr int kRing = kW + 2 * 64 * 4;                       // 128-aligned
+    static constexpr int kMeta = kRing + score_wgmma_pairs::kStages * BulkRing<kDim, score_wgmma_pairs::kStages>::kStageBytes;
+    static constexpr int kBars = kMeta + score_wgmma_pairs::kStages * score_wgmma::kTile * 4;
+    static constexpr int kHist = kBars + score_wgmma_pairs::kStages * 8;  // u32[2][kPackedWords]
+    static constexpr int kSched = kHist + 2 * score_wgmma_pairs::kPackedWords * 4;  // int[kMaxUnits + 1]
+    static constexpr int kScratch = kSched + (score_wgmma_pairs::kMaxUnits + 1) * 4;  // u32[32]
+    static constexpr int kBytes = kScratch + 32 * 4;
+};
+
+// one more entry in a packed histogram: bin b's count is the 16-bit half (b & 1) of word b / 2
+__device__ __forceinline__ void count_key_packed(u32* h, u32 key) {
+    const u32 bin = key >> 21;
+    atomicAdd(&h[bin >> 1], 1u << ((bin & 1u) << 4));
+}
+
+// add a packed histogram to the row's 32-bit one and zero it
+__device__ __forceinline__ void flush_packed_histogram(u32* h, u32* row_hist, int tid, int threads) {
+    for (int i = tid; i < score_wgmma_pairs::kPackedWords; i += threads) {
+        const u32 v = h[i];
+        if (v) {
+            if (v & 0xffffu) atomicAdd(&row_hist[2 * i], v & 0xffffu);
+            if (v >> 16) atomicAdd(&row_hist[2 * i + 1], v >> 16);
+            h[i] = 0u;
+        }
+    }
+}
+
+// Score tiles first_tile .. first_tile + num_tiles - 1 of rows ta and tb (tb < 0: row ta
+// alone) with the keys of row ta's block table.
+template <int kDim>
+__device__ __forceinline__ void score_pair_segment(
+    unsigned char* smem, const unsigned short* __restrict__ q16, const float* __restrict__ w_scaled,
+    const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
+    const int* __restrict__ block_table, int ta, int tb, int na, int nb, int first_tile, int num_tiles, int jbase,
+    int P, int E, int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
+    using namespace score_wgmma;
+    using Smem = WgmmaPairSmem<kDim>;
+    constexpr int kS = score_wgmma_pairs::kStages;
+    constexpr int kWords = kDim / 32, kKSteps = kDim / 16;
+    constexpr int kRowHalves = kDim + 8;
+    constexpr int kThreads = 128;
+    constexpr int kHistBins = score_mma::kHistBins;
+    const bool pair = tb >= 0;
+    unsigned char* qb0 = smem;
+    unsigned char* qb1 = smem + Smem::kQ1;
+    float* w0 = reinterpret_cast<float*>(smem + Smem::kW);
+    float* w1 = w0 + kHeads;
+    u32* h0 = reinterpret_cast<u32*>(smem + Smem::kHist);
+    u32* h1 = h0 + score_wgmma_pairs::kPackedWords;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    BulkRing<kDim, kS> keys;
+    keys.ring = smem + Smem::kRing;
+    keys.meta_gs = reinterpret_cast<float*>(smem + Smem::kMeta);
+    keys.bars = reinterpret_cast<u64*>(smem + Smem::kBars);
+    keys.keys_fp4 = keys_fp4; keys.key_scale = key_scale; keys.key_gscale = key_gscale;
+    keys.bt = block_table + (long long)ta * L;
+    keys.P = P; keys.E = E; keys.e_shift = e_shift; keys.n = pair ? max(na, nb) : na;
+    keys.first_tile = first_tile; keys.num_tiles = num_tiles; keys.jbase = jbase;
+    keys.row_shift = e_shift < 7 ? e_shift : 7;
+    keys.copies = kTile >> keys.row_shift;
+
+    // ---- prologue: both queries into the core-matrix layout, weights, histograms, tiles
+    for (int qi = 0; qi < (pair ? 2 : 1); ++qi) {
+        const int t = qi ? tb : ta;
+        unsigned char* qb = qi ? qb1 : qb0;
+        const unsigned short* qsrc = q16 + (long long)t * kHeads * kRowHalves;
+        for (int i = tid; i < kHeads * (kDim / 8); i += kThreads) {
+            const int h = i / (kDim / 8), kc = i % (kDim / 8);
+            cp_async_16(qb + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16, qsrc + h * kRowHalves + kc * 8, true);
+        }
+        for (int h = tid; h < kHeads; h += kThreads) (qi ? w1 : w0)[h] = w_scaled[(long long)t * kHeads + h];
+    }
+    cp_async_commit();
+    for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
+    keys.start(tid);
+    cp_async_wait<0>();
+    fence_proxy_async();  // the queries, written through the generic proxy, are read by wgmma
+    __syncthreads();
+
+    const int g = lane >> 2, c = lane & 3;
+    const bool count_keys = hist != nullptr;
+    const u64 desc0 = wgmma_desc(qb0, kLbo, kCoreBytes);
+    const u64 desc1 = pair ? wgmma_desc(qb1, kLbo, kCoreBytes) : desc0;  // a lone row: slot 1 shadows slot 0
+    float* out0 = scores + (long long)ta * ld;
+    float* out1 = pair ? scores + (long long)tb * ld : out0;
+    u32 a_frag[2][kKSteps][4];
+    float acc[2][32];
+
+    // weighted head sum of rows r0, r0 + 8 of a finished sub-tile for query slot qi
+    auto epilogue = [&](const float (&d)[32], int qi, int s0, float g0, float g1) {
+        const float* wq = qi ? w1 : w0;
+        float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kHeads / 8; ++j) {
+            const float2 wv = *reinterpret_cast<const float2*>(wq + 8 * j + 2 * c);
+            lo0 = fmaf(wv.x, relu_nan(d[4 * j]), lo0);
+            lo1 = fmaf(wv.y, relu_nan(d[4 * j + 1]), lo1);
+            hi0 = fmaf(wv.x, relu_nan(d[4 * j + 2]), hi0);
+            hi1 = fmaf(wv.y, relu_nan(d[4 * j + 3]), hi1);
+        }
+        float lo = lo0 + lo1, hi = hi0 + hi1;
+        lo += __shfl_xor_sync(FULL_MASK, lo, 1);
+        hi += __shfl_xor_sync(FULL_MASK, hi, 1);
+        lo += __shfl_xor_sync(FULL_MASK, lo, 2);
+        hi += __shfl_xor_sync(FULL_MASK, hi, 2);
+        const bool live = qi == 0 || pair;
+        if (live && c < 2) {
+            const int s = s0 + 8 * c;
+            const float score = (c ? hi : lo) * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
+            (qi ? out1 : out0)[s] = score;
+            const u32 key = score_to_key(score);
+            if (count_keys && s < (qi ? nb : na) && key) count_key_packed(qi ? h1 : h0, key);
+        }
+    };
+    auto decode = [&](const unsigned char* st, int u) {
+        const int r0 = u * kSubTile + 16 * warp + g;
+        u32 raw0[kWords], sc0[kWords], raw1[kWords], sc1[kWords];
+        read_stage_row<kDim>(st, r0, c, raw0, sc0);
+        read_stage_row<kDim>(st, r0 + 8, c, raw1, sc1);
+#pragma unroll
+        for (int wd = 0; wd < kWords; ++wd) {
+            u32 d0[4], d1[4];
+            e2m1x8_to_f16x2_cvt(raw0[wd], d0);
+            e2m1x8_to_f16x2_cvt(raw1[wd], d1);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                d0[i] = hmul2(d0[i], sc0[wd]);
+                d1[i] = hmul2(d1[i], sc1[wd]);
+            }
+            a_frag[u][2 * wd][0] = d0[0]; a_frag[u][2 * wd][1] = d1[0];
+            a_frag[u][2 * wd][2] = d0[1]; a_frag[u][2 * wd][3] = d1[1];
+            a_frag[u][2 * wd + 1][0] = d0[2]; a_frag[u][2 * wd + 1][1] = d1[2];
+            a_frag[u][2 * wd + 1][2] = d0[3]; a_frag[u][2 * wd + 1][3] = d1[3];
+        }
+    };
+    // one commit group: acc[v] = A(sub-tile u) x B(query of descriptor desc)
+    auto mma = [&](int v, int u, u64 desc) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks)
+            wgmma_m64n64k16(acc[v], a_frag[u][ks], desc + (u64)((2 * ks * kLbo) >> 4), ks > 0);
+        wgmma_commit();
+    };
+
+    const int r0 = 16 * warp + g;
+    for (int it = 0; it < num_tiles; ++it) {
+        keys.begin_tile(it, tid);
+        const unsigned char* st = keys.stage(it);
+        const int tile_start = (first_tile + it) * kTile;
+        const float ga0 = keys.gscale(it, r0), ga1 = keys.gscale(it, r0 + 8);
+        const float gb0 = keys.gscale(it, kSubTile + r0), gb1 = keys.gscale(it, kSubTile + r0 + 8);
+        // groups: (sub-tile 0, q0) (0, q1) (1, q0) (1, q1), accumulators alternating; every
+        // group waited for inside the iteration (see the single-query kernel)
+        decode(st, 0);
+        mma(0, 0, desc0);
+        mma(1, 0, desc1);
+        decode(st, 1);
+        wgmma_wait<1>();
+        fence_accumulators(acc[0]);
+        epilogue(acc[0], 0, tile_start + r0, ga0, ga1);
+        mma(0, 1, desc0);
+        wgmma_wait<1>();
+        fence_accumulators(acc[1]);
+        epilogue(acc[1], 1, tile_start + r0, ga0, ga1);
+        mma(1, 1, desc1);
+        wgmma_wait<1>();
+        fence_accumulators(acc[0]);
+        epilogue(acc[0], 0, tile_start + kSubTile + r0, gb0, gb1);
+        wgmma_wait<0>();
+        fence_accumulators(acc[1]);
+        epilogue(acc[1], 1, tile_start + kSubTile + r0, gb0, gb1);
+        if (count_keys && (it + 1) % score_wgmma_pairs::kFlushTiles == 0 && it + 1 < num_tiles) {
+            __syncthreads();  // 16-bit counts: flush before any could overflow
+            flush_packed_histogram(h0, hist + (long long)ta * kHistBins, tid, kThreads);
+            if (pair) flush_packed_histogram(h1, hist + (long long)tb * kHistBins, tid, kThreads);
+            __syncthreads();
+        }
+    }
+    __syncthreads();  // histograms complete; every stage read
+    if (count_keys) {
+        flush_packed_histogram(h0, hist + (long long)ta * kHistBins, tid, kThreads);
+        if (pair) flush_packed_histogram(h1, hist + (long long)tb * kHistBins, tid, kThreads);
+    }
+    __syncthreads();
+}
+
+// grid (G,), 128 threads: CTA i takes an equal share of all pairs' tiles. Row t is query
+// row0 + t of a call whose sequences start at rows cu_seqlens[0 .. n_seq] (varlen layout);
+// rows 2u and 2u + 1 share keys when they belong to the same sequence (found by the same
+// clamped binary search that expands the block table). T <= kMaxBalancedRows.
+template <int kDim>
+__global__ void __launch_bounds__(128, 3)
+score_wgmma_pairs_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
+                         const float* __restrict__ w_scaled,      // [T, 64]
+                         const u8* __restrict__ keys_fp4,         // [P, E, D/2]
+                         const u8* __restrict__ key_scale,        // [P, E, D/16]
+                         const float* __restrict__ key_gscale,    // [P]
+                         const int* __restrict__ block_table,     // [T, L]
+                         const int* __restrict__ valid_lens,      // [T]
+                         const int* __restrict__ cu_seqlens,      // [n_seq + 1]
+                         int n_seq, int row0,
+                         int T, int P, int E, int e_shift, int L,
+                         float* __restrict__ scores,              // [T, ld] workspace
+                         long long ld,
+                         u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
+{
+    using namespace score_wgmma;
+    using Smem = WgmmaPairSmem<kDim>;
+    constexpr int kTiles = kTile;
+    static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 128, "D must be a multiple of 32 in [32, 128]");
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x;
+    const int max_len = L * E;
+    auto visible = [&](int row) {
+        const int len = valid_lens[row];
+        return len < 0 ? 0 : (len > max_len ? max_len : len);
+    };
+    auto seq_of = [&](int t) {
+        const long long x = (long long)t + row0;
+        int lo = 0, hi = n_seq + 1;
+        while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            if ((long long)cu_seqlens[mid] <= x) lo = mid + 1; else hi = mid;
+        }
+        return min(max(lo - 1, 0), max(n_seq - 1, 0));
+    };
+    // a unit's rows, lengths, whether they share keys, and tiles of its first row alone
+    struct Unit { int ta, tb, na, nb, tiles_a, tiles; bool shared; };
+    auto unit = [&](int u) {
+        Unit x;
+        x.ta = 2 * u;
+        x.tb = 2 * u + 1 < T ? 2 * u + 1 : -1;
+        x.na = visible(x.ta);
+        x.nb = x.tb >= 0 ? visible(x.tb) : 0;
+        x.shared = x.tb >= 0 && seq_of(x.ta) == seq_of(x.tb);
+        x.tiles_a = (x.na + kTiles - 1) / kTiles;
+        const int tiles_b = (x.nb + kTiles - 1) / kTiles;
+        x.tiles = x.shared ? max(x.tiles_a, tiles_b) : x.tiles_a + tiles_b;
+        return x;
+    };
+
+    u64* bars = reinterpret_cast<u64*>(smem + Smem::kBars);
+    if (tid < score_wgmma_pairs::kStages) mbar_init(bars + tid, 128);
+    mbar_init_fence();
+
+    const int U = (T + 1) / 2;
+    int* start = reinterpret_cast<int*>(smem + Smem::kSched);
+    u32* scratch = reinterpret_cast<u32*>(smem + Smem::kScratch);
+    constexpr int kPer = score_wgmma_pairs::kMaxUnits / 128;
+    u32 mine[kPer], sum = 0u;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int u = tid * kPer + j;
+        mine[j] = u < U ? (u32)unit(u).tiles : 0u;
+        sum += mine[j];
+    }
+    u32 total;
+    u32 base = block_exclusive_scan<128>(sum, scratch, &total);  // its barriers also publish the mbarrier init
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int u = tid * kPer + j;
+        if (u < U) start[u] = (int)base;
+        base += mine[j];
+    }
+    if (tid == 0) start[U] = (int)total;
+    __syncthreads();
+    const long long G = gridDim.x;
+    int g = (int)((long long)total * blockIdx.x / G);
+    const int g_end = (int)((long long)total * (blockIdx.x + 1) / G);
+    if (g >= g_end) return;
+    int lo = 0, hi = U - 1;  // the unit holding tile g: the last u with start[u] <= g
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (start[mid] <= g) lo = mid; else hi = mid - 1;
+    }
+    int u = lo, jbase = 0;
+    while (true) {
+        const Unit x = unit(u);
+        const int local = g - start[u];
+        int ta, tb, na, nb, first, end;  // one piece of the unit: tiles [first, end) of its rows
+        if (x.shared) {
+            ta = x.ta; tb = x.tb; na = x.na; nb = x.nb; first = local; end = x.tiles;
+        } else if (local < x.tiles_a) {
+            ta = x.ta; tb = -1; na = x.na; nb = 0; first = local; end = x.tiles_a;
+        } else {
+            ta = x.tb; tb = -1; na = x.nb; nb = 0; first = local - x.tiles_a; end = x.tiles - x.tiles_a;
+        }
+        const int num = min(g_end - g, end - first);
+        score_pair_segment<kDim>(smem, q16, w_scaled, keys_fp4, key_scale, key_gscale, block_table, ta, tb, na, nb,
+                                 first, num, jbase, P, E, e_shift, L, scores, ld, hist);
+        jbase += num;
+        g += num;
+        if (g >= g_end) break;
+        while (start[u + 1] <= g) ++u;  // the unit holding tile g (skipping empty ones)
     }
 }

@@ -40,3 +40,35 @@ def test_ragged_validate_false_with_malformed_offsets_stays_in_bounds():
     idx = indexer.score_topk_ragged(*dev, 4, validate=False)
     cp.cuda.Device().synchronize()
     assert idx.shape == (5, 4)
+
+
+@pytest.mark.parametrize("counts,entries,top_k,lens", [
+    ([2, 2, 2, 2], [3000] * 4, 100, None),     # multi-token decode: every pair shares
+    ([3, 1, 4, 0, 5], [2000] * 5, 50, None),   # odd groups: pairs straddle sequences, a last row alone
+    # shared pairs past 256 tiles (32,768 entries): packed histograms flushed mid-row
+    ([3, 3], [40_000, 33_000], 300, [39_000, 40_000, 100, 33_000, 32_900, 0]),
+    ([9], [6000], 64, None),                   # one sequence, ragged lengths inside it
+])
+def test_row_pairs_share_key_tiles_and_match_single_rows(counts, entries, top_k, lens):
+    # the wgmma path scores consecutive rows of one sequence as pairs sharing each key tile;
+    # the same call with pairs off ("wgmma-single") must give the same bits, and both the
+    # reference's answer
+    from indexer import cuda_ops, geometry
+
+    cp = arrays.cupy()
+    dev_facts = cuda_ops.device_facts(cp.cuda.Device().id)
+    if not geometry.wgmma_supported(64, 128, dev_facts):
+        pytest.skip("the pair kernel is the Hopper wgmma path")
+    rng = np.random.default_rng(sum(counts) + top_k)
+    args = grouped_problem(rng, counts, H=64, D=128, E=64, seq_entries=entries, top_k=top_k)
+    if lens is not None:
+        args = args[:-1] + (np.array(lens, dtype=np.int32),)
+    q, w, k, s, g, table, cu, lens = args
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    cu_dev = cp.asarray(cu)
+    pairs = cuda_ops.score_topk(*dev, top_k, return_scores=True, _cu_seqlens=cu_dev)
+    single = cuda_ops.score_topk(*dev, top_k, return_scores=True, _cu_seqlens=cu_dev, _fast_kernel="wgmma-single")
+    np.testing.assert_array_equal(pairs[0].get(), single[0].get())
+    assert pairs[1].get().tobytes() == single[1].get().tobytes()
+    testing.check_topk(as_problem(*args, top_k), pairs[0].get(), pairs[1].get(), tol=TOL["fast"])
