@@ -115,3 +115,16 @@ def test_many_rows_get_about_eight_waves():
     sl = geometry.score_mma_launch(512, 64, 128, 262_144)
     ctas = sl.grid[0] * sl.grid[1]
     assert 6 * 3 * H200.sm_count <= ctas <= 10 * 3 * H200.sm_count
+
+
+@pytest.mark.parametrize("D", [32, 64, 96, 128])
+def test_pair_kernel_keeps_three_ctas_per_sm(D):
+    # two queries' B operands and packed histograms, 3-stage ring: 3 CTAs (and the 1 KB each
+    # reserves) within the H200's 228 KB per SM
+    sl = geometry.score_wgmma_pairs_launch(64, 64, D, 65_536)
+    assert sl.name == f"score_wgmma_pairs_kernel<{D}>" and sl.balanced and sl.grid == (3 * H200.sm_count, 1)
+    assert sl.smem == geometry.wgmma_pairs_smem_bytes(D) and 3 * (sl.smem + 1024) <= 228 * 1024
+    with pytest.raises(ValueError, match="at most"):
+        geometry.score_wgmma_pairs_launch(geometry.MAX_BALANCED_ROWS + 1, 64, D, 1000)
+    with pytest.raises(ValueError, match="power-of-two E"):
+        geometry.score_wgmma_pairs_launch(4, 64, D, 1000, E=48)
