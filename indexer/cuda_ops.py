@@ -184,13 +184,17 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
     # only the select this call takes is compiled and looked up
     if row_select:
-        row_k = _kernel("select_fast.cu", f"topk_row_kernel<256, {_validate.MAX_TOP_K}>", device_id)
+        # rows up to ROW_SELECT_MAX_LEN = 16 x 256 entries sit in registers; longer ones (the row
+        # select forced, for tests) are read by every pass
+        regs = geometry.ROW_SELECT_MAX_LEN // 256 if ld <= geometry.ROW_SELECT_MAX_LEN else 0
+        row_k = _kernel("select_fast.cu", f"topk_row_kernel<256, {_validate.MAX_TOP_K}, {regs}>", device_id)
     else:
         per = geometry.select_fast_per_thread(rows, sl.ld, dev)
         if exact:  # the tensor-core kernels count the histogram in their epilogue
             hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
         thr_k = _kernel("select_fast.cu", "topk_threshold_kernel", device_id)
         filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
+        rank_k = _kernel("select_fast.cu", "topk_rank_kernel<256>", device_id)
         final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
         chunks = geometry.select_fast_chunks(sl.ld, per)
 
@@ -225,11 +229,19 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                                   indices[r0:r1], scores[r0:r1] if scores is not None else 0))
             continue
         if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
-            hist_k((nr, chunks), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
+            hist_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
         thr_k((nr,), (256,), (hist, i32(prob.top_k), thr))
-        filter_k((nr, chunks), (256,), (scores_ws, ld, lens, i32(prob.max_len), thr, count, cand, i32(cap)))
+        filter_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), thr, count, cand, i32(cap)))
+        # few rows: those with up to RANK_MAX candidates are ranked by many CTAs each, the
+        # others sorted; many rows: every row sorted by one CTA (see geometry.rank_select)
+        rank_max = geometry.RANK_MAX if geometry.rank_select(nr, prob.top_k, dev) else 0
+        if rank_max:
+            rank_k((nr, geometry.rank_ctas_per_row(prob.top_k)), (256,),
+                   (lens, i32(prob.max_len), count, cand, i32(cap), i32(prob.top_k), block_table[r0:r1],
+                    i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0), indices[r0:r1],
+                    scores[r0:r1] if scores is not None else 0))
         final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), count, cand,
                                  i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
                                  i32(1 if physical else 0), indices[r0:r1],
-                                 scores[r0:r1] if scores is not None else 0),
+                                 scores[r0:r1] if scores is not None else 0, i32(rank_max)),
                 shared_mem=8 * cap)

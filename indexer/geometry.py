@@ -8,12 +8,30 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
 #: per-row candidate buffer of the multi-CTA select (kernels/select_fast.cu: kCap)
 CANDIDATE_CAP = 8192
+#: rows with at most this many candidates are ranked by topk_rank_kernel, RANK_GROUP per CTA
+#: (kernels/select_fast.cu: kRankMax, kRankGroup); rows with more are sorted by topk_final_kernel
+RANK_MAX = 4096
+RANK_GROUP = 64
+
+
+def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
+    """Whether a run's candidates are ranked (topk_rank_kernel: O(count^2) compares spread
+    over many CTAs per row) rather than sorted (one CTA per row): when the rank grid fits in
+    about one wave (8 CTAs per SM). Measured on the H200: 1 row of 262,144 entries, ranks
+    6 us vs a sort 17 us; 32 rows, 23 vs 31 us; 128 rows of 32,768, 18.5 vs 12 us."""
+    return rows * rank_ctas_per_row(top_k) <= 8 * (dev or H200).sm_count
+
+
+def rank_ctas_per_row(top_k: int) -> int:
+    """CTAs per row of topk_rank_kernel: enough for 2 x top_k candidates a group each (the
+    usual count is 1-2 x top_k; more are taken in turns), at most RANK_MAX / RANK_GROUP."""
+    return max(1, min(RANK_MAX // RANK_GROUP, -(-2 * top_k // RANK_GROUP)))
 #: entries one CTA of the histogram and filter kernels covers (256 threads x 16)
 SELECT_CHUNK = 4096
 HIST_BINS = 2048
@@ -212,10 +230,15 @@ def workspace_row_bytes(ld: int, query_bytes: int = 0, row_select: bool = False)
     return 4 * ld + query_bytes + select
 
 
+#: CUDA's limit on a grid's y dimension
+MAX_GRID_Y = 65535
+
+
 def workspace_rows(T: int, ld: int, budget_bytes: int = DEFAULT_WORKSPACE_BYTES, query_bytes: int = 0,
                    row_select: bool = False) -> int:
-    """Query rows per run: as many as fit the budget (at least one), spread evenly over the
-    runs so that no run is a small tail (each run pays the select's latency once)."""
-    fit = max(1, min(T, budget_bytes // workspace_row_bytes(ld, query_bytes, row_select)))
+    """Query rows per run: as many as fit the budget (at least one, at most MAX_GRID_Y: the
+    select kernels put rows on a grid's y axis), spread evenly over the runs so that no run
+    is a small tail (each run pays the select's latency once)."""
+    fit = max(1, min(T, MAX_GRID_Y, budget_bytes // workspace_row_bytes(ld, query_bytes, row_select)))
     runs = -(-T // fit) if T else 1
     return max(1, -(-T // runs))

@@ -91,55 +91,142 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* scratch, u32* to
 }
 
 // ---------------------------------------------------------------------------
-// Block-wide bitonic sort of `size` (a power of two, >= 64) u64 in shared memory, descending.
-// All threads must call it; it ends with a barrier.
+// Block-wide bitonic sort of `size` u64 keys in shared memory, descending. `size` is a power
+// of two, at least kSortMinSize (sort_size); all threads must call it (it has barriers); the
+// caller fills a[0, size) and syncs first; it ends with a barrier.
 //
-// Each compare-exchange stage (merge size k, distance j) pairs i with i | j. Stages with
-// j <= the pairs of one warp's contiguous segment stay inside that segment, so they need
-// only __syncwarp; block barriers are left for the few stages with larger distances (21 of
-// 78 for 4,096 keys).
+// Thread t holds positions kPer*t .. kPer*t + kPer-1 in registers (only the first size/kPer
+// threads: whole warps). A compare-exchange stage (merge size k, distance j) pairs position
+// p with p ^ j: for j < kPer both are in one thread's registers, for j < 32*kPer in two
+// lanes of one warp (a shuffle), and only the few stages with larger j go through shared
+// memory (at 8 keys per thread, 6 of 66 stages for 2,048 keys), instead of every stage.
 // ---------------------------------------------------------------------------
+constexpr unsigned kSortMinSize = 256u;  // whole warps at 8 keys per thread
+
+// sort size for m keys: the next power of two, at least kSortMinSize
+__device__ __forceinline__ u32 sort_size(u32 m) {
+    u32 size = kSortMinSize;
+    while (size < m) size <<= 1;
+    return size;
+}
+
+// Where the sort keeps position p in shared memory between its cross-warp stages: XOR of
+// the low 4 bits with the next 4 permutes each aligned group of 16 keys, so that a warp's
+// 32 lanes reading their slot i (positions kPer*lane + i) hit 16 different bank pairs
+// instead of one or two (8-byte keys: 2 wavefronts instead of 16 or 32).
+__device__ __forceinline__ u32 sort_slot(u32 p) { return p ^ ((p >> 4) & 15u); }
+
+// the q-th pair (i, i | j) of a stage in shared memory, exchanged so that blocks of size k
+// with bit k clear end descending, the others ascending
 __device__ __forceinline__ void bitonic_exchange(u64* a, u32 q, u32 j, u32 k) {
     const u32 i = ((q & ~(j - 1u)) << 1) | (q & (j - 1u)), p = i | j;
-    const u64 x = a[i], y = a[p];
-    if (((i & k) == 0u) ? (x < y) : (x > y)) {  // descending in blocks with bit k clear
-        a[i] = y;
-        a[p] = x;
+    const u32 si = sort_slot(i), sp = sort_slot(p);
+    const u64 x = a[si], y = a[sp];
+    if (((i & k) == 0u) ? (x < y) : (x > y)) {
+        a[si] = y;
+        a[sp] = x;
     }
 }
 
-template <int kThreads>
-__device__ __forceinline__ void bitonic_sort_desc(u64* a, u32 size) {
-    static_assert(kThreads % 32 == 0, "whole warps");
-    const u32 pairs = size >> 1, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 per_thread = pairs > (u32)kThreads ? pairs / kThreads : 1u;
-    const u32 seg = 32u * per_thread;       // pairs of one warp's segment (2 * seg keys)
-    const bool active = warp * seg < pairs;  // with few keys, some warps sit out
-    const u32 q0 = warp * seg + lane;
-    // merges up to 2 * seg keys: entirely inside each warp's segment
-    if (active) {
-        for (u32 k = 2u; k <= 2u * seg && k <= size; k <<= 1) {
-            for (u32 j = k >> 1; j > 0u; j >>= 1) {
-                for (u32 m = 0; m < per_thread; ++m) bitonic_exchange(a, q0 + 32u * m, j, k);
-                __syncwarp();
+template <int kThreads, int kPer>
+__device__ __forceinline__ void bitonic_sort_desc_regs(u64* a, u32 size) {
+    static_assert(kThreads % 32 == 0 && (kPer & (kPer - 1)) == 0 && kPer >= 2 && kPer <= 16,
+                  "whole warps, kPer a power of two up to 16");
+    const u32 t = threadIdx.x, lane = t & 31u, base = (u32)kPer * t;
+    const bool active = base < size;  // size is a multiple of 32 * kPer: whole warps
+    constexpr u32 kWarpSpan = 32u * kPer;  // distances below this stay inside a warp
+    u64 x[kPer];
+    if (active) {  // natural order in: a[p]
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) x[i] = a[base + i];
+    }
+    __syncthreads();  // the swizzled stores below overwrite other threads' natural slots
+    for (u32 k = 2u; k <= size; k <<= 1) {
+        u32 j = k >> 1;
+        if (j >= kWarpSpan) {  // across warps: through shared memory, swizzled
+            if (active) {
+#pragma unroll
+                for (int i = 0; i < kPer; ++i) a[sort_slot(base + i)] = x[i];
             }
+            __syncthreads();
+            for (; j >= kWarpSpan; j >>= 1) {
+                for (u32 q = t; q < (size >> 1); q += kThreads) bitonic_exchange(a, q, j, k);
+                __syncthreads();
+            }
+            if (active) {  // each thread reloads only its own slots: the next store needs no barrier
+#pragma unroll
+                for (int i = 0; i < kPer; ++i) x[i] = a[sort_slot(base + i)];
+            }
+        }
+        if (!active) continue;
+        for (; j >= (u32)kPer; j >>= 1) {  // across lanes: the partner holds the same slot i
+            const u32 m = j / kPer;
+            const bool lower = (lane & m) == 0u;
+#pragma unroll
+            for (int i = 0; i < kPer; ++i) {
+                const u64 y = __shfl_xor_sync(FULL_MASK, x[i], m);
+                const bool keep_larger = lower == (((base + i) & k) == 0u);
+                x[i] = keep_larger ? (x[i] > y ? x[i] : y) : (x[i] < y ? x[i] : y);
+            }
+        }
+#pragma unroll
+        for (int jj = kPer / 2; jj > 0; jj >>= 1) {  // inside a thread's registers
+            if ((u32)jj > (k >> 1)) continue;
+#pragma unroll
+            for (int i = 0; i < kPer; ++i) {
+                if (i & jj) continue;
+                const bool desc = ((base + i) & k) == 0u;
+                const u64 lo = x[i], hi = x[i | jj];
+                const bool swap = desc ? lo < hi : lo > hi;
+                x[i] = swap ? hi : lo;
+                x[i | jj] = swap ? lo : hi;
+            }
+        }
+    }
+    __syncthreads();  // every swizzled reload done before the natural stores
+    if (active) {  // natural order out
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) a[base + i] = x[i];
+    }
+    __syncthreads();
+}
+
+// Sizes above kPer * kThreads (top-k beyond the register capacity): every stage in shared memory.
+template <int kThreads>
+__device__ __forceinline__ void bitonic_sort_desc_shared(u64* a, u32 size) {
+    for (u32 i = threadIdx.x; i < size; i += kThreads) {  // natural -> swizzled, in place, by pairs
+        const u32 s = sort_slot(i);
+        if (i < s) {
+            const u64 x = a[i];
+            a[i] = a[s];
+            a[s] = x;
         }
     }
     __syncthreads();
-    for (u32 k = 4u * seg; k <= size; k <<= 1) {
-        u32 j = k >> 1;
-        for (; j > seg; j >>= 1) {  // across segments: the whole block
-            for (u32 q = threadIdx.x; q < pairs; q += kThreads) bitonic_exchange(a, q, j, k);
+    for (u32 k = 2u; k <= size; k <<= 1) {
+        for (u32 j = k >> 1; j > 0u; j >>= 1) {
+            for (u32 q = threadIdx.x; q < (size >> 1); q += kThreads) bitonic_exchange(a, q, j, k);
             __syncthreads();
         }
-        if (active) {
-            for (; j > 0u; j >>= 1) {
-                for (u32 m = 0; m < per_thread; ++m) bitonic_exchange(a, q0 + 32u * m, j, k);
-                __syncwarp();
-            }
-        }
-        __syncthreads();
     }
+    for (u32 i = threadIdx.x; i < size; i += kThreads) {  // swizzled -> natural
+        const u32 s = sort_slot(i);
+        if (i < s) {
+            const u64 x = a[i];
+            a[i] = a[s];
+            a[s] = x;
+        }
+    }
+    __syncthreads();
+}
+
+// The sort: keys in registers, 2 per thread while that keeps every warp busy, else 8; all
+// in shared memory past 8 per thread (top-k beyond the registers).
+template <int kThreads>
+__device__ __forceinline__ void bitonic_sort_desc(u64* a, u32 size) {
+    if (size <= (u32)(2 * kThreads)) bitonic_sort_desc_regs<kThreads, 2>(a, size);
+    else if (size <= (u32)(8 * kThreads)) bitonic_sort_desc_regs<kThreads, 8>(a, size);
+    else bitonic_sort_desc_shared<kThreads>(a, size);
 }
 
 // Candidate encoding shared by the selects: (key << 32) | ~index, so that a descending sort
@@ -148,15 +235,14 @@ __device__ __forceinline__ u64 make_candidate(u32 key, int index) { return ((u64
 __device__ __forceinline__ int candidate_index(u64 c) { return (int)(~(u32)(c & 0xffffffffull)); }
 __device__ __forceinline__ u32 candidate_key(u64 c) { return (u32)(c >> 32); }
 
-// Write output slot i of a row: the candidate's index (logical, or physical through the
-// row's block table) and score; -1 and -inf when i is past the m winners.
-__device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, const int* __restrict__ bt_row, int E,
-                                             int num_blocks, int physical, int* __restrict__ out_idx,
-                                             float* __restrict__ out_scores) {
+// Write output slot i of a row: candidate c's index (logical, or physical through the row's
+// block table) and score when `winner`, else -1 and -inf (padding).
+__device__ __forceinline__ void write_slot(int i, u64 c, bool winner, const int* __restrict__ bt_row, int E,
+                                           int num_blocks, int physical, int* __restrict__ out_idx,
+                                           float* __restrict__ out_scores) {
     int idx = -1;
     float sc = -__int_as_float(0x7f800000);
-    if ((u32)i < m) {
-        const u64 c = cand[i];
+    if (winner) {
         const int s = candidate_index(c);
         sc = key_to_score(candidate_key(c));
         idx = s;
@@ -167,4 +253,12 @@ __device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, cons
     }
     out_idx[i] = idx;
     if (out_scores) out_scores[i] = sc;
+}
+
+// Output slot i of a row from sorted candidates: cand[i] when i < m (the winners), else padding.
+__device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, const int* __restrict__ bt_row, int E,
+                                             int num_blocks, int physical, int* __restrict__ out_idx,
+                                             float* __restrict__ out_scores) {
+    const bool winner = (u32)i < m;
+    write_slot(i, winner ? cand[i] : 0ull, winner, bt_row, E, num_blocks, physical, out_idx, out_scores);
 }

@@ -7,20 +7,55 @@
 //   3. topk_filter_kernel: every entry whose key is in a bin >= b* becomes a candidate,
 //      appended to a bounded per-row buffer of kCap (key, index) pairs; the counter keeps
 //      counting past kCap, so an overflow is never silent;
-//   4. topk_final_kernel: per row, a bitonic sort of the candidates by (score descending,
-//      index ascending) gives the answer. Every entry tying with the k-th best is a
-//      candidate, so the tie rule holds exactly. A row whose candidates overflowed the
-//      buffer is selected from its full score row by the single-CTA radix select instead.
-// Candidate order in the buffer depends on atomics; the sort makes the output deterministic.
+//   4. the candidates ordered by (score descending, index ascending) give the answer. Every
+//      entry tying with the k-th best is a candidate, so the tie rule holds exactly.
+//      topk_rank_kernel: rows with at most kRankMax candidates (all but pathological ones):
+//      each candidate's output slot is its rank among the row's candidates, counted by
+//      many CTAs per row; topk_final_kernel: the other rows, one CTA each: a bitonic sort of
+//      the candidates, or, where they overflowed the buffer, the single-CTA radix select
+//      over the full score row.
+// Candidate order in the buffer depends on atomics; ranks and the sort make the output
+// deterministic.
 #include "common.cuh"
 #include "select_row.cuh"
 
 namespace select_fast {
 constexpr int kBins = 2048;       // top 11 bits of a key
 constexpr int kBinShift = 21;
+constexpr int kRankMax = 4096;    // rows with more candidates are sorted by topk_final_kernel
+constexpr int kRankGroup = 64;    // candidates ranked by one CTA of topk_rank_kernel (2 per lane)
 }  // namespace select_fast
 
-// grid (rows, chunks), kThreads threads, each CTA counts kPerThread * kThreads entries.
+// Entry j of this thread's kPer entries of a chunk starting at `start`: runs of 4, so that
+// they arrive by 16-byte loads.
+template <int kThreads>
+__device__ __forceinline__ int chunk_entry(int start, int j) {
+    return start + ((j >> 2) * kThreads + (int)threadIdx.x) * 4 + (j & 3);
+}
+
+// This thread's kPer entries of a chunk of row r (16-byte aligned, n >= 1 entries), every
+// load in flight at once: unconditional loads, since a load under a branch waits for the one
+// before it; a vector past the row's end is replaced by the row's last one (discarded by the
+// caller's i < n test).
+template <int kThreads, int kPer>
+__device__ __forceinline__ void load_chunk(const float* __restrict__ r, int start, int n, float (&v)[kPer]) {
+    static_assert(kPer % 4 == 0, "whole 16-byte vectors");
+    const float4* r4 = reinterpret_cast<const float4*>(r);
+    const int last = (n - 1) >> 2;
+#pragma unroll
+    for (int q = 0; q < kPer / 4; ++q) {
+        const float4 x = r4[min((start >> 2) + q * kThreads + (int)threadIdx.x, last)];
+        v[4 * q] = x.x;
+        v[4 * q + 1] = x.y;
+        v[4 * q + 2] = x.z;
+        v[4 * q + 3] = x.w;
+    }
+}
+
+// grid (chunks, rows), kThreads threads, each CTA counts kPerThread * kThreads entries
+// (rows 16-byte aligned: ld a multiple of 4). Chunks vary fastest: CTAs running together
+// stream neighbouring parts of one row (rows 1 MB apart side by side read at a quarter of
+// the bandwidth).
 template <int kThreads, int kPerThread>
 __global__ void __launch_bounds__(kThreads)
 topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
@@ -28,20 +63,21 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
 {
     using namespace select_fast;
     __shared__ u32 h[kBins];
-    const int row = blockIdx.x;
+    const int row = blockIdx.y;
     int n = valid_lens[row];
     n = n < 0 ? 0 : (n > max_len ? max_len : n);
-    const int start = blockIdx.y * kThreads * kPerThread;
+    const int start = blockIdx.x * kThreads * kPerThread;
     if (start >= n) return;
     for (int i = threadIdx.x; i < kBins; i += kThreads) h[i] = 0u;
     __syncthreads();
     const float* r = scores + (long long)row * ld;
+    float v[kPerThread];
+    load_chunk<kThreads>(r, start, n, v);
+#pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-        const int i = start + j * kThreads + threadIdx.x;
-        if (i < n) {
-            const u32 key = score_to_key(r[i]);
-            if (key) atomicAdd(&h[key >> kBinShift], 1u);
-        }
+        const int i = chunk_entry<kThreads>(start, j);
+        const u32 key = score_to_key(v[j]);
+        if (i < n && key) atomicAdd(&h[key >> kBinShift], 1u);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < kBins; i += kThreads)
@@ -79,53 +115,133 @@ topk_threshold_kernel(const u32* __restrict__ hist, int top_k, u32* __restrict__
     }
 }
 
-// grid (rows, chunks): append every entry whose key bin is >= thr[row] to the row's buffer.
+// grid (chunks, rows): append every entry whose key bin is >= thr[row] to the row's buffer.
 template <int kThreads, int kPerThread>
 __global__ void __launch_bounds__(kThreads)
 topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                    const u32* __restrict__ thr, u32* __restrict__ count, u64* __restrict__ cand, int cap)
 {
     using namespace select_fast;
-    const int row = blockIdx.x;
+    __shared__ u32 s_taken, s_base;
+    const int row = blockIdx.y;
     int n = valid_lens[row];
     n = n < 0 ? 0 : (n > max_len ? max_len : n);
-    const int start = blockIdx.y * kThreads * kPerThread;
+    const int start = blockIdx.x * kThreads * kPerThread;
     if (start >= n) return;
+    if (threadIdx.x == 0) s_taken = 0u;
     const u32 bin = thr[row];
     const float* r = scores + (long long)row * ld;
     u64* out = cand + (long long)row * cap;
     const int lane = threadIdx.x & 31;
-    // every load in flight before the first (possibly atomic-bound) append
-    u32 keys[kPerThread];
+    float v[kPerThread];
+    load_chunk<kThreads>(r, start, n, v);
+    u32 takes = 0u;  // bit j: entry j of this thread is a candidate
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-        const int i = start + j * kThreads + threadIdx.x;
-        keys[j] = i < n ? score_to_key(r[i]) : 0u;
+        const int i = chunk_entry<kThreads>(start, j);
+        const u32 key = i < n ? score_to_key(v[j]) : 0u;
+        if (key != 0u && (key >> kBinShift) >= bin) takes |= 1u << j;
     }
+    // One global atomic per CTA, not per warp and entry: the rows' counters share a cache
+    // line, so per-warp atomics (a thousand per row) queue behind each other in one L2 slice.
+    u32 warp_taken = __popc(takes);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) warp_taken += __shfl_xor_sync(FULL_MASK, warp_taken, off);
+    __syncthreads();  // s_taken = 0 visible
+    u32 warp_base = 0u;
+    if (lane == 0 && warp_taken) warp_base = atomicAdd(&s_taken, warp_taken);
+    __syncthreads();
+    if (threadIdx.x == 0 && s_taken) s_base = atomicAdd(&count[row], s_taken);
+    __syncthreads();
+    if (s_taken == 0u) return;
+    u32 pos = s_base + __shfl_sync(FULL_MASK, warp_base, 0);
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-        const int i = start + j * kThreads + threadIdx.x;
-        const u32 key = keys[j];
-        const bool take = key != 0u && (key >> kBinShift) >= bin;
+        const bool take = (takes >> j) & 1u;
         const u32 mask = __ballot_sync(FULL_MASK, take);
-        if (mask == 0u) continue;
-        u32 base = 0u;
-        if (lane == __ffs(mask) - 1) base = atomicAdd(&count[row], (u32)__popc(mask));
-        base = __shfl_sync(FULL_MASK, base, __ffs(mask) - 1);
         if (take) {
-            const u32 pos = base + (u32)__popc(mask & ((1u << lane) - 1u));
-            if (pos < (u32)cap) out[pos] = make_candidate(key, i);
+            const u32 p = pos + (u32)__popc(mask & ((1u << lane) - 1u));
+            if (p < (u32)cap) out[p] = make_candidate(score_to_key(v[j]), chunk_entry<kThreads>(start, j));
         }
+        pos += __popc(mask);
     }
 }
 
-// One CTA per row: sort the candidates, or fall back to the full-row radix select.
+// grid (rows, G), kThreads threads: CTA y ranks groups y, y + G, ... of 64 candidates of
+// its row (group g: candidates [64g, 64g + 64), lane l holding two of them); warp w counts
+// how many of the row's candidates order before them among its 1/kWarps share, the CTA adds
+// the shares up. G is sized from top_k (candidates are typically 1-2 x top_k): most CTAs
+// have one or two groups, and few find none (an idle CTA still costs a launch slot).
+// Keys are unique (the index is part of them), so the ranks are a permutation and slot
+// rank < top_k of the output gets the candidate. O(count^2) compares, but spread over
+// count / 64 CTAs: for decode's ~1,000-2,000 candidates per row this beats one CTA sorting
+// them. Rows with more than kRankMax candidates (or none to rank) are left to
+// topk_final_kernel; CTA 0 of the other rows writes the -1 / -inf padding.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+topk_rank_kernel(const int* __restrict__ valid_lens, int max_len, const u32* __restrict__ count,
+                 const u64* __restrict__ cand, int cap, int top_k, const int* __restrict__ block_table, int L, int E,
+                 int num_blocks, int physical, int* __restrict__ out_idx, float* __restrict__ out_scores)
+{
+    using namespace select_fast;
+    constexpr int kWarps = kThreads / 32;
+    __shared__ u64 c[kRankMax];
+    __shared__ u32 partial[kWarps][kRankGroup];
+    const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int n = valid_lens[row];
+    n = n < 0 ? 0 : (n > max_len ? max_len : n);
+    const u32 cnt = n > 0 ? count[row] : 0u;
+    if (cnt > (u32)kRankMax) return;
+    const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
+    const int* bt_row = block_table + (long long)row * L;
+    int* oi = out_idx + (long long)row * top_k;
+    float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
+    if (blockIdx.y == 0)
+        for (int i = (int)m + tid; i < top_k; i += kThreads) write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, oi, os);
+    if (blockIdx.y * kRankGroup >= cnt) return;
+    const u64* src = cand + (long long)row * cap;
+    for (u32 base = 0; base < cnt; base += 4 * kThreads) {  // 4 loads in flight per thread
+        u64 x[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) x[q] = src[min(base + q * kThreads + tid, cnt - 1u)];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            if (base + q * kThreads + tid < cnt) c[base + q * kThreads + tid] = x[q];
+    }
+    __syncthreads();
+    const u32 j0 = (u32)((u64)warp * cnt / kWarps), j1 = (u32)((u64)(warp + 1) * cnt / kWarps);
+    for (u32 first = blockIdx.y * kRankGroup; first < cnt; first += gridDim.y * kRankGroup) {  // same in every thread
+        const u32 me0 = first + lane, me1 = first + 32 + lane;
+        const u64 mine0 = me0 < cnt ? c[me0] : ~0ull, mine1 = me1 < cnt ? c[me1] : ~0ull;
+        u32 before0 = 0u, before1 = 0u;
+        for (u32 j = j0; j < j1; ++j) {  // the same address in every lane: a broadcast
+            const u64 x = c[j];
+            before0 += x > mine0;
+            before1 += x > mine1;
+        }
+        partial[warp][lane] = before0;
+        partial[warp][32 + lane] = before1;
+        __syncthreads();
+        if (tid < kRankGroup) {
+            u32 rank = 0u;
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) rank += partial[w][tid];
+            const u32 me = first + tid;
+            if (me < cnt && rank < (u32)top_k) write_slot(rank, c[me], true, bt_row, E, num_blocks, physical, oi, os);
+        }
+        __syncthreads();  // partial is rewritten by the next group
+    }
+}
+
+// One CTA per row with more than rank_max candidates (kRankMax when topk_rank_kernel ran
+// before, 0 when it did not): sort them, or, where they overflowed the buffer, the full-row
+// radix select. Rows with fewer are topk_rank_kernel's.
 template <int kThreads, int kCap>
 __global__ void __launch_bounds__(kThreads)
 topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                   const u32* __restrict__ count, const u64* __restrict__ cand, int top_k,
                   const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
-                  int* __restrict__ out_idx, float* __restrict__ out_scores)
+                  int* __restrict__ out_idx, float* __restrict__ out_scores, int rank_max)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     u64* buf = reinterpret_cast<u64*>(smem_raw);  // kCap
@@ -136,13 +252,13 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
+    if (rank_max > 0 && cnt <= (u32)rank_max) return;  // ranked (and padded) by topk_rank_kernel
     if (cnt > (u32)kCap) {  // the buffer overflowed: exact select over the whole row
         select_row_radix<kThreads, kCap>(scores + (long long)row * ld, n, top_k, bt_row, E, num_blocks, physical,
                                          oi, os, buf);
         return;
     }
-    u32 size = 64u;  // bitonic_sort_desc needs at least 64 keys
-    while (size < cnt) size <<= 1;
+    const u32 size = sort_size(cnt);  // cnt <= kCap; zero keys sort last
     const u64* src = cand + (long long)row * kCap;
     for (u32 i = tid; i < size; i += kThreads) buf[i] = i < cnt ? src[i] : 0ull;
     __syncthreads();
@@ -151,11 +267,13 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     for (int i = tid; i < top_k; i += kThreads) write_winner(i, m, buf, bt_row, E, num_blocks, physical, oi, os);
 }
 
-// Short rows (at most a few thousand entries): the whole exact select of a row in one CTA
-// (select_row.cuh), straight from its scores: no histogram, threshold, filter or candidate
-// buffer in global memory, one launch. Prefill's thousands of short causal rows go here.
-template <int kThreads, int kMaxK>
-__global__ void __launch_bounds__(kThreads)
+// Short rows: the whole exact select of a row in one CTA (select_row.cuh), straight from its
+// scores: no histogram, threshold, filter or candidate buffer in global memory, one launch.
+// Prefill's thousands of short causal rows go here. kRegs > 0: rows of at most
+// kRegs * kThreads entries (ROW_SELECT_MAX_LEN), read once into registers; kRegs = 0: rows
+// of any length, read by every pass (the row select forced on long rows, for tests).
+template <int kThreads, int kMaxK, int kRegs>
+__global__ void __launch_bounds__(kThreads, 5)  // 5 CTAs per SM: at most 51 registers (shared memory allows 6)
 topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                 int top_k, const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                 int* __restrict__ out_idx, float* __restrict__ out_scores)
@@ -164,7 +282,22 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
     const int row = blockIdx.x;
     int n = valid_lens[row];
     n = n < 0 ? 0 : (n > max_len ? max_len : n);
-    select_row_radix<kThreads, kMaxK>(scores + (long long)row * ld, n, top_k, block_table + (long long)row * L, E,
+    select_row_radix<kThreads, kMaxK, kRegs>(scores + (long long)row * ld, n, top_k, block_table + (long long)row * L, E,
                                       num_blocks, physical, out_idx + (long long)row * top_k,
                                       out_scores ? out_scores + (long long)row * top_k : nullptr, cand);
+}
+
+// The block sort alone: out[0, sort_size(n)) = in[0, n) and zero padding, sorted descending,
+// with the final kernel's 1024 threads or the row kernel's 256 (dynamic shared memory: 8
+// bytes per key). For the tests, which check it against NumPy.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) block_sort_kernel(const u64* __restrict__ in, int n, u64* __restrict__ out)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    u64* a = reinterpret_cast<u64*>(smem_raw);
+    const u32 size = sort_size((u32)n);
+    for (u32 i = threadIdx.x; i < size; i += kThreads) a[i] = i < (u32)n ? in[i] : 0ull;
+    __syncthreads();
+    bitonic_sort_desc<kThreads>(a, size);
+    for (u32 i = threadIdx.x; i < size; i += kThreads) out[i] = a[i];
 }

@@ -15,7 +15,9 @@ __device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { r
 
 // The whole select for one row, run by one CTA of kThreads threads; `cand` is kMaxK u64 of
 // shared memory. Also the fallback of select_fast.cu when a row's candidates overflow.
-template <int kThreads, int kMaxK>
+// kRegs > 0: the row has at most kRegs * kThreads entries, read once into registers (all
+// loads in flight together) for the five passes; kRegs = 0: each pass reads the row again.
+template <int kThreads, int kMaxK, int kRegs = 0>
 __device__ __forceinline__ void select_row_radix(
                    const float* __restrict__ r,         // the row's scores
                    int n,                               // entries 0..n-1 are scored (already clamped)
@@ -31,7 +33,14 @@ __device__ __forceinline__ void select_row_radix(
     __shared__ u32 scratch[32];
     __shared__ u32 s_bin, s_above;
     const int tid = threadIdx.x;
-
+    u32 reg_keys[kRegs > 0 ? kRegs : 1];
+    if constexpr (kRegs > 0) {
+        float v[kRegs];
+#pragma unroll
+        for (int j = 0; j < kRegs; ++j) v[j] = r[max(min(tid + j * kThreads, n - 1), 0)];
+#pragma unroll
+        for (int j = 0; j < kRegs; ++j) reg_keys[j] = tid + j * kThreads < n ? score_to_key(v[j]) : 0u;
+    }
     // ---- radix select: find the threshold key `prefix` and how many equal to it to take
     u32 prefix = 0u, mask = 0u;
     u32 k_rem = (u32)top_k;
@@ -40,8 +49,7 @@ __device__ __forceinline__ void select_row_radix(
         const int shift = 24 - 8 * pass;
         for (int b = tid; b < 256; b += kThreads) hist[b] = 0u;
         __syncthreads();
-        for (int i = tid; i < n; i += kThreads) {
-            const u32 key = row_key(r, i);
+        auto count = [&](u32 key) {
             const bool match = key != 0u && (key & mask) == prefix;
             const u32 digit = (key >> shift) & 255u;
             // warp-aggregated increment: equal digits (plateaus) would otherwise serialize
@@ -50,6 +58,12 @@ __device__ __forceinline__ void select_row_radix(
                 const u32 peers = __match_any_sync(active, digit);
                 if ((__ffs(peers) - 1) == (tid & 31)) atomicAdd(&hist[digit], (u32)__popc(peers));
             }
+        };
+        if constexpr (kRegs > 0) {
+#pragma unroll
+            for (int j = 0; j < kRegs; ++j) count(reg_keys[j]);  // keys past n are 0: not counted
+        } else {
+            for (int i = tid; i < n; i += kThreads) count(row_key(r, i));
         }
         __syncthreads();
         // Suffix scan over bins from 255 down: thread j < 256 owns bin 255 - j.
@@ -76,9 +90,7 @@ __device__ __forceinline__ void select_row_radix(
     // ---- collection in index order: positions from a block scan, so the result is deterministic
     u32 gt_base = 0u, eq_base = 0u;
     const u32 n_gt = take_all ? 0u : (u32)top_k - k_rem;  // entries strictly above thr
-    for (int start = 0; start < n; start += kThreads) {
-        const int i = start + tid;
-        const u32 key = i < n ? row_key(r, i) : 0u;
+    auto collect = [&](int i, u32 key) {  // every thread, once per group of kThreads entries
         const u32 gt = key > thr;
         const u32 eq = (!take_all && key == thr && key != 0u);
         u32 total;
@@ -92,13 +104,24 @@ __device__ __forceinline__ void select_row_radix(
         }
         gt_base += total >> 16;
         eq_base += total & 0xffffu;
+    };
+    if constexpr (kRegs > 0) {
+#pragma unroll
+        for (int j = 0; j < kRegs; ++j) {
+            if (j * kThreads >= n) break;  // the same j in every thread
+            collect(j * kThreads + tid, reg_keys[j]);
+        }
+    } else {
+        for (int start = 0; start < n; start += kThreads) {
+            const int i = start + tid;
+            collect(i, i < n ? row_key(r, i) : 0u);
+        }
     }
     const u32 m_raw = take_all ? gt_base : (u32)top_k;
     const u32 m = m_raw < (u32)top_k ? m_raw : (u32)top_k;
 
     // ---- bitonic sort of the m winners, descending by (key, ~index)
-    u32 size = 64u;  // bitonic_sort_desc needs at least 64 keys
-    while (size < m) size <<= 1;
+    const u32 size = sort_size(m);  // m <= top_k <= kMaxK; zero keys sort last
     for (u32 i = m + tid; i < size; i += kThreads) cand[i] = 0ull;
     __syncthreads();
     bitonic_sort_desc<kThreads>(cand, size);

@@ -20,7 +20,8 @@ def main(name: str) -> None:
     x = sets[0]
     for _ in range(4):
         cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"], x["block_table"],
-                            x["valid_lens"], case.top_k, validate=False)
+                            x["valid_lens"], case.top_k, validate=False,
+                            _cu_seqlens=x.get("cu_seqlens"))
     cp.cuda.Device().synchronize()
 
 

@@ -60,6 +60,30 @@ def cases():
         score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", precision="fast",
                    return_scores=True)
         ran += 1
+    # the pair kernel (rows of one sequence sharing key tiles): odd groups, an empty group,
+    # a row past 256 tiles (packed-histogram flush); then the same with bad ids, validation off
+    from indexer import score_topk_ragged
+    counts, E, L = [3, 1, 0, 4, 2], 64, 9
+    base = testing.random_problem(rng, T=1, H=64, D=128, E=E, L=L, P=len(counts) * L + 2, lens=1, top_k=40)
+    table = rng.permutation(base.keys_fp4.shape[0])[: len(counts) * L].reshape(len(counts), L).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    T = int(cu[-1])
+    lens = rng.integers(0, L * E + 1, size=T).astype(np.int32)
+    q = rng.standard_normal((T, 64, 128)).astype(np.float32)
+    w = rng.standard_normal((T, 64)).astype(np.float32)
+    pool = [cp.asarray(a) for a in (base.keys_fp4, base.key_scale, base.key_gscale)]
+    score_topk_ragged(cp.asarray(q), cp.asarray(w), *pool, cp.asarray(table), cp.asarray(cu), cp.asarray(lens), 40,
+                      backend="cuda", return_scores=True)
+    table[1, 0], table[3, 2], lens[4] = 10**6, -5, 10**6
+    score_topk_ragged(cp.asarray(q), cp.asarray(w), *pool, cp.asarray(table), cp.asarray(cu), cp.asarray(lens), 40,
+                      backend="cuda", validate=False)
+    ran += 2
+    long = testing.random_problem(rng, T=1, H=64, D=128, E=E, L=600, lens=600 * E, top_k=300)
+    two = [cp.asarray(a) for a in (np.repeat(long.q, 2, 0), np.repeat(long.w, 2, 0), long.keys_fp4, long.key_scale,
+                                   long.key_gscale, long.block_table[:1], np.array([0, 2], np.int32),
+                                   np.array([600 * E, 600 * E - 77], np.int32))]
+    score_topk_ragged(*two, 300, backend="cuda")
+    ran += 1
     # validation off, bad inputs: ids out of range for visible blocks, lengths past L*E
     p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=48, L=3, top_k=64)
     p.block_table[0, 1] = 10**6

@@ -147,16 +147,18 @@ def test_nvfp4_codec_on_device_equals_host():
 @PRECISIONS
 def test_candidate_buffer_overflow_falls_back_exactly(precision):
     # Every score is exactly 0 (keys >= 0, queries < 0, weights > 0): the threshold bin holds
-    # all 20,000 entries of a row, more than the candidate buffer (8192) takes. The select
-    # must notice and fall back to the full-row radix select: the lowest indices win.
+    # every entry of a row. 20,000 and 9,000 are more than the candidate buffer (8192) takes:
+    # the select must notice and fall back to the full-row radix select; 6,000 candidates
+    # are sorted by one CTA (more than the rank kernel takes, 4,096); 3,000 and 300 are
+    # ranked. Every route must give the lowest indices.
     rng = np.random.default_rng(17)
-    p = testing.random_problem(rng, T=3, H=8, D=64, E=64, lens=[20_000, 9_000, 300], top_k=100)
+    p = testing.random_problem(rng, T=5, H=8, D=64, E=64, lens=[20_000, 9_000, 6_000, 3_000, 300], top_k=100)
     keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32)
     p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
     p.q = -np.abs(p.q) - np.float32(0.1)
     p.w = np.abs(p.w) + np.float32(0.1)
     idx, sc = run_cuda(p, precision)
-    np.testing.assert_array_equal(idx, np.tile(np.arange(100, dtype=np.int32), (3, 1)))
+    np.testing.assert_array_equal(idx, np.tile(np.arange(100, dtype=np.int32), (5, 1)))
     assert np.all(sc == 0)
     testing.check_topk(p, idx, sc, tol=TOL[precision])
 
@@ -257,3 +259,26 @@ def test_many_long_rows_use_the_wide_select_chunks(precision):
     assert geometry.select_fast_per_thread(T, ld, dev) == 16
     idx, sc = run_cuda(p, precision)
     testing.check_topk(p, idx, sc, tol=TOL[precision])
+
+
+@pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS + ("random",))
+def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
+    # the multi-CTA select orders a run's candidates either by rank counting (few rows) or
+    # by one CTA sorting each row (many rows): both routes, forced, give the same bits
+    from indexer import cuda_ops, geometry
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(92)
+    if kind == "random":
+        p = testing.random_problem(rng, T=6, H=64, D=128, E=64, lens=[9000, 5000, 4097, 0, 7000, 100], top_k=300)
+    else:
+        p = testing.adversarial_problem(kind, rng, H=64, D=128, E=64)
+    args = [cp.asarray(a) for a in p.arrays()]
+    out = {}
+    for route in (True, False):
+        monkeypatch.setattr(geometry, "rank_select", lambda *a, route=route: route)
+        out[route] = cuda_ops.score_topk(*args, p.top_k, return_scores=True, physical=True, _select="multi")
+    np.testing.assert_array_equal(out[True][0].get(), out[False][0].get())
+    assert out[True][1].get().tobytes() == out[False][1].get().tobytes()
+    logical = cuda_ops.score_topk(*args, p.top_k, return_scores=True, _select="multi")
+    testing.check_topk(p, logical[0].get(), logical[1].get(), tol=testing.TOL_FAST)

@@ -65,6 +65,8 @@ def test_workspace_rows_respect_the_budget():
     # runs are even: 10 rows that fit 4 at a time run as 4 + 4 + 2, 9 as 3 x 3 (no tail of 1)
     per = geometry.workspace_row_bytes(128)
     assert geometry.workspace_rows(10, 128, budget_bytes=4 * per) == 4
+    # a huge budget still keeps a run within a grid's y limit (rows are the select's y axis)
+    assert geometry.workspace_rows(200_000, 128, budget_bytes=1 << 40) <= geometry.MAX_GRID_Y
     assert geometry.workspace_rows(9, 128, budget_bytes=4 * per) == 3
     assert geometry.select_fast_chunks(1) == 1
     assert geometry.select_fast_chunks(geometry.SELECT_CHUNK + 1) == 2
@@ -128,3 +130,13 @@ def test_pair_kernel_keeps_three_ctas_per_sm(D):
         geometry.score_wgmma_pairs_launch(geometry.MAX_BALANCED_ROWS + 1, 64, D, 1000)
     with pytest.raises(ValueError, match="power-of-two E"):
         geometry.score_wgmma_pairs_launch(4, 64, D, 1000, E=48)
+
+
+def test_candidates_are_ranked_only_when_the_rank_grid_fits_about_one_wave():
+    # decode-latency (1 row) and decode-1M's runs (32 rows, k = 1024) rank; decode-128K
+    # (128 rows, k = 512) and mtp-2 (128 rows, k = 1024) sort
+    assert geometry.rank_ctas_per_row(1024) == 32 and geometry.rank_ctas_per_row(1) == 1
+    assert geometry.rank_ctas_per_row(4096) == geometry.RANK_MAX // geometry.RANK_GROUP
+    assert geometry.rank_select(1, 1024) and geometry.rank_select(32, 1024)
+    assert not geometry.rank_select(128, 512) and not geometry.rank_select(128, 1024)
+
