@@ -141,10 +141,12 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     query_bytes = heads * (prob.D + 8) * 2 + heads * 4
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
-    rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select)
-    # rows of one sequence in pairs: each key tile decoded once for two queries
-    use_pairs = (not exact and use_wgmma and cu_seqlens is not None and fast_kernel != "wgmma-single"
-                 and rows <= geometry.MAX_BALANCED_ROWS)
+    # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
+    # kernel takes runs of at most MAX_BALANCED_ROWS rows (prefill's thousands of short
+    # rows run as several such runs rather than one per-row launch without sharing)
+    use_pairs = not exact and use_wgmma and cu_seqlens is not None and fast_kernel != "wgmma-single"
+    rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
+                                   max_rows=geometry.MAX_BALANCED_ROWS if use_pairs else None)
     if exact:
         sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
     elif use_pairs:

@@ -235,10 +235,12 @@ MAX_GRID_Y = 65535
 
 
 def workspace_rows(T: int, ld: int, budget_bytes: int = DEFAULT_WORKSPACE_BYTES, query_bytes: int = 0,
-                   row_select: bool = False) -> int:
+                   row_select: bool = False, max_rows: int | None = None) -> int:
     """Query rows per run: as many as fit the budget (at least one, at most MAX_GRID_Y: the
-    select kernels put rows on a grid's y axis), spread evenly over the runs so that no run
-    is a small tail (each run pays the select's latency once)."""
-    fit = max(1, min(T, MAX_GRID_Y, budget_bytes // workspace_row_bytes(ld, query_bytes, row_select)))
+    select kernels put rows on a grid's y axis, and at most ``max_rows`` where a kernel
+    takes no more), spread evenly over the runs so that no run is a small tail (each run
+    pays the select's latency once)."""
+    fit = max(1, min(T, MAX_GRID_Y, max_rows or MAX_GRID_Y,
+                     budget_bytes // workspace_row_bytes(ld, query_bytes, row_select)))
     runs = -(-T // fit) if T else 1
     return max(1, -(-T // runs))

@@ -67,6 +67,11 @@ def test_workspace_rows_respect_the_budget():
     assert geometry.workspace_rows(10, 128, budget_bytes=4 * per) == 4
     # a huge budget still keeps a run within a grid's y limit (rows are the select's y axis)
     assert geometry.workspace_rows(200_000, 128, budget_bytes=1 << 40) <= geometry.MAX_GRID_Y
+    # prefill-8K's rows through the pair kernel: 8 runs of 1,024 instead of 4 of 2,048
+    q_bytes = 64 * 136 * 2 + 64 * 4
+    assert geometry.workspace_rows(8192, 2048, query_bytes=q_bytes, row_select=True,
+                                   max_rows=geometry.MAX_BALANCED_ROWS) == 1024
+    assert geometry.workspace_rows(8192, 2048, query_bytes=q_bytes, row_select=True) == 2048
     assert geometry.workspace_rows(9, 128, budget_bytes=4 * per) == 3
     assert geometry.select_fast_chunks(1) == 1
     assert geometry.select_fast_chunks(geometry.SELECT_CHUNK + 1) == 2
