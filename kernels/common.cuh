@@ -191,10 +191,10 @@ __device__ __forceinline__ void bitonic_sort_desc_regs(u64* a, u32 size) {
     __syncthreads();
 }
 
-// Sizes above kPer * kThreads (top-k beyond the register capacity): every stage in shared memory.
+// a[p] <-> a[sort_slot(p)] for every p (sort_slot is its own inverse: natural <-> swizzled)
 template <int kThreads>
-__device__ __forceinline__ void bitonic_sort_desc_shared(u64* a, u32 size) {
-    for (u32 i = threadIdx.x; i < size; i += kThreads) {  // natural -> swizzled, in place, by pairs
+__device__ __forceinline__ void swap_sort_slots(u64* a, u32 size) {
+    for (u32 i = threadIdx.x; i < size; i += kThreads) {
         const u32 s = sort_slot(i);
         if (i < s) {
             const u64 x = a[i];
@@ -203,21 +203,19 @@ __device__ __forceinline__ void bitonic_sort_desc_shared(u64* a, u32 size) {
         }
     }
     __syncthreads();
+}
+
+// Sizes above kPer * kThreads (top-k beyond the register capacity): every stage in shared memory.
+template <int kThreads>
+__device__ __forceinline__ void bitonic_sort_desc_shared(u64* a, u32 size) {
+    swap_sort_slots<kThreads>(a, size);  // natural -> swizzled
     for (u32 k = 2u; k <= size; k <<= 1) {
         for (u32 j = k >> 1; j > 0u; j >>= 1) {
             for (u32 q = threadIdx.x; q < (size >> 1); q += kThreads) bitonic_exchange(a, q, j, k);
             __syncthreads();
         }
     }
-    for (u32 i = threadIdx.x; i < size; i += kThreads) {  // swizzled -> natural
-        const u32 s = sort_slot(i);
-        if (i < s) {
-            const u64 x = a[i];
-            a[i] = a[s];
-            a[s] = x;
-        }
-    }
-    __syncthreads();
+    swap_sort_slots<kThreads>(a, size);  // swizzled -> natural
 }
 
 // The sort: keys in registers, 2 per thread while that keeps every warp busy, else 8; all

@@ -184,6 +184,65 @@ __device__ __forceinline__ void read_stage_row(const unsigned char* st, int row,
     read_row<kDim, score_wgmma::kScaleMul>(st, row, c, raw, sc);
 }
 
+// The A fragments (kDim/16 k-steps) of one 64-entry sub-tile starting at stage row `base`:
+// my rows r0 = base + 16*warp + g and r0 + 8, decoded from E2M1 x E4M3 to fp16.
+template <int kDim>
+__device__ __forceinline__ void decode_sub_tile(const unsigned char* st, int r0, int c, u32 (&a)[kDim / 16][4]) {
+    constexpr int kWords = kDim / 32;
+    u32 raw0[kWords], sc0[kWords], raw1[kWords], sc1[kWords];
+    read_stage_row<kDim>(st, r0, c, raw0, sc0);
+    read_stage_row<kDim>(st, r0 + 8, c, raw1, sc1);
+#pragma unroll
+    for (int wd = 0; wd < kWords; ++wd) {
+        u32 d0[4], d1[4];
+        e2m1x8_to_f16x2_cvt(raw0[wd], d0);
+        e2m1x8_to_f16x2_cvt(raw1[wd], d1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            d0[i] = hmul2(d0[i], sc0[wd]);
+            d1[i] = hmul2(d1[i], sc1[wd]);
+        }
+        // k-step 2wd: (lo nibbles, hi nibbles) of bytes 0-1; k-step 2wd+1: bytes 2-3
+        a[2 * wd][0] = d0[0]; a[2 * wd][1] = d1[0];
+        a[2 * wd][2] = d0[1]; a[2 * wd][3] = d1[1];
+        a[2 * wd + 1][0] = d0[2]; a[2 * wd + 1][1] = d1[2];
+        a[2 * wd + 1][2] = d0[3]; a[2 * wd + 1][3] = d1[3];
+    }
+}
+
+// One commit group: acc = A (a sub-tile's fragments) x B (the query at descriptor desc),
+// over the kDim/16 k-steps.
+template <int kDim>
+__device__ __forceinline__ void mma_sub_tile(float (&acc)[32], const u32 (&a)[kDim / 16][4], u64 desc) {
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks)
+        wgmma_m64n64k16(acc, a[ks], desc + (u64)((2 * ks * score_wgmma::kLbo) >> 4), ks > 0);
+    wgmma_commit();
+}
+
+// Weighted head sums of my two rows of a finished m64n64 sub-tile (accumulators d; rows r0
+// and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed): .x row r0, .y
+// row r0 + 8, in every lane of the quad. w: the 64 weights in shared memory.
+__device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const float* w, int c) {
+    // two partial sums per row (even and odd heads) halve the dependent FMA chain
+    float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < score_wgmma::kHeads / 8; ++j) {
+        const float2 wv = *reinterpret_cast<const float2*>(w + 8 * j + 2 * c);  // heads 8j+2c, +1
+        lo0 = fmaf(wv.x, relu_nan(d[4 * j]), lo0);
+        lo1 = fmaf(wv.y, relu_nan(d[4 * j + 1]), lo1);
+        hi0 = fmaf(wv.x, relu_nan(d[4 * j + 2]), hi0);
+        hi1 = fmaf(wv.y, relu_nan(d[4 * j + 3]), hi1);
+    }
+    float lo = lo0 + lo1, hi = hi0 + hi1;
+    lo += __shfl_xor_sync(FULL_MASK, lo, 1);
+    hi += __shfl_xor_sync(FULL_MASK, hi, 1);
+    lo += __shfl_xor_sync(FULL_MASK, lo, 2);
+    hi += __shfl_xor_sync(FULL_MASK, hi, 2);
+    return make_float2(lo, hi);
+}
+
 template <int kDim>
 struct WgmmaSmem {
     static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;  // B in core-matrix layout
@@ -207,7 +266,7 @@ __device__ __forceinline__ void score_segment(
     int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
     using namespace score_wgmma;
     using Smem = WgmmaSmem<kDim>;
-    constexpr int kWords = kDim / 32, kKSteps = kDim / 16;
+    constexpr int kKSteps = kDim / 16;
     constexpr int kRowHalves = kDim + 8;  // row of q16 in global memory
     constexpr int kThreads = 128;
     constexpr int kHistBins = score_mma::kHistBins;
@@ -256,21 +315,8 @@ __device__ __forceinline__ void score_segment(
     float acc[2][32];
     // weighted head sum of rows r0 and r0 + 8 of a finished sub-tile (entries s0, s0 + 8)
     auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
-        // two partial sums per row (even and odd heads) halve the dependent FMA chain
-        float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kHeads / 8; ++j) {
-            const float2 wv = *reinterpret_cast<const float2*>(wsm + 8 * j + 2 * c);  // heads 8j+2c, +1
-            lo0 = fmaf(wv.x, relu_nan(d[4 * j]), lo0);
-            lo1 = fmaf(wv.y, relu_nan(d[4 * j + 1]), lo1);
-            hi0 = fmaf(wv.x, relu_nan(d[4 * j + 2]), hi0);
-            hi1 = fmaf(wv.y, relu_nan(d[4 * j + 3]), hi1);
-        }
-        float lo = lo0 + lo1, hi = hi0 + hi1;
-        lo += __shfl_xor_sync(FULL_MASK, lo, 1);
-        hi += __shfl_xor_sync(FULL_MASK, hi, 1);
-        lo += __shfl_xor_sync(FULL_MASK, lo, 2);
-        hi += __shfl_xor_sync(FULL_MASK, hi, 2);
+        const float2 sums = weighted_head_sums(d, wsm, c);
+        const float lo = sums.x, hi = sums.y;
         // lane c = 0 stores row r0, lane c = 1 row r0 + 8 (one predicated path, no branches)
         if (c < 2) {
             const int s = s0 + 8 * c;
@@ -290,32 +336,8 @@ __device__ __forceinline__ void score_segment(
         // other CTAs on the SM fill the tensor pipe in the gap.
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-            // decode sub-tile u: my rows r0 = 16*warp + g and r0 + 8 of it
-            const int r0 = u * kSubTile + 16 * warp + g;
-            u32 raw0[kWords], sc0[kWords], raw1[kWords], sc1[kWords];
-            read_stage_row<kDim>(st, r0, c, raw0, sc0);
-            read_stage_row<kDim>(st, r0 + 8, c, raw1, sc1);
-#pragma unroll
-            for (int wd = 0; wd < kWords; ++wd) {
-                u32 d0[4], d1[4];
-                e2m1x8_to_f16x2_cvt(raw0[wd], d0);
-                e2m1x8_to_f16x2_cvt(raw1[wd], d1);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    d0[i] = hmul2(d0[i], sc0[wd]);
-                    d1[i] = hmul2(d1[i], sc1[wd]);
-                }
-                // k-step 2wd: (lo nibbles, hi nibbles) of bytes 0-1; k-step 2wd+1: bytes 2-3
-                a_frag[u][2 * wd][0] = d0[0]; a_frag[u][2 * wd][1] = d1[0];
-                a_frag[u][2 * wd][2] = d0[1]; a_frag[u][2 * wd][3] = d1[1];
-                a_frag[u][2 * wd + 1][0] = d0[2]; a_frag[u][2 * wd + 1][1] = d1[2];
-                a_frag[u][2 * wd + 1][2] = d0[3]; a_frag[u][2 * wd + 1][3] = d1[3];
-            }
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < kKSteps; ++ks)
-                wgmma_m64n64k16(acc[u], a_frag[u][ks], desc_q + (u64)((2 * ks * kLbo) >> 4), ks > 0);
-            wgmma_commit();
+            decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);  // sub-tile u
+            mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);
         }
         const int r0 = 16 * warp + g;
         wgmma_wait<1>();
@@ -329,6 +351,43 @@ __device__ __forceinline__ void score_segment(
     __syncthreads();  // histogram complete; every stage read (the next segment refills them)
     if (count_keys) flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
     __syncthreads();
+}
+
+// The balanced schedule's tile starts, by one CTA of 128 threads: start[i] = the tiles of
+// items 0 .. i-1 (rows, or row pairs), start[n] = the total, which is returned; tiles(i) is
+// item i's tile count, n <= kMax. Its barriers also publish what the CTA wrote before.
+template <int kMax, typename TilesOf>
+__device__ __forceinline__ u32 tile_starts(int n, TilesOf tiles, int* start, u32* scratch) {
+    constexpr int kPer = kMax / 128;
+    const int tid = threadIdx.x;
+    u32 mine[kPer], sum = 0u;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int i = tid * kPer + j;
+        mine[j] = i < n ? (u32)tiles(i) : 0u;
+        sum += mine[j];
+    }
+    u32 total;
+    u32 base = block_exclusive_scan<128>(sum, scratch, &total);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int i = tid * kPer + j;
+        if (i < n) start[i] = (int)base;
+        base += mine[j];
+    }
+    if (tid == 0) start[n] = (int)total;
+    __syncthreads();
+    return total;
+}
+
+// The item holding tile g: the last i < n with start[i] <= g (empty items share starts).
+__device__ __forceinline__ int item_of_tile(const int* start, int n, int g) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (start[mid] <= g) lo = mid; else hi = mid - 1;
+    }
+    return lo;
 }
 
 // Two schedules, one kernel:
@@ -374,37 +433,15 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         seg_num = min(seg_first + tiles_per_cta, (visible(t) + kTile - 1) / kTile) - seg_first;
         __syncthreads();  // barriers initialised
     } else {
-        // start[r] = tiles of rows before r (exclusive scan, in shared memory)
-        u32* scratch = reinterpret_cast<u32*>(smem + Smem::kScratch);
-        constexpr int kPer = kMaxBalancedRows / 128;
-        u32 mine[kPer], sum = 0u;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            const int row = tid * kPer + j;
-            mine[j] = row < T ? (u32)((visible(row) + kTile - 1) / kTile) : 0u;
-            sum += mine[j];
-        }
-        u32 total;
-        u32 base = block_exclusive_scan<128>(sum, scratch, &total);  // its barriers also publish the mbarrier init
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            const int row = tid * kPer + j;
-            if (row < T) start[row] = (int)base;
-            base += mine[j];
-        }
-        if (tid == 0) start[T] = (int)total;
-        __syncthreads();
+        // start[r] = tiles of rows before r (its barriers also publish the mbarrier init)
+        const u32 total = tile_starts<kMaxBalancedRows>(
+            T, [&](int row) { return (visible(row) + kTile - 1) / kTile; }, start,
+            reinterpret_cast<u32*>(smem + Smem::kScratch));
         const long long G = gridDim.x;
         g = (int)((long long)total * blockIdx.x / G);
         g_end = (int)((long long)total * (blockIdx.x + 1) / G);
         if (g < g_end) {
-            // the row holding tile g: the last r with start[r] <= g (empty rows share starts)
-            int lo = 0, hi = T - 1;
-            while (lo < hi) {
-                const int mid = (lo + hi + 1) >> 1;
-                if (start[mid] <= g) lo = mid; else hi = mid - 1;
-            }
-            t = lo;
+            t = item_of_tile(start, T, g);
             seg_first = g - start[t];
             seg_num = min(g_end, start[t + 1]) - g;
         }
@@ -489,7 +526,7 @@ __device__ __forceinline__ void score_pair_segment(
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
     constexpr int kS = score_wgmma_pairs::kStages;
-    constexpr int kWords = kDim / 32, kKSteps = kDim / 16;
+    constexpr int kKSteps = kDim / 16;
     constexpr int kRowHalves = kDim + 8;
     constexpr int kThreads = 128;
     constexpr int kHistBins = score_mma::kHistBins;
@@ -542,21 +579,8 @@ __device__ __forceinline__ void score_pair_segment(
 
     // weighted head sum of rows r0, r0 + 8 of a finished sub-tile for query slot qi
     auto epilogue = [&](const float (&d)[32], int qi, int s0, float g0, float g1) {
-        const float* wq = qi ? w1 : w0;
-        float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kHeads / 8; ++j) {
-            const float2 wv = *reinterpret_cast<const float2*>(wq + 8 * j + 2 * c);
-            lo0 = fmaf(wv.x, relu_nan(d[4 * j]), lo0);
-            lo1 = fmaf(wv.y, relu_nan(d[4 * j + 1]), lo1);
-            hi0 = fmaf(wv.x, relu_nan(d[4 * j + 2]), hi0);
-            hi1 = fmaf(wv.y, relu_nan(d[4 * j + 3]), hi1);
-        }
-        float lo = lo0 + lo1, hi = hi0 + hi1;
-        lo += __shfl_xor_sync(FULL_MASK, lo, 1);
-        hi += __shfl_xor_sync(FULL_MASK, hi, 1);
-        lo += __shfl_xor_sync(FULL_MASK, lo, 2);
-        hi += __shfl_xor_sync(FULL_MASK, hi, 2);
+        const float2 sums = weighted_head_sums(d, qi ? w1 : w0, c);
+        const float lo = sums.x, hi = sums.y;
         const bool live = qi == 0 || pair;
         if (live && c < 2) {
             const int s = s0 + 8 * c;
@@ -567,34 +591,10 @@ __device__ __forceinline__ void score_pair_segment(
         }
     };
     auto decode = [&](const unsigned char* st, int u) {
-        const int r0 = u * kSubTile + 16 * warp + g;
-        u32 raw0[kWords], sc0[kWords], raw1[kWords], sc1[kWords];
-        read_stage_row<kDim>(st, r0, c, raw0, sc0);
-        read_stage_row<kDim>(st, r0 + 8, c, raw1, sc1);
-#pragma unroll
-        for (int wd = 0; wd < kWords; ++wd) {
-            u32 d0[4], d1[4];
-            e2m1x8_to_f16x2_cvt(raw0[wd], d0);
-            e2m1x8_to_f16x2_cvt(raw1[wd], d1);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                d0[i] = hmul2(d0[i], sc0[wd]);
-                d1[i] = hmul2(d1[i], sc1[wd]);
-            }
-            a_frag[u][2 * wd][0] = d0[0]; a_frag[u][2 * wd][1] = d1[0];
-            a_frag[u][2 * wd][2] = d0[1]; a_frag[u][2 * wd][3] = d1[1];
-            a_frag[u][2 * wd + 1][0] = d0[2]; a_frag[u][2 * wd + 1][1] = d1[2];
-            a_frag[u][2 * wd + 1][2] = d0[3]; a_frag[u][2 * wd + 1][3] = d1[3];
-        }
+        decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);
     };
     // one commit group: acc[v] = A(sub-tile u) x B(query of descriptor desc)
-    auto mma = [&](int v, int u, u64 desc) {
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks)
-            wgmma_m64n64k16(acc[v], a_frag[u][ks], desc + (u64)((2 * ks * kLbo) >> 4), ks > 0);
-        wgmma_commit();
-    };
+    auto mma = [&](int v, int u, u64 desc) { mma_sub_tile<kDim>(acc[v], a_frag[u], desc); };
 
     const int r0 = 16 * warp + g;
     for (int it = 0; it < num_tiles; ++it) {
@@ -699,35 +699,14 @@ score_wgmma_pairs_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDi
 
     const int U = (T + 1) / 2;
     int* start = reinterpret_cast<int*>(smem + Smem::kSched);
-    u32* scratch = reinterpret_cast<u32*>(smem + Smem::kScratch);
-    constexpr int kPer = score_wgmma_pairs::kMaxUnits / 128;
-    u32 mine[kPer], sum = 0u;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int u = tid * kPer + j;
-        mine[j] = u < U ? (u32)unit(u).tiles : 0u;
-        sum += mine[j];
-    }
-    u32 total;
-    u32 base = block_exclusive_scan<128>(sum, scratch, &total);  // its barriers also publish the mbarrier init
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int u = tid * kPer + j;
-        if (u < U) start[u] = (int)base;
-        base += mine[j];
-    }
-    if (tid == 0) start[U] = (int)total;
-    __syncthreads();
+    // start[u] = tiles of units before u (its barriers also publish the mbarrier init)
+    const u32 total = tile_starts<score_wgmma_pairs::kMaxUnits>(
+        U, [&](int i) { return unit(i).tiles; }, start, reinterpret_cast<u32*>(smem + Smem::kScratch));
     const long long G = gridDim.x;
     int g = (int)((long long)total * blockIdx.x / G);
     const int g_end = (int)((long long)total * (blockIdx.x + 1) / G);
     if (g >= g_end) return;
-    int lo = 0, hi = U - 1;  // the unit holding tile g: the last u with start[u] <= g
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (start[mid] <= g) lo = mid; else hi = mid - 1;
-    }
-    int u = lo, jbase = 0;
+    int u = item_of_tile(start, U, g), jbase = 0;
     while (true) {
         const Unit x = unit(u);
         const int local = g - start[u];
