@@ -68,3 +68,76 @@ def test_gpu_paths_match_the_reference(precision):
         testing.check_topk(p, idx.get(), sc.get(), tol=TOL[precision])
 
     check()
+
+
+@st.composite
+def grouped_problems(draw):
+    """score_topk_ragged inputs: B sequences with their own block tables, 0-6 query rows
+    each, lengths random or causal (with a cached prefix), optional plateaus and NaN. Shapes
+    the pair kernel takes (H <= 64, D <= 128, E a power of two) are drawn most often."""
+    import indexer
+
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    H = draw(st.sampled_from([8, 33, 64, 64]))
+    D = draw(st.sampled_from([64, 128, 128]))
+    E = draw(st.sampled_from([2, 16, 64, 64, 128, 7]))
+    B = draw(st.integers(1, 4))
+    counts = [draw(st.integers(0, 6)) for _ in range(B)]
+    if sum(counts) == 0:
+        counts[0] = 1
+    entries = [draw(st.sampled_from([1, E, 3 * E + 1, 700, 5000])) for _ in range(B)]
+    if draw(st.booleans()) and sum(counts) <= 4:  # past 256 tiles: packed histograms flushed
+        entries[0] = 33_000
+    top_k = draw(st.sampled_from([1, 7, 64, 300, 1024]))
+    L = max(-(-n // E) for n in entries)
+    base = testing.random_problem(rng, T=1, H=H, D=D, E=E, L=L, P=B * L + 3, lens=1, top_k=top_k)
+    table = rng.permutation(B * L + 3)[: B * L].reshape(B, L).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    T = int(cu[-1])
+    per_row_entries = np.repeat(entries, counts)
+    if draw(st.booleans()):
+        lens = rng.integers(0, per_row_entries + 1)
+    else:  # causal: the rows of a sequence see one more entry every `ratio` tokens
+        context = rng.integers(0, 4 * np.array(entries) + 1)
+        lens = np.minimum(indexer.causal_lens(cu, ratio=4, context_lens=context), per_row_entries)
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    w = rng.standard_normal((T, H)).astype(np.float32)
+    keys_fp4, key_scale, key_gscale = base.keys_fp4, base.key_scale, base.key_gscale
+    twist = draw(st.sampled_from(["none", "none", "plateau", "nan"]))
+    if twist == "plateau":  # every score exactly 0: the lowest indices win
+        keys = np.abs(rng.standard_normal((keys_fp4.shape[0], E, D))).astype(np.float32)
+        keys_fp4, key_scale, key_gscale = testing.quantize_blocks(keys)
+        q = -np.abs(q) - np.float32(0.1)
+        w = np.abs(w) + np.float32(0.1)
+    elif twist == "nan":
+        q[rng.integers(T), rng.integers(H), rng.integers(D)] = np.nan
+    return q, w, keys_fp4, key_scale, key_gscale, table, cu, lens.astype(np.int32), top_k
+
+
+def test_ragged_calls_match_the_reference_and_the_per_row_path():
+    # score_topk_ragged (rows of a sequence in pairs sharing key tiles where the pair kernel
+    # applies) against the reference, and bit for bit against the same rows scored one by one
+    import indexer
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(grouped_problems())
+    def check(args):
+        q, w, k, s, g, table, cu, lens, top_k = args
+        per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+        p = testing.Problem(q, w, k, s, g, per_token, lens, top_k)
+        dev = [cp.asarray(a) for a in (q, w, k, s, g, table, cu, lens)]
+        idx, sc = indexer.score_topk_ragged(*dev, top_k, backend="cuda", return_scores=True)
+        testing.check_topk(p, idx.get(), sc.get(), tol=TOL["fast"])
+        rows = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+        one, one_sc = cuda_ops.score_topk(*rows, top_k, return_scores=True, _cu_seqlens=dev[6],
+                                          _fast_kernel="wgmma-single" if cuda_ops.geometry.wgmma_supported(
+                                              q.shape[1], q.shape[2], cuda_ops.device_facts(cp.cuda.Device().id),
+                                              k.shape[1]) else "auto")
+        np.testing.assert_array_equal(idx.get(), one.get())
+        assert sc.get().tobytes() == one_sc.get().tobytes()
+
+    check()
