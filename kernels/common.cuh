@@ -53,6 +53,13 @@ __device__ __forceinline__ float key_to_score(u32 key) {
     return __int_as_float((int)u);
 }
 
+// Entries of row `row` that are scored: valid_lens[row] clamped to [0, max_len] (lengths
+// are not trusted with validate=False).
+__device__ __forceinline__ int visible_len(const int* __restrict__ valid_lens, int row, int max_len) {
+    const int len = valid_lens[row];
+    return len < 0 ? 0 : (len > max_len ? max_len : len);
+}
+
 // ReLU that keeps NaN (fmaxf would turn NaN into 0 and select a broken entry).
 __device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
 

@@ -174,8 +174,7 @@ struct KeyRing {
         meta_gs = reinterpret_cast<float*>(meta_ent + kMetaSlots * kTile);
         keys_fp4 = k; key_scale = s; key_gscale = g; bt = block_table + (long long)t * L;
         P = P_; E = E_; e_shift = e_shift_;
-        const int len = valid_lens[t];
-        n = len < 0 ? 0 : (len > L * E ? L * E : len);
+        n = visible_len(valid_lens, t, L * E);
         first_tile = blockIdx.y * tiles_per_cta;
         num_tiles = min(first_tile + tiles_per_cta, (n + kTile - 1) / kTile) - first_tile;
         return num_tiles > 0;

@@ -50,8 +50,7 @@ score_fp32_kernel(const float* __restrict__ q,            // [T, H, D]
 
     const int t = blockIdx.x;
     const int tid = threadIdx.x;
-    int n = valid_lens[t];
-    n = n < 0 ? 0 : (n > L * E ? L * E : n);
+    const int n = visible_len(valid_lens, t, L * E);
     const int first_tile = blockIdx.y * tiles_per_cta;
     if (first_tile * kTileEntries >= n) return;  // whole CTA past the row's end (uniform exit)
     const int last_tile = min(first_tile + tiles_per_cta, (n + kTileEntries - 1) / kTileEntries);

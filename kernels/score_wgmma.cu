@@ -417,10 +417,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x;
     const int max_len = L * E;
-    auto visible = [&](int row) {
-        const int len = valid_lens[row];
-        return len < 0 ? 0 : (len > max_len ? max_len : len);
-    };
+    auto visible = [&](int row) { return visible_len(valid_lens, row, max_len); };
 
     u64* bars = reinterpret_cast<u64*>(smem + Smem::kBars);
     if (tid < kStages) mbar_init(bars + tid, 128);
@@ -665,10 +662,7 @@ score_wgmma_pairs_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDi
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x;
     const int max_len = L * E;
-    auto visible = [&](int row) {
-        const int len = valid_lens[row];
-        return len < 0 ? 0 : (len > max_len ? max_len : len);
-    };
+    auto visible = [&](int row) { return visible_len(valid_lens, row, max_len); };
     auto seq_of = [&](int t) {
         const long long x = (long long)t + row0;
         int lo = 0, hi = n_seq + 1;

@@ -64,8 +64,7 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
     using namespace select_fast;
     __shared__ u32 h[kBins];
     const int row = blockIdx.y;
-    int n = valid_lens[row];
-    n = n < 0 ? 0 : (n > max_len ? max_len : n);
+    const int n = visible_len(valid_lens, row, max_len);
     const int start = blockIdx.x * kThreads * kPerThread;
     if (start >= n) return;
     for (int i = threadIdx.x; i < kBins; i += kThreads) h[i] = 0u;
@@ -124,8 +123,7 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     using namespace select_fast;
     __shared__ u32 s_taken, s_base;
     const int row = blockIdx.y;
-    int n = valid_lens[row];
-    n = n < 0 ? 0 : (n > max_len ? max_len : n);
+    const int n = visible_len(valid_lens, row, max_len);
     const int start = blockIdx.x * kThreads * kPerThread;
     if (start >= n) return;
     if (threadIdx.x == 0) s_taken = 0u;
@@ -188,8 +186,7 @@ topk_rank_kernel(const int* __restrict__ valid_lens, int max_len, const u32* __r
     __shared__ u64 c[kRankMax];
     __shared__ u32 partial[kWarps][kRankGroup];
     const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int n = valid_lens[row];
-    n = n < 0 ? 0 : (n > max_len ? max_len : n);
+    const int n = visible_len(valid_lens, row, max_len);
     const u32 cnt = n > 0 ? count[row] : 0u;
     if (cnt > (u32)kRankMax) return;
     const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
@@ -246,8 +243,7 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     extern __shared__ __align__(16) unsigned char smem_raw[];
     u64* buf = reinterpret_cast<u64*>(smem_raw);  // kCap
     const int row = blockIdx.x, tid = threadIdx.x;
-    int n = valid_lens[row];
-    n = n < 0 ? 0 : (n > max_len ? max_len : n);
+    const int n = visible_len(valid_lens, row, max_len);
     const u32 cnt = n > 0 ? count[row] : 0u;
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
@@ -280,8 +276,7 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
 {
     __shared__ u64 cand[kMaxK];
     const int row = blockIdx.x;
-    int n = valid_lens[row];
-    n = n < 0 ? 0 : (n > max_len ? max_len : n);
+    const int n = visible_len(valid_lens, row, max_len);
     select_row_radix<kThreads, kMaxK, kRegs>(scores + (long long)row * ld, n, top_k, block_table + (long long)row * L, E,
                                       num_blocks, physical, out_idx + (long long)row * top_k,
                                       out_scores ? out_scores + (long long)row * top_k : nullptr, cand);
