@@ -1,0 +1,256 @@
+// wgmma_common.cuh: what the Hopper (sm_90a) scoring kernels share.
+//
+//   * wgmma: descriptors of shared-memory operands, fences, commit/wait, and the
+//     register-A MMA shapes the kernels issue (m64n64k16, m64n128k16; fp16 in, fp32 out);
+//   * BulkRing: the key stream of one query row through a ring of shared-memory stages
+//     filled by bulk copies (codes and scales of whole pool-block runs);
+//   * the balanced schedule: the tiles of many rows, concatenated, cut into equal ranges.
+#pragma once
+#include "fast_common.cuh"
+#include "bulk_copy.cuh"
+
+namespace score_wgmma {
+constexpr int kHeads = 64;          // N of the MMA: heads padded to 64
+constexpr int kSubTile = 64;        // M of the MMA: entries per wgmma
+constexpr int kCoreBytes = 128;     // 8 rows x 16 bytes
+constexpr int kLbo = (kHeads / 8) * kCoreBytes;  // bytes between core matrices along K (1024)
+constexpr int kStages = 4;          // shared-memory ring depth (tiles)
+constexpr int kTile = 128;          // entries per ring stage: two sub-tiles
+constexpr int kMaxBalancedRows = 1024;  // rows the balanced schedule holds in shared memory
+// E2M1 goes through the hardware E4M3 conversion (values * 2^-6), so the scales carry 2^-2
+// (score_mma.cu's logic-op decode has values * 2^-14 and scales * 2^6: the products are the
+// same fp16 numbers; the conversion measured 7% faster here)
+constexpr u32 kScaleMul = 0x34003400u;
+}  // namespace score_wgmma
+
+__device__ __forceinline__ u64 wgmma_desc(const void* smem_ptr, u32 lbo, u32 sbo) {
+    const u32 addr = (u32)__cvta_generic_to_shared(smem_ptr);
+    return (u64)((addr & 0x3ffffu) >> 4) | ((u64)((lbo >> 4) & 0x3fffu) << 16) | ((u64)((sbo >> 4) & 0x3fffu) << 32);
+}
+
+// The wgmma instructions exist on sm_90a only; elsewhere the launcher never picks this
+// kernel, and the guards let the file compile for every target.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory"); }
+#else
+__device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void wgmma_commit() {}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {}
+#endif
+
+// The accumulators are written asynchronously: make every later read depend on this point.
+template <int kN>
+__device__ __forceinline__ void fence_accumulators(float (&d)[kN]) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (+)= A (registers, 64 x 16 fp16) * B (shared memory descriptor, 16 x 64 fp16, K-major)
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const u32 (&a)[4], u64 desc_b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();  // sm_90a only; the launcher never picks this kernel elsewhere
+#endif
+}
+
+
+// d (+)= A (registers, 64 x 16 fp16) * B (shared memory descriptor, 16 x 128 fp16, K-major)
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[4], u64 desc_b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();  // sm_90a only; the launcher never picks this kernel elsewhere
+#endif
+}
+
+// Shared-memory bytes of one ring stage (codes, then scales), 128-byte aligned.
+__host__ __device__ constexpr int wgmma_stage_bytes(int D) {
+    return ((score_wgmma::kTile * (D / 2) + score_wgmma::kTile * (D / 16)) + 127) / 128 * 128;
+}
+
+// ---------------------------------------------------------------------------
+// The key stream of one CTA through one query row: tiles of 128 entries land in a ring of
+// kStages shared-memory stages by bulk copies, one per (tile, pool block) for the codes and
+// one for the scales, issued by threads 0 .. kTile / rows_per_copy - 1 (E a power of two:
+// a tile covers 128 / E whole blocks, or 128 entries of one block). A copy reports to its
+// stage's mbarrier, which every thread arrives at once per tile, so one wait tells a thread
+// the whole tile has landed. Block ids and global scales are loaded two and one tiles ahead
+// (registers), so no thread waits on its own global loads. Pool blocks that are out of
+// range or past the row's visible end are not copied: their stage rows keep stale bytes
+// and their global scale reads NaN, so their scores are NaN (never selected) or lie past n
+// (never read).
+// ---------------------------------------------------------------------------
+// Named barrier of `threads` threads (id 0 is __syncthreads' barrier): one warpgroup's sync
+// in a warp-specialised CTA.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// kSyncId: 0 when the ring's 128 threads are the whole CTA (__syncthreads), else the id of
+// the named barrier of the warpgroup that runs it.
+template <int kDim, int kStagesT = score_wgmma::kStages, int kSyncId = 0>
+struct BulkRing {
+    static constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
+    static constexpr int kStageBytes = wgmma_stage_bytes(kDim);
+    static constexpr int kScaleOffset = score_wgmma::kTile * kCodeBytes;
+    static constexpr int kS = kStagesT;
+
+    unsigned char* ring;  // [kS][kStageBytes]
+    float* meta_gs;       // [kS][kTile]: global scale of each copy (index: row >> row_shift)
+    u64* bars;            // [kS]
+    const u8* __restrict__ keys_fp4;
+    const u8* __restrict__ key_scale;
+    const float* __restrict__ key_gscale;
+    const int* __restrict__ bt;  // this row's block table
+    int P, E, e_shift, n, first_tile, num_tiles, jbase;
+    int row_shift;        // log2(rows per copy) = log2(min(E, 128))
+    int copies;           // copies per tile = 128 >> row_shift
+    int b_next2, b_next;  // prefetched block ids (tiles it + kS, it + kS - 1 ... see advance)
+    float g_next;
+
+    // Is this thread an issuer (thread i < copies: the i-th block run of every tile)?
+    __device__ bool issuer(int tid) const { return tid < copies; }
+
+    // block id of my run of tile j of this segment, -1 when not visible or out of range
+    __device__ int block_of(int j, int tid) const {
+        const int s = (first_tile + j) * score_wgmma::kTile + (tid << row_shift);
+        if (j >= num_tiles || s >= n) return -1;
+        const int b = bt[s >> e_shift];
+        return (b >= 0 && b < P) ? b : -1;
+    }
+    __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }
+
+    // Issue tile j (segment-relative) into its stage: every thread arrives once.
+    __device__ void issue(int j, int tid, int b, float g) {
+        const int slot = (u32)(jbase + j) % kS;
+        u64* bar = bars + slot;
+        if (!issuer(tid)) {
+            mbar_arrive(bar);
+            return;
+        }
+        meta_gs[slot * score_wgmma::kTile + tid] = g;
+        if (b < 0) {
+            mbar_arrive(bar);
+            return;
+        }
+        const int rows = 1 << row_shift;
+        const int s = (first_tile + j) * score_wgmma::kTile + (tid << row_shift);
+        const long long ent = (long long)b * E + (s & (E - 1));
+        unsigned char* st = ring + slot * kStageBytes;
+        const u32 code_bytes = rows * kCodeBytes, scale_bytes = rows * kScaleBytes;
+        mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
+        bulk_copy_g2s(st + tid * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
+        bulk_copy_g2s(st + kScaleOffset + tid * scale_bytes, key_scale + ent * kScaleBytes, scale_bytes, bar);
+    }
+
+    // Before the loop (after the caller's barrier that retired the previous segment):
+    // tiles 0 .. kS - 2 issued, block ids of the next two tiles in flight.
+    __device__ void start(int tid) {
+        for (int j = 0; j < kS - 1; ++j) {
+            const int b = j < num_tiles && issuer(tid) ? block_of(j, tid) : -1;
+            if (j < num_tiles) issue(j, tid, b, scale_of(b));
+        }
+        b_next = issuer(tid) ? block_of(kS - 1, tid) : -1;
+        b_next2 = issuer(tid) ? block_of(kS, tid) : -1;
+        g_next = scale_of(b_next);
+    }
+
+    // Top of iteration it: wait for tile it, barrier (every thread is done with tile it - 1,
+    // whose stage is refilled now), issue tile it + kS - 1, advance the prefetch.
+    __device__ void begin_tile(int it, int tid) {
+        const int j = jbase + it;
+        mbar_wait(bars + (u32)j % kS, ((u32)j / kS) & 1u);
+        if constexpr (kSyncId == 0)
+            __syncthreads();
+        else
+            named_barrier(kSyncId, score_wgmma::kTile);
+        if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);
+        b_next = b_next2;
+        g_next = scale_of(b_next);
+        b_next2 = issuer(tid) ? block_of(it + kS + 1, tid) : -1;
+    }
+    __device__ const unsigned char* stage(int it) const { return ring + (u32)(jbase + it) % kS * kStageBytes; }
+    __device__ float gscale(int it, int row) const {
+        return meta_gs[(u32)(jbase + it) % kS * score_wgmma::kTile + (row >> row_shift)];
+    }
+};
+
+// My (fragment column c) code words of stage row `row` and the fp16x2 scale splats
+// (the stage layout of BulkRing: codes [128][D/2], then scales [128][D/16]).
+template <int kDim>
+__device__ __forceinline__ void read_stage_row(const unsigned char* st, int row, int c, u32 (&raw)[kDim / 32],
+                                               u32 (&sc)[kDim / 32]) {
+    static_assert(KeyRing<kDim>::kCodeBytes == BulkRing<kDim>::kCodeBytes &&
+                  KeyRing<kDim>::kScaleOffset == BulkRing<kDim>::kScaleOffset, "same stage layout as KeyRing");
+    read_row<kDim, score_wgmma::kScaleMul>(st, row, c, raw, sc);
+}
+
+
+// The balanced schedule's tile starts, by one CTA of kThreads threads: start[i] = the tiles of
+// items 0 .. i-1 (rows, or row pairs), start[n] = the total, which is returned; tiles(i) is
+// item i's tile count, n <= kMax. Its barriers also publish what the CTA wrote before.
+template <int kMax, typename TilesOf, int kThreads = 128>
+__device__ __forceinline__ u32 tile_starts(int n, TilesOf tiles, int* start, u32* scratch) {
+    constexpr int kPer = (kMax + kThreads - 1) / kThreads;
+    const int tid = threadIdx.x;
+    u32 mine[kPer], sum = 0u;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int i = tid * kPer + j;
+        mine[j] = i < n ? (u32)tiles(i) : 0u;
+        sum += mine[j];
+    }
+    u32 total;
+    u32 base = block_exclusive_scan<kThreads>(sum, scratch, &total);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        const int i = tid * kPer + j;
+        if (i < n) start[i] = (int)base;
+        base += mine[j];
+    }
+    if (tid == 0) start[n] = (int)total;
+    __syncthreads();
+    return total;
+}
+
+// The item holding tile g: the last i < n with start[i] <= g (empty items share starts).
+__device__ __forceinline__ int item_of_tile(const int* start, int n, int g) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (start[mid] <= g) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
