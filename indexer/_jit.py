@@ -88,7 +88,8 @@ def _heads_instances():
 
 def _mma_instances():
     shapes = [(d, nb) for d in range(32, 257, 32) for nb in (2, 4, 8, 16)]
-    return [f"{k}<{d}, {nb}>" for d, nb in shapes for k in ("score_mma_kernel", "prep_query_kernel")]
+    return ([f"{k}<{d}, {nb}>" for d, nb in shapes for k in ("score_mma_kernel", "prep_query_kernel")]
+            + ["prep_query_chunked_kernel<128>"])
 
 
 #: every template instance, by source file: the table launches and CI draw from
@@ -97,6 +98,7 @@ INSTANCES = {
     "score_mma.cu": _mma_instances(),
     "score_wgmma.cu": [f"{k}<{d}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel",
                                                                           "score_wgmma_pairs_kernel")],
+    "score_ws.cu": ["score_ws_kernel<128>"],
     "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>", "topk_threshold_kernel",
                        "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>", "topk_rank_kernel<256>", "topk_final_kernel<1024, 8192>",
                        "topk_row_kernel<256, 4096, 16>", "topk_row_kernel<256, 4096, 0>", "block_sort_kernel<1024>", "block_sort_kernel<256>"],

@@ -76,7 +76,7 @@ CASES = [
 DEFAULT_CASES = "decode-1M,decode-128K,decode-latency,decode-ragged,decode-E256,mtp-2"
 DEFAULT_PATHS = "fast,fast-score,exact,torch-composed,torch-topk"
 KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-mma-score", "fast-single",
-                "fast-single-score")
+                "fast-single-score", "fast-ws", "fast-ws-score", "fast-wgmma", "fast-wgmma-score")
 PATHS = KERNEL_PATHS + ("torch-composed", "torch-topk")
 HEADER = (f"{'case':15s} {'path':20s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} "
           f"{'extra MB':>9s} {'vs torch':>8s}")
@@ -354,8 +354,10 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
     ms, extra, graph_ms = None, 0.0, None
     if path in KERNEL_PATHS:
         def fn(x, _p=path.split("-")[0], _only=path.endswith("-score"),
-               _k="mma" if "-mma" in path else "wgmma-single" if "-single" in path else "auto"):
-            # fast-single: rows of a sequence scored one by one (no shared key tiles)
+               _k="mma" if "-mma" in path else "wgmma-single" if "-single" in path else "ws" if "-ws" in path
+               else "wgmma" if "-wgmma" in path else "auto"):
+            # fast-single: rows of a sequence scored one by one (no shared key tiles); fast-ws,
+            # fast-wgmma: the warp-specialised or the single-warpgroup scoring kernel
             return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
                                        x["block_table"], x["valid_lens"], case.top_k, precision=_p,
                                        validate=False, _score_only=_only, _fast_kernel=_k,

@@ -117,8 +117,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact';
     fp16 tensor cores for 'fast': wgmma on Hopper where it applies, else mma.sync), then
     the exact multi-CTA select. ``score_only`` stops after the scoring kernel (the
-    benchmark's "scoring part alone"); ``fast_kernel`` ('auto', 'mma', 'wgmma') picks the
-    tensor-core kernel and ``select`` ('auto', 'rows': one CTA per row, 'multi': the
+    benchmark's "scoring part alone"); ``fast_kernel`` ('auto', 'mma', 'wgmma', 'ws': the
+    warp-specialised kernel) picks the tensor-core kernel and ``select`` ('auto', 'rows': one CTA per row, 'multi': the
     multi-CTA passes) the select, for tests and benchmarks. ``cu_seqlens`` (int32 (B+1,),
     the varlen layout of ``score_topk_ragged``) lets the wgmma path score consecutive rows
     of one sequence as pairs sharing each key tile ('wgmma-single' in ``fast_kernel`` turns
@@ -132,7 +132,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         heads = 0
     else:
         # the wgmma kernel's bulk copies need 16-byte aligned scale rows of whole blocks
-        use_wgmma = fast_kernel in ("wgmma", "wgmma-single") or (
+        use_ws = fast_kernel == "ws"
+        use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single") or (
             fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E)
             and key_scale.data.ptr % 16 == 0)
         if use_wgmma:
@@ -144,11 +145,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_BALANCED_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
-    use_pairs = not exact and use_wgmma and cu_seqlens is not None and fast_kernel != "wgmma-single"
+    use_pairs = (not exact and use_wgmma and not use_ws and cu_seqlens is not None
+                 and fast_kernel != "wgmma-single")
     rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
-                                   max_rows=geometry.MAX_BALANCED_ROWS if use_pairs else None)
+                                   max_rows=geometry.MAX_BALANCED_ROWS if use_pairs or use_ws else None)
     if exact:
         sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
+    elif use_ws:
+        sl = geometry.score_ws_launch(rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
     elif use_pairs:
         sl = geometry.score_wgmma_pairs_launch(rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
     elif use_wgmma:
@@ -176,10 +180,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         score_k = _kernel("score_fp32.cu", sl.name, device_id, sl.smem)
         shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
-        score_k = _kernel("score_wgmma.cu" if use_wgmma else "score_mma.cu", sl.name, device_id, sl.smem)
+        source = "score_ws.cu" if use_ws else "score_wgmma.cu" if use_wgmma else "score_mma.cu"
+        score_k = _kernel(source, sl.name, device_id, sl.smem)
         if use_pairs:
             n_seq = i32(cu_seqlens.shape[0] - 1)
-        prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
+        # the query in the K order of the kernel's decode
+        prep_name = (f"prep_query_chunked_kernel<{prob.D}>" if use_ws
+                     else f"prep_query_kernel<{prob.D}, {heads // 8}>")
+        prep_k = _kernel("score_mma.cu", prep_name, device_id)
         q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
         w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
@@ -213,6 +221,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             query = (q16, w_scaled)
         if use_pairs:  # row pairs of one sequence share each key tile (one wave, balanced)
             grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
+        elif not exact and use_ws:  # one CTA per SM, balanced
+            grid, sched_args = sl.grid, (i32(nr), *shape_args)
         elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
             grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
         elif not exact and use_wgmma:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_smem_bytes", "score_ws_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -199,6 +199,42 @@ def score_wgmma_pairs_launch(T: int, H: int, D: int, max_len: int, dev: Device =
     return ScoreLaunch(name=f"score_wgmma_pairs_kernel<{D}>", grid=(dev.sm_count * ctas_per_sm, 1), block=(128,),
                        smem=wgmma_pairs_smem_bytes(D), tiles_per_cta=0,
                        ld=tiles_per_row(max_len) * TILE_ENTRIES, balanced=True)
+
+
+def ws_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
+    """The warp-specialised kernel (kernels/score_ws.cu) covers what the wgmma kernel does,
+    for D = 128 only (its decode and shared-memory layout are written for 4 chunks of 32
+    dimensions per entry)."""
+    return D == 128 and wgmma_supported(H, D, dev, E)
+
+
+_WS_DEC_STAGES = 4   # kernels/score_ws.cu: kDecStages
+_WS_RING_STAGES = 4  # kRingStages
+
+
+def ws_smem_bytes(D: int = 128) -> int:
+    """Shared memory of ``score_ws_kernel<D>`` (kernels/score_ws.cu: WsSmem)."""
+    ring_stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+    return (_WS_DEC_STAGES * (TILE_ENTRIES * D * 2 + TILE_ENTRIES * 4) + _WS_RING_STAGES * (ring_stage + TILE_ENTRIES * 4 + 8)
+            + 2 * _WS_DEC_STAGES * 8 + 2 * HIST_BINS * 4 + 2 * 2 * 4 * TILE_ENTRIES * 4
+            + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4)
+
+
+def score_ws_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
+    """Geometry of ``score_ws_kernel``: one CTA of three warpgroups per SM (a producer that
+    decodes key tiles into shared memory, two consumers that multiply them by the query held
+    in registers), the balanced schedule over up to ``MAX_BALANCED_ROWS`` rows."""
+    if not ws_supported(H, D, dev, E):
+        raise ValueError(f"q: the warp-specialised kernel needs sm_90, H <= 64, D = 128 and a power-of-two E with "
+                         f"E * D/16 a multiple of 16, got H = {H}, D = {D}, E = {E}")
+    if T > MAX_BALANCED_ROWS:
+        raise ValueError(f"q: the warp-specialised kernel takes at most {MAX_BALANCED_ROWS} rows a run, got {T}")
+    smem = ws_smem_bytes(D)
+    if smem > dev.max_smem_per_block:
+        raise ValueError(f"q: the warp-specialised kernel needs {smem} bytes of shared memory, the device has "
+                         f"{dev.max_smem_per_block}")
+    return ScoreLaunch(name=f"score_ws_kernel<{D}>", grid=(dev.sm_count, 1), block=(384,), smem=smem,
+                       tiles_per_cta=0, ld=tiles_per_row(max_len) * TILE_ENTRIES, balanced=True)
 
 
 def select_fast_per_thread(rows: int, ld: int, dev: Device = H200) -> int:

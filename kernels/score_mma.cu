@@ -18,17 +18,17 @@
 //     order key counted into a per-row histogram (the first pass of the radix select).
 #include "fast_common.cuh"
 
-// Query staging, once per call: q[t] (H x D float32) -> fp16 [kHeads][D + 8] in the permuted
-// K order of the decode, each head scaled by a power of two 2^e that brings max |q| into
-// [2^14, 2^15); and w[t, h] * 2^(8 - e) (folding back that power and the 2^-8 of the keys).
-// K slot kk of k-step s = 2*wd + hh holds d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where
-// c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8.
-template <int kDim, int kNBlocks>
-__global__ void __launch_bounds__(256)
-prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
-                  unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8]
-                  float* __restrict__ w_scaled)      // [T, kHeads]
-{
+// Query staging, once per call: q[t] (H x D float32) -> fp16 [kHeads][D + 8] in the K order
+// of a decode, each head scaled by a power of two 2^e that brings max |q| into [2^14, 2^15);
+// and w[t, h] * 2^(8 - e) (folding back that power and the 2^-8 of the keys). Two orders:
+//   * kChunked false (the mma.sync and wgmma kernels' register-A decode): K slot kk of k-step
+//     s = 2*wd + hh holds d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where c = (kk % 8) / 2,
+//     j = kk % 2, lohi = kk / 8;
+//   * kChunked true (score_ws.cu's decode into shared memory): slot i holds d = i with bits
+//     0 and 1 swapped (each 8-dim chunk in the order the E4M3 conversion emits it).
+template <int kDim, int kNBlocks, bool kChunked>
+__device__ __forceinline__ void prep_query_row(const float* __restrict__ q, const float* __restrict__ w, int H,
+                                               unsigned short* __restrict__ q16, float* __restrict__ w_scaled) {
     // grid (T, kHeads / 8), 8 warps: one head per warp. The row is read once, all loads in
     // flight together, and permuted through shared memory (a chain of dependent global
     // loads per head made this kernel cost ~20 us per call before).
@@ -59,14 +59,38 @@ prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int 
     for (int i = lane; i < kRowHalves; i += 32) {
         unsigned short hx = 0;
         if (i < kDim) {
-            const int ks = i / 16, kk = i % 16;
-            const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, jj = kk % 2, lohi = kk / 8;
-            const int d = c * (kDim / 4) + 8 * wd + 4 * hh + 2 * jj + lohi;
+            int d;
+            if constexpr (kChunked) {
+                d = (i & ~3) | ((i & 1) << 1) | ((i >> 1) & 1);
+            } else {
+                const int ks = i / 16, kk = i % 16;
+                const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, jj = kk % 2, lohi = kk / 8;
+                d = c * (kDim / 4) + 8 * wd + 4 * hh + 2 * jj + lohi;
+            }
             asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hx) : "f"(ldexpf(row_s[warp][d], e)));
         }
         out[i] = hx;
     }
     if (lane == 0) w_scaled[(long long)t * kHeads + h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
+}
+
+template <int kDim, int kNBlocks>
+__global__ void __launch_bounds__(256)
+prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
+                  unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8]
+                  float* __restrict__ w_scaled)      // [T, kHeads]
+{
+    prep_query_row<kDim, kNBlocks, false>(q, w, H, q16, w_scaled);
+}
+
+// the same for score_ws.cu: 64 heads, the chunked K order
+template <int kDim>
+__global__ void __launch_bounds__(256)
+prep_query_chunked_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
+                          unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
+                          float* __restrict__ w_scaled)      // [T, 64]
+{
+    prep_query_row<kDim, 8, true>(q, w, H, q16, w_scaled);
 }
 
 // kDim: head dim (multiple of 32). kNBlocks: 8-head column blocks (even; heads padded).

@@ -220,7 +220,7 @@ __device__ __forceinline__ void read_stage_row(const unsigned char* st, int row,
 // The balanced schedule's tile starts, by one CTA of kThreads threads: start[i] = the tiles of
 // items 0 .. i-1 (rows, or row pairs), start[n] = the total, which is returned; tiles(i) is
 // item i's tile count, n <= kMax. Its barriers also publish what the CTA wrote before.
-template <int kMax, typename TilesOf, int kThreads = 128>
+template <int kMax, int kThreads = 128, typename TilesOf>
 __device__ __forceinline__ u32 tile_starts(int n, TilesOf tiles, int* start, u32* scratch) {
     constexpr int kPer = (kMax + kThreads - 1) / kThreads;
     const int tid = threadIdx.x;

@@ -1,5 +1,6 @@
-"""Both tensor-core scoring kernels (mma.sync and Hopper's wgmma) against the reference,
-forced one at a time: the public API picks wgmma where it applies, mma.sync elsewhere."""
+"""The tensor-core scoring kernels (mma.sync, Hopper's wgmma, and the warp-specialised
+wgmma kernel 'ws') against the reference, forced one at a time: the public API picks a
+Hopper kernel where one applies, mma.sync elsewhere."""
 
 import numpy as np
 import pytest
@@ -17,7 +18,16 @@ def kernels():
 
     cp = arrays.cupy()
     dev = cuda_ops.device_facts(cp.cuda.Device().id)
-    return ["mma", "wgmma"] if geometry.wgmma_supported(64, 128, dev) else ["mma"]
+    return ["mma", "wgmma", "ws"] if geometry.ws_supported(64, 128, dev) else ["mma"]
+
+
+def supported(kernel, H, D, E):
+    """Whether a forced kernel takes this shape (on the H200)."""
+    if kernel == "wgmma":
+        return geometry.wgmma_supported(H, D, geometry.H200, E)
+    if kernel == "ws":
+        return geometry.ws_supported(H, D, geometry.H200, E)
+    return True
 
 
 def run(p, kernel, **kw):
@@ -41,8 +51,9 @@ def run(p, kernel, **kw):
 def test_random(kernel, H, D, E, top_k, T, lens):
     rng = np.random.default_rng(H * 1000 + D + E)
     p = testing.random_problem(rng, T=T, H=H, D=D, E=E, lens=lens, L=None if lens else 5, top_k=top_k)
-    if kernel == "wgmma" and not geometry.wgmma_supported(H, D, geometry.H200, E):
-        # the wgmma kernel copies whole block runs: a forced call says why, auto falls back
+    if not supported(kernel, H, D, E):
+        # the wgmma kernels copy whole block runs (and 'ws' takes D = 128 only): a forced
+        # call says why, auto falls back
         with pytest.raises(ValueError, match="power-of-two E"):
             run(p, kernel)
         kernel = "auto"
