@@ -208,22 +208,20 @@ def ws_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
     return D == 128 and wgmma_supported(H, D, dev, E)
 
 
-_WS_DEC_STAGES = 4   # kernels/score_ws.cu: kDecStages
-_WS_RING_STAGES = 4  # kRingStages
+_WS_DEC_STAGES = 2  # kernels/score_ws.cu: kDecStages
+_WS_CTAS_PER_SM = 2  # its __launch_bounds__ (256 threads, 2 CTAs) and shared memory (~94 KB each)
 
 
 def ws_smem_bytes(D: int = 128) -> int:
     """Shared memory of ``score_ws_kernel<D>`` (kernels/score_ws.cu: WsSmem)."""
-    ring_stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
-    return (_WS_DEC_STAGES * (TILE_ENTRIES * D * 2 + TILE_ENTRIES * 4) + _WS_RING_STAGES * (ring_stage + TILE_ENTRIES * 4 + 8)
-            + 2 * _WS_DEC_STAGES * 8 + 2 * HIST_BINS * 4 + 2 * 2 * 4 * TILE_ENTRIES * 4
-            + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4)
+    return (_WS_DEC_STAGES * (TILE_ENTRIES * D * 2 + TILE_ENTRIES * 4 + 2 * 8) + (D // 8) * 1024 + 64 * 4
+            + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4)
 
 
 def score_ws_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
-    """Geometry of ``score_ws_kernel``: one CTA of three warpgroups per SM (a producer that
-    decodes key tiles into shared memory, two consumers that multiply them by the query held
-    in registers), the balanced schedule over up to ``MAX_BALANCED_ROWS`` rows."""
+    """Geometry of ``score_ws_kernel``: CTAs of two warpgroups (a producer that decodes key
+    tiles into shared memory, a consumer that runs the MMAs and the epilogue), two per SM,
+    the balanced schedule over up to ``MAX_BALANCED_ROWS`` rows."""
     if not ws_supported(H, D, dev, E):
         raise ValueError(f"q: the warp-specialised kernel needs sm_90, H <= 64, D = 128 and a power-of-two E with "
                          f"E * D/16 a multiple of 16, got H = {H}, D = {D}, E = {E}")
@@ -233,8 +231,8 @@ def score_ws_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E:
     if smem > dev.max_smem_per_block:
         raise ValueError(f"q: the warp-specialised kernel needs {smem} bytes of shared memory, the device has "
                          f"{dev.max_smem_per_block}")
-    return ScoreLaunch(name=f"score_ws_kernel<{D}>", grid=(dev.sm_count, 1), block=(384,), smem=smem,
-                       tiles_per_cta=0, ld=tiles_per_row(max_len) * TILE_ENTRIES, balanced=True)
+    return ScoreLaunch(name=f"score_ws_kernel<{D}>", grid=(dev.sm_count * _WS_CTAS_PER_SM, 1), block=(256,),
+                       smem=smem, tiles_per_cta=0, ld=tiles_per_row(max_len) * TILE_ENTRIES, balanced=True)
 
 
 def select_fast_per_thread(rows: int, ld: int, dev: Device = H200) -> int:

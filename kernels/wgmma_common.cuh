@@ -1,7 +1,8 @@
 // wgmma_common.cuh: what the Hopper (sm_90a) scoring kernels share.
 //
 //   * wgmma: descriptors of shared-memory operands, fences, commit/wait, and the
-//     register-A MMA shapes the kernels issue (m64n64k16, m64n128k16; fp16 in, fp32 out);
+//     MMA shapes the kernels issue (m64n64k16 with A in registers or shared memory,
+//     m64n128k16; fp16 in, fp32 out);
 //   * BulkRing: the key stream of one query row through a ring of shared-memory stages
 //     filled by bulk copies (codes and scales of whole pool-block runs);
 //   * the balanced schedule: the tiles of many rows, concatenated, cut into equal ranges.
@@ -69,6 +70,26 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const u32 (&a)[4
 }
 
 
+// d (+)= A (shared memory descriptor, 64 x 16 fp16, K-major) * B (shared memory descriptor,
+// 16 x 64 fp16, K-major)
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], u64 desc_a, u64 desc_b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();  // sm_90a only; the launcher never picks this kernel elsewhere
+#endif
+}
+
 // d (+)= A (registers, 64 x 16 fp16) * B (shared memory descriptor, 16 x 128 fp16, K-major)
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[4], u64 desc_b, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -92,6 +113,28 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[
 #else
     __trap();  // sm_90a only; the launcher never picks this kernel elsewhere
 #endif
+}
+
+// Weighted head sums of my two rows of a finished m64n64 sub-tile (accumulators d; rows r0
+// and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed): .x row r0, .y
+// row r0 + 8, in every lane of the quad. w: the 64 weights in shared memory.
+__device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const float* w, int c) {
+    // two partial sums per row (even and odd heads) halve the dependent FMA chain
+    float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < score_wgmma::kHeads / 8; ++j) {
+        const float2 wv = *reinterpret_cast<const float2*>(w + 8 * j + 2 * c);  // heads 8j+2c, +1
+        lo0 = fmaf(wv.x, relu_nan(d[4 * j]), lo0);
+        lo1 = fmaf(wv.y, relu_nan(d[4 * j + 1]), lo1);
+        hi0 = fmaf(wv.x, relu_nan(d[4 * j + 2]), hi0);
+        hi1 = fmaf(wv.y, relu_nan(d[4 * j + 3]), hi1);
+    }
+    float lo = lo0 + lo1, hi = hi0 + hi1;
+    lo += __shfl_xor_sync(FULL_MASK, lo, 1);
+    hi += __shfl_xor_sync(FULL_MASK, hi, 1);
+    lo += __shfl_xor_sync(FULL_MASK, lo, 2);
+    hi += __shfl_xor_sync(FULL_MASK, hi, 2);
+    return make_float2(lo, hi);
 }
 
 // Shared-memory bytes of one ring stage (codes, then scales), 128-byte aligned.
