@@ -38,8 +38,7 @@ constexpr int kHistBins = score_mma::kHistBins;
 struct WsSmem {
     static constexpr int kDec = 0;                                                     // [kDecStages][32 KB]
     static constexpr int kQuery = kDec + score_ws::kDecStages * score_ws::kDecBytes;   // B: [16][8][8 heads][16 B]
-    static constexpr int kW = kQuery + (score_ws::kDim / 8) * score_ws::kQLbo;         // float[64]
-    static constexpr int kDecGs = kW + 64 * 4;                                         // float[kDecStages][128]
+    static constexpr int kDecGs = kQuery + (score_ws::kDim / 8) * score_ws::kQLbo;     // float[kDecStages][128]
     static constexpr int kFull = kDecGs + score_ws::kDecStages * score_ws::kTile * 4;
     static constexpr int kEmpty = kFull + score_ws::kDecStages * 8;
     static constexpr int kHist = kEmpty + score_ws::kDecStages * 8;                    // u32[kHistBins]
@@ -49,9 +48,9 @@ struct WsSmem {
     static_assert(kQuery % 128 == 0 && kFull % 8 == 0, "operand and barrier alignment");
 };
 
-// The first entry and visible length of tile g of the concatenated rows (row < 0: none).
+// A tile of the concatenated rows: its row (< 0: none) and the row's entry it starts at.
 struct WsTile {
-    int row, first, n;
+    int row, first;
 };
 
 // My four 16-byte code chunks of one tile, their two scale bytes and their blocks' global
@@ -83,37 +82,49 @@ __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start
     const int q = (((lane & 7) >> 1) + (lane >> 3)) & 3;
     auto entry = [&](int i) { return 8 * (pw + 4 * i) + (lane & 7); };
 
-    int t_next = -1;  // the row of the last tile looked up (rows are visited in order)
+    // the row of the tiles being looked up (rows are visited in order), its first tile, its
+    // end in the concatenation, its block table and visible length (loaded once per row)
+    int ref_row = -1, ref_begin = 0, ref_end = 0, ref_n = 0;
+    const int* ref_bt = block_table;
     auto tile_ref = [&](int k) {
-        WsTile r{-1, 0, 0};
+        WsTile r{-1, 0};
         const int g = g0 + k;
         if (g >= g1) return r;
-        if (t_next < 0) t_next = 0;
-        while (start[t_next + 1] <= g) ++t_next;
-        r.row = t_next;
-        r.first = (g - start[t_next]) * kTile;
-        r.n = visible_len(valid_lens, t_next, max_len);
+        if (g >= ref_end) {
+            int t = ref_row < 0 ? 0 : ref_row;
+            while (start[t + 1] <= g) ++t;
+            ref_row = t;
+            ref_begin = start[t];
+            ref_end = start[t + 1];
+            ref_n = visible_len(valid_lens, t, max_len);
+            ref_bt = block_table + (long long)t * L;
+        }
+        r.row = ref_row;
+        r.first = (g - ref_begin) * kTile;
         return r;
     };
-    // block ids of my entries of a tile (-1: not visible); validated where used, so that
-    // nothing waits on these loads until the next tile
+    // block ids of my entries of the tile just looked up (-1: not visible; E is a power of
+    // two); range-checked where used, so that nothing waits on these loads for a tile
     auto block_ids = [&](const WsTile& r, int (&blk)[4]) {
-        const int* bt = block_table + (long long)(r.row < 0 ? 0 : r.row) * L;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int s = r.first + entry(i);
-            blk[i] = (r.row >= 0 && s < r.n) ? bt[e_shift >= 0 ? s >> e_shift : s / E] : -1;
+            blk[i] = (r.row >= 0 && s < ref_n) ? ref_bt[s >> e_shift] : -1;
         }
     };
+    // Entries of unusable blocks (out of range, or past the row's end) load nothing: their
+    // registers keep an earlier tile's codes, and their global scale is NaN, so their scores
+    // are NaN (never selected) or lie past the row's end (never read).
     auto issue_loads = [&](const WsTile& r, const int (&blk)[4], WsLoads& x) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int s = r.first + entry(i), b = blk[i];
-            const bool ok = b >= 0 && b < P;
-            const int within = e_shift >= 0 ? s & (E - 1) : s % E;
-            const long long ent = (long long)(ok ? b : 0) * E + within;
-            x.code[i] = ok ? *reinterpret_cast<const uint4*>(keys_fp4 + ent * kCodeBytes + 16 * q) : make_uint4(0, 0, 0, 0);
-            x.scale2[i] = ok ? (u32) * reinterpret_cast<const unsigned short*>(key_scale + ent * kScaleBytes + 2 * q) : 0u;
+            const int b = blk[i];
+            const bool ok = (u32)b < (u32)P;
+            const u32 ent = (u32)b * (u32)E + (u32)((r.first + entry(i)) & (E - 1));  // < P * E < 2^31
+            if (ok) {
+                x.code[i] = *reinterpret_cast<const uint4*>(keys_fp4 + (size_t)ent * kCodeBytes + 16 * q);
+                x.scale2[i] = *reinterpret_cast<const unsigned short*>(key_scale + (size_t)ent * kScaleBytes + 2 * q);
+            }
             x.gscale[i] = ok && q == 0 ? key_gscale[b] : __int_as_float(0x7fc00000);
         }
     };
@@ -177,17 +188,18 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
     u64* empty = reinterpret_cast<u64*>(smem + WsSmem::kEmpty);
     const float* dec_gs = reinterpret_cast<const float*>(smem + WsSmem::kDecGs);
     unsigned char* qb = smem + WsSmem::kQuery;
-    float* wsm = reinterpret_cast<float*>(smem + WsSmem::kW);
     u32* hist_s = reinterpret_cast<u32*>(smem + WsSmem::kHist);
     const bool count_keys = hist != nullptr;
     const u64 desc_q = wgmma_desc(qb, kQLbo, 128);
     const int r0 = 16 * warp + g;  // my rows of a sub-tile: r0 and r0 + 8
 
+    const u64 desc_dec = wgmma_desc(smem + WsSmem::kDec, kLbo, 128);  // stage 0, sub-tile 0, k-step 0
     int t = -1, n = 0, row_end = 0;
     float* out = scores;
     float acc[2][32];
+    float2 wpair[8];  // the weights of my heads 8j + 2c, + 1
     auto epilogue = [&](const float (&d)[32], int s0, float g0_, float g1_) {
-        const float2 sums = weighted_head_sums(d, wsm, c);
+        const float2 sums = weighted_head_sums(d, wpair, c);
         if (c < 2) {  // lane c = 0 stores row r0, lane c = 1 row r0 + 8
             const int se = s0 + 8 * c;
             const float score = (c ? sums.y : sums.x) * (c ? g1_ : g0_) + 0.0f;  // -0 folded into +0
@@ -196,7 +208,8 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
             if (count_keys && se < n && key) atomicAdd(&hist_s[key >> 21], 1u);
         }
     };
-    for (int k = 0; g0 + k < g1; ++k) {
+    // tile k in stage s (a constant at each call: the descriptors fold to uniform values)
+    auto tile = [&](int k, int s) {
         const int gt = g0 + k;
         if (gt >= row_end) {  // a new row: flush the last one's histogram, stage the query
             if (t >= 0) {
@@ -221,23 +234,22 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
                 cp_async_16(qb + kc * kQLbo + (h / 8) * 128 + (h % 8) * 16, qsrc + h * kRowHalves + kc * 8, true);
             }
             cp_async_commit();
-            if (tid < score_wgmma::kHeads) wsm[tid] = w_scaled[(long long)t * score_wgmma::kHeads + tid];
+            const float* wrow = w_scaled + (long long)t * score_wgmma::kHeads;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) wpair[j] = *reinterpret_cast<const float2*>(wrow + 8 * j + 2 * c);
             cp_async_wait<0>();
             fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
             named_barrier(kConsumerBarrier, 128);
         }
         const int tile_start = (gt - start[t]) * kTile;
-        const int s = k % kDecStages;
         mbar_wait(full + s, (u32)(k / kDecStages) & 1u);
-        const unsigned char* st = smem + WsSmem::kDec + s * kDecBytes;
 #pragma unroll
         for (int u = 0; u < 2; ++u) {  // sub-tile u: entries 64u .. 64u + 63 (8 core-matrix rows)
-            const u64 desc_a = wgmma_desc(st + u * (kSubTile / 8) * 128, kLbo, 128);
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < kDim / 16; ++ks)
-                wgmma_m64n64k16_ss(acc[u], desc_a + (u64)((2 * ks * kLbo) >> 4), desc_q + (u64)((2 * ks * kQLbo) >> 4),
-                                   ks > 0);
+                wgmma_m64n64k16_ss(acc[u], desc_dec + (u64)((s * kDecBytes + u * (kSubTile / 8) * 128 + 2 * ks * kLbo) >> 4),
+                                   desc_q + (u64)((2 * ks * kQLbo) >> 4), ks > 0);
             wgmma_commit();
         }
         const float* gs = dec_gs + s * kTile;
@@ -249,6 +261,11 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
         fence_accumulators(acc[1]);
         mbar_arrive(empty + s);  // the stage is free for the producer
         epilogue(acc[1], tile_start + kSubTile + r0, gb0, gb1);
+    };
+    static_assert(kDecStages == 2, "tiles run in pairs, one per stage");
+    for (int k = 0; g0 + k < g1; k += 2) {
+        tile(k, 0);
+        if (g0 + k + 1 < g1) tile(k + 1, 1);
     }
     if (t >= 0 && count_keys) {
         named_barrier(kConsumerBarrier, 128);

@@ -117,13 +117,14 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[
 
 // Weighted head sums of my two rows of a finished m64n64 sub-tile (accumulators d; rows r0
 // and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed): .x row r0, .y
-// row r0 + 8, in every lane of the quad. w: the 64 weights in shared memory.
-__device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const float* w, int c) {
+// row r0 + 8, in every lane of the quad. weights(j): the float2 weights of heads 8j + 2c, +1.
+template <typename Weights>
+__device__ __forceinline__ float2 weighted_head_sums_of(const float (&d)[32], Weights weights) {
     // two partial sums per row (even and odd heads) halve the dependent FMA chain
     float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < score_wgmma::kHeads / 8; ++j) {
-        const float2 wv = *reinterpret_cast<const float2*>(w + 8 * j + 2 * c);  // heads 8j+2c, +1
+        const float2 wv = weights(j);
         lo0 = fmaf(wv.x, relu_nan(d[4 * j]), lo0);
         lo1 = fmaf(wv.y, relu_nan(d[4 * j + 1]), lo1);
         hi0 = fmaf(wv.x, relu_nan(d[4 * j + 2]), hi0);
@@ -135,6 +136,16 @@ __device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const
     lo += __shfl_xor_sync(FULL_MASK, lo, 2);
     hi += __shfl_xor_sync(FULL_MASK, hi, 2);
     return make_float2(lo, hi);
+}
+
+// ... with w the 64 weights in shared memory
+__device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const float* w, int c) {
+    return weighted_head_sums_of(d, [&](int j) { return *reinterpret_cast<const float2*>(w + 8 * j + 2 * c); });
+}
+
+// ... with my weights in registers: w[j] = heads 8j + 2c, +1
+__device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const float2 (&w)[8], int) {
+    return weighted_head_sums_of(d, [&](int j) { return w[j]; });
 }
 
 // Shared-memory bytes of one ring stage (codes, then scales), 128-byte aligned.
