@@ -128,14 +128,17 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
+    use_ws = False
     if exact:
         heads = 0
     else:
         # the wgmma kernel's bulk copies need 16-byte aligned scale rows of whole blocks
-        use_ws = fast_kernel == "ws"
+        aligned = key_scale.data.ptr % 16 == 0
+        use_ws = fast_kernel == "ws" or (
+            fast_kernel == "auto" and cu_seqlens is None and aligned
+            and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E))
         use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single") or (
-            fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E)
-            and key_scale.data.ptr % 16 == 0)
+            fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E) and aligned)
         if use_wgmma:
             _check_alignment("key_scale", key_scale, 16)
         heads = 64 if use_wgmma else 8 * geometry.mma_head_blocks(prob.H)

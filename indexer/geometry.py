@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_smem_bytes", "score_ws_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -206,6 +206,16 @@ def ws_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
     for D = 128 only (its decode and shared-memory layout are written for 4 chunks of 32
     dimensions per entry)."""
     return D == 128 and wgmma_supported(H, D, dev, E)
+
+
+def ws_preferred(T: int, H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
+    """Whether ``fast_kernel='auto'`` takes the warp-specialised kernel: for a single row,
+    where its two CTAs per SM spread one row's tiles over fewer, longer CTAs than the
+    single-warpgroup kernel's three (decode-latency scoring, H200: 0.028-0.029 vs
+    0.032-0.033 ms). With more rows the two measured within a few percent of each other,
+    the single-warpgroup kernel ahead (decode-1M 0.761 vs 0.772 ms), so it stays the default
+    there (docs/performance.md, v14)."""
+    return T == 1 and ws_supported(H, D, dev, E)
 
 
 _WS_DEC_STAGES = 2  # kernels/score_ws.cu: kDecStages

@@ -84,6 +84,23 @@ def cases():
                                    np.array([600 * E, 600 * E - 77], np.int32))]
     score_topk_ragged(*two, 300, backend="cuda")
     ran += 1
+    # the warp-specialised kernel (forced): ragged batches with empty rows, 2- and 256-entry
+    # blocks, one long row; then bad ids and lengths with validation off
+    from indexer import cuda_ops
+    for T, E, max_len in ((20, 64, 3000), (9, 2, 600), (5, 256, 2000), (1, 64, 20000)):
+        lens = rng.integers(0, max_len + 1, size=T)
+        lens[: T // 4] = 0
+        p = testing.random_problem(rng, T=T, H=64, D=128, E=E, lens=lens, top_k=33)
+        cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _fast_kernel="ws")
+        ran += 1
+    p = testing.random_problem(rng, T=3, H=64, D=128, E=16, lens=48, L=3, top_k=20)
+    p.block_table[0, 1] = 10**6
+    p.block_table[1, 0] = -7
+    p.valid_lens[2] = 10**6
+    p.valid_lens[1] = -3
+    cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, validate=False, physical=True,
+                        _fast_kernel="ws")
+    ran += 1
     # validation off, bad inputs: ids out of range for visible blocks, lengths past L*E
     p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=48, L=3, top_k=64)
     p.block_table[0, 1] = 10**6

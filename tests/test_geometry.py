@@ -145,3 +145,31 @@ def test_candidates_are_ranked_only_when_the_rank_grid_fits_about_one_wave():
     assert geometry.rank_select(1, 1024) and geometry.rank_select(32, 1024)
     assert not geometry.rank_select(128, 512) and not geometry.rank_select(128, 1024)
 
+
+
+@pytest.mark.parametrize("H,D,E,ok", [(64, 128, 64, True), (7, 128, 16, True), (64, 64, 64, False),
+                                      (64, 96, 64, False), (64, 128, 48, False), (65, 128, 64, False)])
+def test_warp_specialised_kernel_takes_d_128_on_hopper(H, D, E, ok):
+    assert geometry.ws_supported(H, D, H200, E) is ok
+    ampere = Device(sm_count=108, max_smem_per_block=166912, compute_capability=80)
+    assert not geometry.ws_supported(H, D, ampere, E)
+    if ok:
+        sl = geometry.score_ws_launch(64, H, D, 262_144, E=E)
+        assert sl.name == "score_ws_kernel<128>" and sl.balanced and sl.block == (256,)
+        assert sl.grid == (2 * H200.sm_count, 1) and sl.ld == geometry.score_wgmma_launch(64, H, D, 262_144).ld
+        # two CTAs (plus the 1 KB each reserves) fit the H200's 228 KB of shared memory per SM
+        assert sl.smem == geometry.ws_smem_bytes(D) and 2 * (sl.smem + 1024) <= 228 * 1024
+        from indexer import _jit
+
+        assert sl.name in _jit.INSTANCES["score_ws.cu"]
+        with pytest.raises(ValueError, match="at most 1024 rows"):
+            geometry.score_ws_launch(geometry.MAX_BALANCED_ROWS + 1, H, D, 1000, E=E)
+    else:
+        with pytest.raises(ValueError, match="warp-specialised"):
+            geometry.score_ws_launch(4, H, D, 1000, E=E)
+
+
+def test_auto_takes_the_warp_specialised_kernel_for_one_row_only():
+    assert geometry.ws_preferred(1, 64, 128)
+    assert not geometry.ws_preferred(2, 64, 128)
+    assert not geometry.ws_preferred(1, 64, 64)
