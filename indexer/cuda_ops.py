@@ -168,14 +168,13 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
-        "counters": 0 if row_select else rows * (bins + 2) * 4,  # histogram, threshold, count
+        "counters": 0 if row_select else rows * (bins + 1) * 4,  # histogram, candidate count
         "cand": 0 if row_select else rows * cap * 8,             # candidate (key, index) pairs
     }, workspace=workspace)
     scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
     counters = ws["counters"].view(cp.uint32)
     hist = counters[: rows * bins]                  # [rows, bins]
-    thr = counters[rows * bins: rows * (bins + 1)]  # [rows]
-    count = counters[rows * (bins + 1):]            # [rows]
+    count = counters[rows * bins:]                  # [rows]
     cand = ws["cand"].view(cp.uint64)
     ld = np.int64(sl.ld)
 
@@ -205,7 +204,6 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         per = geometry.select_fast_per_thread(rows, sl.ld, dev)
         if exact:  # the tensor-core kernels count the histogram in their epilogue
             hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
-        thr_k = _kernel("select_fast.cu", "topk_threshold_kernel", device_id)
         filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
         rank_k = _kernel("select_fast.cu", "topk_rank_kernel<256>", device_id)
         final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
@@ -245,8 +243,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             continue
         if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
             hist_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
-        thr_k((nr,), (256,), (hist, i32(prob.top_k), thr))
-        filter_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), thr, count, cand, i32(cap)))
+        filter_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand,
+                                        i32(cap)))
         # few rows: those with up to RANK_MAX candidates are ranked by many CTAs each, the
         # others sorted; many rows: every row sorted by one CTA (see geometry.rank_select)
         rank_max = geometry.RANK_MAX if geometry.rank_select(nr, prob.top_k, dev) else 0

@@ -3,11 +3,11 @@
 //   1. histogram: count the top 11 bits of every score key of a row (2048 bins); the
 //      tensor-core scoring kernel does this in its epilogue, topk_histogram_kernel does it
 //      for the FP32 path;
-//   2. topk_threshold_kernel: per row, the bin b* holding the k-th best key;
-//   3. topk_filter_kernel: every entry whose key is in a bin >= b* becomes a candidate,
+//   2. topk_filter_kernel: every CTA finds the bin b* holding its row's k-th best key
+//      (threshold_bin), then every entry whose key is in a bin >= b* becomes a candidate,
 //      appended to a bounded per-row buffer of kCap (key, index) pairs; the counter keeps
 //      counting past kCap, so an overflow is never silent;
-//   4. the candidates ordered by (score descending, index ascending) give the answer. Every
+//   3. the candidates ordered by (score descending, index ascending) give the answer. Every
 //      entry tying with the k-th best is a candidate, so the tie rule holds exactly.
 //      topk_rank_kernel: rows with at most kRankMax candidates (all but pathological ones):
 //      each candidate's output slot is its rank among the row's candidates, counted by
@@ -83,16 +83,14 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
         if (h[i]) atomicAdd(&hist[(long long)row * kBins + i], h[i]);
 }
 
-// One CTA of 256 threads per row: thr[row] = b*, or 0 when the row has at most k
-// selectable entries (then every non-NaN entry is a candidate).
-__global__ void __launch_bounds__(256)
-topk_threshold_kernel(const u32* __restrict__ hist, int top_k, u32* __restrict__ thr)
-{
+// The bin b* of a row's histogram h that holds its k-th best key, or 0 when the row has at
+// most k selectable entries (then every non-NaN entry is a candidate). All kThreads (256)
+// threads of the CTA call it (it has barriers) and get the same value.
+template <int kThreads>
+__device__ __forceinline__ u32 threshold_bin(const u32* __restrict__ h, int top_k, u32* scratch, u32* s_bin) {
     using namespace select_fast;
-    __shared__ u32 scratch[32];
-    constexpr int kPer = kBins / 256;
-    const int row = blockIdx.x, tid = threadIdx.x;
-    const u32* h = hist + (long long)row * kBins;
+    constexpr int kPer = kBins / kThreads;
+    const int tid = threadIdx.x;
     // thread tid owns bins kBins-1-kPer*tid .. down to kBins-kPer*(tid+1): descending order
     u32 mine[kPer];
     u32 sum = 0u;
@@ -102,37 +100,40 @@ topk_threshold_kernel(const u32* __restrict__ hist, int top_k, u32* __restrict__
         sum += mine[j];
     }
     u32 total;
-    u32 above = block_exclusive_scan<256>(sum, scratch, &total);
-    if (total <= (u32)top_k) {
-        if (tid == 0) thr[row] = 0u;
-        return;
-    }
+    u32 above = block_exclusive_scan<kThreads>(sum, scratch, &total);  // ends with a barrier
+    if (total <= (u32)top_k) return 0u;  // the same in every thread
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-        if (above < (u32)top_k && (u32)top_k <= above + mine[j]) thr[row] = (u32)(kBins - 1 - (kPer * tid + j));
+        if (above < (u32)top_k && (u32)top_k <= above + mine[j]) *s_bin = (u32)(kBins - 1 - (kPer * tid + j));
         above += mine[j];
     }
+    __syncthreads();
+    return *s_bin;
 }
 
-// grid (chunks, rows): append every entry whose key bin is >= thr[row] to the row's buffer.
+// grid (chunks, rows): append every entry whose key bin is >= b* (threshold_bin of the row's
+// histogram, found by every CTA of the row while its scores are in flight: one launch less
+// than a kernel of its own) to the row's buffer.
 template <int kThreads, int kPerThread>
 __global__ void __launch_bounds__(kThreads)
 topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
-                   const u32* __restrict__ thr, u32* __restrict__ count, u64* __restrict__ cand, int cap)
+                   const u32* __restrict__ hist, int top_k, u32* __restrict__ count, u64* __restrict__ cand, int cap)
 {
     using namespace select_fast;
-    __shared__ u32 s_taken, s_base;
+    static_assert(kThreads == 256, "threshold_bin splits the 2048 bins over 256 threads");
+    __shared__ u32 s_taken, s_base, s_bin;
+    __shared__ u32 scratch[32];
     const int row = blockIdx.y;
     const int n = visible_len(valid_lens, row, max_len);
     const int start = blockIdx.x * kThreads * kPerThread;
     if (start >= n) return;
     if (threadIdx.x == 0) s_taken = 0u;
-    const u32 bin = thr[row];
     const float* r = scores + (long long)row * ld;
     u64* out = cand + (long long)row * cap;
     const int lane = threadIdx.x & 31;
     float v[kPerThread];
     load_chunk<kThreads>(r, start, n, v);
+    const u32 bin = threshold_bin<kThreads>(hist + (long long)row * kBins, top_k, scratch, &s_bin);
     u32 takes = 0u;  // bit j: entry j of this thread is a candidate
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {

@@ -1,12 +1,16 @@
 // select_row.cuh: exact top-k of one float32 score row by radix select, in one CTA.
 //
 // The fallback of select_fast.cu for rows whose candidates overflow its buffer. The row's
-// scores become order-preserving u32 keys (NaN -> 0, never selected). Four 8-bit
-// histogram passes, most significant digit first, find the key of
-// the k-th best entry; one collection pass takes every entry above it and, in index
-// order (a block scan), the lowest-indexed entries equal to it; a bitonic sort orders the
-// k winners by (score descending, index ascending). No locks, no divergent barriers: every
-// loop that contains a barrier has the same trip count in every thread.
+// scores become order-preserving u32 keys (NaN -> 0, never selected). Up to four 8-bit
+// histogram passes, most significant digit first, narrow down the key of the k-th best
+// entry; they stop as soon as the bin holding it is needed whole (usually after three on
+// random rows): then exactly the winners have keys at or above that bin's lower edge, and
+// one collection pass gathers them in any order (warp-aggregated slots), since a bitonic
+// sort orders the k winners by (score descending, index ascending) anyway. Only when the
+// k-th key itself ties with entries that are not taken (a plateau) does the collection run
+// in index order (a block scan per group), taking the lowest-indexed equal entries. No
+// locks, no divergent barriers: every loop that contains a barrier has the same trip count
+// in every thread.
 #pragma once
 #include "common.cuh"
 
@@ -31,7 +35,7 @@ __device__ __forceinline__ void select_row_radix(
     static_assert((kMaxK & (kMaxK - 1)) == 0, "kMaxK must be a power of two");
     __shared__ u32 hist[256];
     __shared__ u32 scratch[32];
-    __shared__ u32 s_bin, s_above;
+    __shared__ u32 s_bin, s_above, s_whole, s_taken;
     const int tid = threadIdx.x;
     u32 reg_keys[kRegs > 0 ? kRegs : 1];
     if constexpr (kRegs > 0) {
@@ -44,7 +48,8 @@ __device__ __forceinline__ void select_row_radix(
     // ---- radix select: find the threshold key `prefix` and how many equal to it to take
     u32 prefix = 0u, mask = 0u;
     u32 k_rem = (u32)top_k;
-    bool take_all = false;
+    bool take_all = false;  // every selectable entry wins (at most k of them)
+    bool whole_bin = false;  // the winners are exactly the keys >= prefix
     for (int pass = 0; pass < 4; ++pass) {
         const int shift = 24 - 8 * pass;
         for (int b = tid; b < 256; b += kThreads) hist[b] = 0u;
@@ -75,24 +80,55 @@ __device__ __forceinline__ void select_row_radix(
         if (tid < 256 && above < k_rem && k_rem <= above + mine) {
             s_bin = 255u - (u32)tid;
             s_above = above;
+            s_whole = (k_rem == above + mine) ? 1u : 0u;  // the k-th key's bin is taken whole
         }
         __syncthreads();
         prefix |= s_bin << shift;
         mask |= 255u << shift;
         k_rem -= s_above;
+        whole_bin = s_whole != 0u;
         __syncthreads();
+        if (whole_bin) break;  // the same in every thread
     }
-    // take_all: every selectable entry (key > 0) is a winner. Else: keys > prefix, plus the
-    // k_rem lowest-indexed keys == prefix.
+    // take_all: every selectable entry (key > 0) is a winner; whole_bin: every key >= prefix
+    // (the lower edge of the bin reached); else keys > prefix, plus the k_rem lowest-indexed
+    // keys == prefix (prefix is then a whole key, after four passes).
     const u32 thr = take_all ? 0u : prefix;
     const u32 take_eq = take_all ? 0u : k_rem;
-
-    // ---- collection in index order: positions from a block scan, so the result is deterministic
     u32 gt_base = 0u, eq_base = 0u;
-    const u32 n_gt = take_all ? 0u : (u32)top_k - k_rem;  // entries strictly above thr
+
+    if (take_all || whole_bin) {
+        // ---- collection in any order: the winners are exactly the keys >= thr (at most k)
+        if (tid == 0) s_taken = 0u;
+        __syncthreads();
+        auto gather = [&](int i, u32 key) {
+            const bool win = key != 0u && key >= thr;
+            const u32 ballot = __ballot_sync(FULL_MASK, win);
+            if (ballot) {
+                const int lane = tid & 31, leader = __ffs(ballot) - 1;
+                u32 base = 0u;
+                if (lane == leader) base = atomicAdd(&s_taken, (u32)__popc(ballot));
+                base = __shfl_sync(FULL_MASK, base, leader);
+                if (win) cand[base + __popc(ballot & ((1u << lane) - 1u))] = make_candidate(key, i);
+            }
+        };
+        if constexpr (kRegs > 0) {
+#pragma unroll
+            for (int j = 0; j < kRegs; ++j) gather(j * kThreads + tid, reg_keys[j]);  // keys past n are 0
+        } else {
+            for (int start = 0; start < n; start += kThreads) {
+                const int i = start + tid;
+                gather(i, i < n ? row_key(r, i) : 0u);
+            }
+        }
+        __syncthreads();
+        gt_base = s_taken;
+    } else {
+    // ---- collection in index order: positions from a block scan, so the result is deterministic
+    const u32 n_gt = (u32)top_k - k_rem;  // entries strictly above thr
     auto collect = [&](int i, u32 key) {  // every thread, once per group of kThreads entries
         const u32 gt = key > thr;
-        const u32 eq = (!take_all && key == thr && key != 0u);
+        const u32 eq = (key == thr && key != 0u);
         u32 total;
         const u32 pre = block_exclusive_scan<kThreads>((gt << 16) | eq, scratch, &total);
         if (gt) {
@@ -117,7 +153,8 @@ __device__ __forceinline__ void select_row_radix(
             collect(i, i < n ? row_key(r, i) : 0u);
         }
     }
-    const u32 m_raw = take_all ? gt_base : (u32)top_k;
+    }
+    const u32 m_raw = take_all || whole_bin ? gt_base : (u32)top_k;
     const u32 m = m_raw < (u32)top_k ? m_raw : (u32)top_k;
 
     // ---- bitonic sort of the m winners, descending by (key, ~index)
