@@ -197,6 +197,17 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
     int t = -1, n = 0, row_end = 0;
     float* out = scores;
     float acc[2][32];
+    // add the consumer's histogram to row t's and zero it (after a barrier: every count done)
+    auto flush_histogram = [&]() {
+        named_barrier(kConsumerBarrier, 128);
+        for (int i = tid; i < kHistBins; i += 128) {
+            const u32 v = hist_s[i];
+            if (v) {
+                atomicAdd(&hist[(long long)t * kHistBins + i], v);
+                hist_s[i] = 0u;
+            }
+        }
+    };
     float2 wpair[8];  // the weights of my heads 8j + 2c, + 1
     auto epilogue = [&](const float (&d)[32], int s0, float g0_, float g1_) {
         const float2 sums = weighted_head_sums(d, wpair, c);
@@ -213,15 +224,10 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
         const int gt = g0 + k;
         if (gt >= row_end) {  // a new row: flush the last one's histogram, stage the query
             if (t >= 0) {
-                named_barrier(kConsumerBarrier, 128);  // every MMA and count of the last row done
                 if (count_keys)
-                    for (int i = tid; i < kHistBins; i += 128) {
-                        const u32 v = hist_s[i];
-                        if (v) {
-                            atomicAdd(&hist[(long long)t * kHistBins + i], v);
-                            hist_s[i] = 0u;
-                        }
-                    }
+                    flush_histogram();
+                else
+                    named_barrier(kConsumerBarrier, 128);  // every MMA of the last row done
             }
             t = t < 0 ? 0 : t;
             while (start[t + 1] <= gt) ++t;
@@ -267,11 +273,7 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
         tile(k, 0);
         if (g0 + k + 1 < g1) tile(k + 1, 1);
     }
-    if (t >= 0 && count_keys) {
-        named_barrier(kConsumerBarrier, 128);
-        for (int i = tid; i < kHistBins; i += 128)
-            if (hist_s[i]) atomicAdd(&hist[(long long)t * kHistBins + i], hist_s[i]);
-    }
+    if (t >= 0 && count_keys) flush_histogram();
 }
 
 // grid (G,), 256 threads, WsSmem::kBytes of dynamic shared memory (two CTAs per SM),

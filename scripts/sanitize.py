@@ -24,6 +24,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def bad_inputs(rng, H, D, top_k):
+    """A problem whose block table has ids out of range for visible blocks (too large and
+    negative) and whose lengths run past L*E and below 0: for calls with validation off."""
+    from indexer import testing
+
+    p = testing.random_problem(rng, T=3, H=H, D=D, E=16, lens=48, L=3, top_k=top_k)
+    p.block_table[0, 1] = 10**6
+    p.block_table[1, 0] = -7
+    p.valid_lens[2] = 10**6
+    p.valid_lens[1] = -3
+    return p
+
+
 def cases():
     import numpy as np
 
@@ -93,20 +106,12 @@ def cases():
         p = testing.random_problem(rng, T=T, H=64, D=128, E=E, lens=lens, top_k=33)
         cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _fast_kernel="ws")
         ran += 1
-    p = testing.random_problem(rng, T=3, H=64, D=128, E=16, lens=48, L=3, top_k=20)
-    p.block_table[0, 1] = 10**6
-    p.block_table[1, 0] = -7
-    p.valid_lens[2] = 10**6
-    p.valid_lens[1] = -3
+    p = bad_inputs(rng, H=64, D=128, top_k=20)
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, validate=False, physical=True,
                         _fast_kernel="ws")
     ran += 1
-    # validation off, bad inputs: ids out of range for visible blocks, lengths past L*E
-    p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=48, L=3, top_k=64)
-    p.block_table[0, 1] = 10**6
-    p.block_table[1, 0] = -7
-    p.valid_lens[2] = 10**6
-    p.valid_lens[1] = -3
+    # validation off, bad inputs, both paths
+    p = bad_inputs(rng, H=8, D=64, top_k=64)
     for precision in ("exact", "fast"):
         score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, backend="cuda", precision=precision,
                    validate=False, physical=True)
