@@ -218,7 +218,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         if exact:
             query = (q[r0:r1], w[r0:r1])
         else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
-            prep_k((nr, heads // 8), (256,), (q[r0:r1], w[r0:r1], i32(prob.H), q16, w_scaled))
+            # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
+            prep_k((nr, heads // 16), (256,), (q[r0:r1], w[r0:r1], i32(prob.H), q16, w_scaled))
             query = (q16, w_scaled)
         if use_pairs:  # row pairs of one sequence share each key tile (one wave, balanced)
             grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)

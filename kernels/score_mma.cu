@@ -26,52 +26,68 @@
 //     j = kk % 2, lohi = kk / 8;
 //   * kChunked true (score_ws.cu's decode into shared memory): slot i holds d = i with bits
 //     0 and 1 swapped (each 8-dim chunk in the order the E4M3 conversion emits it).
+// K slot i of the staged row -> the query dimension it holds (see above)
+template <int kDim, bool kChunked>
+__device__ __forceinline__ int prep_slot_dim(int i) {
+    if constexpr (kChunked) {
+        return (i & ~3) | ((i & 1) << 1) | ((i >> 1) & 1);
+    } else {
+        const int ks = i / 16, kk = i % 16;
+        const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, jj = kk % 2, lohi = kk / 8;
+        return c * (kDim / 4) + 8 * wd + 4 * hh + 2 * jj + lohi;
+    }
+}
+
+constexpr int kPrepHeadsPerWarp = 2;  // the launcher's grid: (T, kHeads / (8 * kPrepHeadsPerWarp))
+
 template <int kDim, int kNBlocks, bool kChunked>
 __device__ __forceinline__ void prep_query_row(const float* __restrict__ q, const float* __restrict__ w, int H,
                                                unsigned short* __restrict__ q16, float* __restrict__ w_scaled) {
-    // grid (T, kHeads / 8), 8 warps: one head per warp. The row is read once, all loads in
-    // flight together, and permuted through shared memory (a chain of dependent global
-    // loads per head made this kernel cost ~20 us per call before).
-    constexpr int kHeads = 8 * kNBlocks, kRowHalves = kDim + 8, kPer = kDim / 32;
+    // grid (T, kHeads / 16), 8 warps of two heads each. Both heads' loads are in flight
+    // together (latency, not bandwidth, bounds this kernel: it ran at ~2/3 of the copy rate
+    // with one head a warp), and each head is permuted through shared memory.
+    constexpr int kHeads = 8 * kNBlocks, kRowHalves = kDim + 8, kPer = kDim / 32, kHpw = kPrepHeadsPerWarp;
+    static_assert(kHeads % (8 * kHpw) == 0, "whole warps of heads");
     __shared__ float row_s[8][kDim];
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = blockIdx.y * 8 + warp;
-    const float* qh = q + ((long long)t * H + h) * kDim;
-    float v[kPer];
-    float amax = 0.0f;
+    const int h0 = (blockIdx.y * 8 + warp) * kHpw;
+    float v[kHpw][kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        v[j] = h < H ? qh[lane + 32 * j] : 0.0f;
-        amax = fmaxf(amax, fabsf(v[j]));
+    for (int k = 0; k < kHpw; ++k) {
+        const float* qh = q + ((long long)t * H + h0 + k) * kDim;
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) v[k][j] = h0 + k < H ? qh[lane + 32 * j] : 0.0f;
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-    int e = 0;
-    if (amax > 0.0f && amax <= 3.402823466e38f) {
-        int ex;
-        frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
-        e = 15 - ex;
-    }
+    for (int k = 0; k < kHpw; ++k) {
+        const int h = h0 + k;
+        float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) row_s[warp][lane + 32 * j] = v[j];
-    __syncwarp();
-    unsigned short* out = q16 + ((long long)t * kHeads + h) * kRowHalves;
-    for (int i = lane; i < kRowHalves; i += 32) {
-        unsigned short hx = 0;
-        if (i < kDim) {
-            int d;
-            if constexpr (kChunked) {
-                d = (i & ~3) | ((i & 1) << 1) | ((i >> 1) & 1);
-            } else {
-                const int ks = i / 16, kk = i % 16;
-                const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, jj = kk % 2, lohi = kk / 8;
-                d = c * (kDim / 4) + 8 * wd + 4 * hh + 2 * jj + lohi;
-            }
-            asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hx) : "f"(ldexpf(row_s[warp][d], e)));
+        for (int j = 0; j < kPer; ++j) amax = fmaxf(amax, fabsf(v[k][j]));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+        int e = 0;
+        if (amax > 0.0f && amax <= 3.402823466e38f) {
+            int ex;
+            frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+            e = 15 - ex;
         }
-        out[i] = hx;
+        __syncwarp();  // the last head's reads of row_s are done
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) row_s[warp][lane + 32 * j] = v[k][j];
+        __syncwarp();
+        // two slots a store (rows of kDim + 8 halves are 16-byte aligned)
+        u32* out = reinterpret_cast<u32*>(q16 + ((long long)t * kHeads + h) * kRowHalves);
+        for (int pr = lane; pr < kRowHalves / 2; pr += 32) {
+            unsigned short lo = 0, hi = 0;
+            if (2 * pr < kDim) {
+                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(ldexpf(row_s[warp][prep_slot_dim<kDim, kChunked>(2 * pr)], e)));
+                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(ldexpf(row_s[warp][prep_slot_dim<kDim, kChunked>(2 * pr + 1)], e)));
+            }
+            out[pr] = (u32)lo | ((u32)hi << 16);
+        }
+        if (lane == 0) w_scaled[(long long)t * kHeads + h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
     }
-    if (lane == 0) w_scaled[(long long)t * kHeads + h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
 }
 
 template <int kDim, int kNBlocks>
