@@ -22,6 +22,7 @@ import click
 import numpy as np
 
 from . import __version__, arrays, io, ops, testing
+from . import bench as _bench  # the case and path tables (no GPU import)
 
 __all__ = ["main"]
 
@@ -489,9 +490,9 @@ def info(as_json):
 @click.option("--cases", default=None, metavar="LIST",
               help="comma-separated case names, or 'all' (default: the decode cases and mtp-2).")
 @click.option("--paths", default=None, metavar="LIST",
-              help="comma-separated paths among fast, fast-score, exact, exact-score, fast-mma, "
-                   "fast-mma-score, torch-composed, torch-topk (default: fast,fast-score,exact,"
-                   "torch-composed,torch-topk; torch-* need PyTorch).")
+              help=f"comma-separated paths among {', '.join(_bench.PATHS)} (default: {_bench.DEFAULT_PATHS}; "
+                   "fast-ws, fast-wgmma, fast-mma and fast-single force one scoring kernel; torch-* need "
+                   "PyTorch).")
 @click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
               help="timed calls per path; the median is reported.")
 @click.option("--device", type=click.IntRange(min=0), default=None, metavar="N", help=_DEVICE_HELP)
@@ -510,7 +511,6 @@ def bench(cases, paths, repeats, device, json_path):
     Example:
       indexer bench --cases decode-128K,mtp-2 --paths fast,torch-composed --json bench.json
     """
-    from . import bench as _bench  # noqa: PLC0415
 
     chosen = _bench.select_cases(_bench.DEFAULT_CASES if cases is None else cases)
     path_list = _bench.select_paths(_bench.DEFAULT_PATHS if paths is None else paths)
