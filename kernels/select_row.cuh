@@ -124,35 +124,35 @@ __device__ __forceinline__ void select_row_radix(
         __syncthreads();
         gt_base = s_taken;
     } else {
-    // ---- collection in index order: positions from a block scan, so the result is deterministic
-    const u32 n_gt = (u32)top_k - k_rem;  // entries strictly above thr
-    auto collect = [&](int i, u32 key) {  // every thread, once per group of kThreads entries
-        const u32 gt = key > thr;
-        const u32 eq = (key == thr && key != 0u);
-        u32 total;
-        const u32 pre = block_exclusive_scan<kThreads>((gt << 16) | eq, scratch, &total);
-        if (gt) {
-            const u32 pos = gt_base + (pre >> 16);
-            if (pos < (u32)kMaxK) cand[pos] = make_candidate(key, i);
-        } else if (eq) {
-            const u32 rank = eq_base + (pre & 0xffffu);
-            if (rank < take_eq) cand[n_gt + rank] = make_candidate(key, i);
-        }
-        gt_base += total >> 16;
-        eq_base += total & 0xffffu;
-    };
-    if constexpr (kRegs > 0) {
+        // ---- collection in index order: positions from a block scan, so the result is deterministic
+        const u32 n_gt = (u32)top_k - k_rem;  // entries strictly above thr
+        auto collect = [&](int i, u32 key) {  // every thread, once per group of kThreads entries
+            const u32 gt = key > thr;
+            const u32 eq = (key == thr && key != 0u);
+            u32 total;
+            const u32 pre = block_exclusive_scan<kThreads>((gt << 16) | eq, scratch, &total);
+            if (gt) {
+                const u32 pos = gt_base + (pre >> 16);
+                if (pos < (u32)kMaxK) cand[pos] = make_candidate(key, i);
+            } else if (eq) {
+                const u32 rank = eq_base + (pre & 0xffffu);
+                if (rank < take_eq) cand[n_gt + rank] = make_candidate(key, i);
+            }
+            gt_base += total >> 16;
+            eq_base += total & 0xffffu;
+        };
+        if constexpr (kRegs > 0) {
 #pragma unroll
-        for (int j = 0; j < kRegs; ++j) {
-            if (j * kThreads >= n) break;  // the same j in every thread
-            collect(j * kThreads + tid, reg_keys[j]);
+            for (int j = 0; j < kRegs; ++j) {
+                if (j * kThreads >= n) break;  // the same j in every thread
+                collect(j * kThreads + tid, reg_keys[j]);
+            }
+        } else {
+            for (int start = 0; start < n; start += kThreads) {
+                const int i = start + tid;
+                collect(i, i < n ? row_key(r, i) : 0u);
+            }
         }
-    } else {
-        for (int start = 0; start < n; start += kThreads) {
-            const int i = start + tid;
-            collect(i, i < n ? row_key(r, i) : 0u);
-        }
-    }
     }
     const u32 m_raw = take_all || whole_bin ? gt_base : (u32)top_k;
     const u32 m = m_raw < (u32)top_k ? m_raw : (u32)top_k;

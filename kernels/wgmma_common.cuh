@@ -1,8 +1,8 @@
 // wgmma_common.cuh: what the Hopper (sm_90a) scoring kernels share.
 //
 //   * wgmma: descriptors of shared-memory operands, fences, commit/wait, and the
-//     MMA shapes the kernels issue (m64n64k16 with A in registers or shared memory,
-//     m64n128k16; fp16 in, fp32 out);
+//     MMA shapes the kernels issue (m64n64k16 with A in registers or shared memory; fp16
+//     in, fp32 out);
 //   * BulkRing: the key stream of one query row through a ring of shared-memory stages
 //     filled by bulk copies (codes and scales of whole pool-block runs);
 //   * the balanced schedule: the tiles of many rows, concatenated, cut into equal ranges.
@@ -90,30 +90,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], u64 desc_a, u
 #endif
 }
 
-// d (+)= A (registers, 64 x 16 fp16) * B (shared memory descriptor, 16 x 128 fp16, K-major)
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const u32 (&a)[4], u64 desc_b, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#else
-    __trap();  // sm_90a only; the launcher never picks this kernel elsewhere
-#endif
-}
 
 // Weighted head sums of my two rows of a finished m64n64 sub-tile (accumulators d; rows r0
 // and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed): .x row r0, .y
@@ -171,9 +147,7 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// kSyncId: 0 when the ring's 128 threads are the whole CTA (__syncthreads), else the id of
-// the named barrier of the warpgroup that runs it.
-template <int kDim, int kStagesT = score_wgmma::kStages, int kSyncId = 0>
+template <int kDim, int kStagesT = score_wgmma::kStages>
 struct BulkRing {
     static constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
     static constexpr int kStageBytes = wgmma_stage_bytes(kDim);
@@ -245,10 +219,7 @@ struct BulkRing {
     __device__ void begin_tile(int it, int tid) {
         const int j = jbase + it;
         mbar_wait(bars + (u32)j % kS, ((u32)j / kS) & 1u);
-        if constexpr (kSyncId == 0)
-            __syncthreads();
-        else
-            named_barrier(kSyncId, score_wgmma::kTile);
+        __syncthreads();
         if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);
         b_next = b_next2;
         g_next = scale_of(b_next);
