@@ -54,10 +54,10 @@ __device__ __forceinline__ void select_row_radix(
         const int shift = 24 - 8 * pass;
         for (int b = tid; b < 257; b += kThreads) hist[b] = 0u;
         __syncthreads();
-        // a unit increment with its result unused compiles to ATOMS.POPC.INC, which the
-        // hardware aggregates over the lanes of a warp hitting one address: plateaus of equal
-        // digits do not serialize, and no match_any is needed (it cost ~18 instructions a key)
-        // keys outside the prefix count into bin 256, never read (no branch per key)
+        // a unit increment with its result unused compiles to ATOMS.POPC.INC (as the
+        // histogram kernel's and the scoring epilogues' counts, which see plateau rows too);
+        // no match_any aggregation (it cost ~18 instructions a key). Keys outside the prefix
+        // count into bin 256, never read (no branch per key).
         auto count = [&](u32 key) {
             const bool match = key != 0u && (key & mask) == prefix;
             atomicAdd(&hist[match ? (key >> shift) & 255u : 256u], 1u);
