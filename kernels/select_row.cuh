@@ -33,7 +33,7 @@ __device__ __forceinline__ void select_row_radix(
                    u64* cand)
 {
     static_assert((kMaxK & (kMaxK - 1)) == 0, "kMaxK must be a power of two");
-    __shared__ u32 hist[256];
+    __shared__ u32 hist[257];  // 256 digits and a discard bin
     __shared__ u32 scratch[32];
     __shared__ u32 s_bin, s_above, s_whole, s_taken;
     const int tid = threadIdx.x;
@@ -52,17 +52,15 @@ __device__ __forceinline__ void select_row_radix(
     bool whole_bin = false;  // the winners are exactly the keys >= prefix
     for (int pass = 0; pass < 4; ++pass) {
         const int shift = 24 - 8 * pass;
-        for (int b = tid; b < 256; b += kThreads) hist[b] = 0u;
+        for (int b = tid; b < 257; b += kThreads) hist[b] = 0u;
         __syncthreads();
+        // a unit increment with its result unused compiles to ATOMS.POPC.INC (as the
+        // histogram kernel's and the scoring epilogues' counts, which see plateau rows too);
+        // no match_any aggregation (it cost ~18 instructions a key). Keys outside the prefix
+        // count into bin 256, never read (no branch per key).
         auto count = [&](u32 key) {
             const bool match = key != 0u && (key & mask) == prefix;
-            const u32 digit = (key >> shift) & 255u;
-            // warp-aggregated increment: equal digits (plateaus) would otherwise serialize
-            const u32 active = __ballot_sync(__activemask(), match);
-            if (match) {
-                const u32 peers = __match_any_sync(active, digit);
-                if ((__ffs(peers) - 1) == (tid & 31)) atomicAdd(&hist[digit], (u32)__popc(peers));
-            }
+            atomicAdd(&hist[match ? (key >> shift) & 255u : 256u], 1u);
         };
         if constexpr (kRegs > 0) {
 #pragma unroll
