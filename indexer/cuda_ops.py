@@ -246,16 +246,17 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             hist_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
         filter_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand,
                                         i32(cap)))
-        # few rows: those with up to RANK_MAX candidates are ranked by many CTAs each, the
-        # others sorted; many rows: every row sorted by one CTA (see geometry.rank_select)
-        rank_max = geometry.RANK_MAX if geometry.rank_select(nr, prob.top_k, dev) else 0
-        if rank_max:
+        # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
+        # is selected from its scores by one of them); many rows: every row's candidates
+        # sorted by one CTA (see geometry.rank_select). One launch either way.
+        if geometry.rank_select(nr, prob.top_k, dev):
             rank_k((nr, geometry.rank_ctas_per_row(prob.top_k)), (256,),
-                   (lens, i32(prob.max_len), count, cand, i32(cap), i32(prob.top_k), block_table[r0:r1],
-                    i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0), indices[r0:r1],
-                    scores[r0:r1] if scores is not None else 0))
-        final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), count, cand,
-                                 i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
-                                 i32(1 if physical else 0), indices[r0:r1],
-                                 scores[r0:r1] if scores is not None else 0, i32(rank_max)),
-                shared_mem=8 * cap)
+                   (scores_ws, ld, lens, i32(prob.max_len), count, cand, i32(cap), i32(prob.top_k),
+                    block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                    indices[r0:r1], scores[r0:r1] if scores is not None else 0))
+        else:
+            final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), count, cand,
+                                     i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
+                                     i32(1 if physical else 0), indices[r0:r1],
+                                     scores[r0:r1] if scores is not None else 0),
+                    shared_mem=8 * cap)

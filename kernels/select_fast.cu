@@ -9,11 +9,11 @@
 //      counting past kCap, so an overflow is never silent;
 //   3. the candidates ordered by (score descending, index ascending) give the answer. Every
 //      entry tying with the k-th best is a candidate, so the tie rule holds exactly.
-//      topk_rank_kernel: rows with at most kRankMax candidates (all but pathological ones):
-//      each candidate's output slot is its rank among the row's candidates, counted by
-//      many CTAs per row; topk_final_kernel: the other rows, one CTA each: a bitonic sort of
-//      the candidates, or, where they overflowed the buffer, the single-CTA radix select
-//      over the full score row.
+//      topk_rank_kernel (runs of few rows): each candidate's output slot is its rank among
+//      the row's candidates, counted by many CTAs per row (a row with more than kRankMax
+//      candidates: the single-CTA radix select over its scores); topk_final_kernel (runs of
+//      many rows): one CTA per row, a bitonic sort of the candidates, or, where they
+//      overflowed the buffer, the single-CTA radix select over the full score row.
 // Candidate order in the buffer depends on atomics; ranks and the sort make the output
 // deterministic.
 #include "common.cuh"
@@ -22,7 +22,7 @@
 namespace select_fast {
 constexpr int kBins = 2048;       // top 11 bits of a key
 constexpr int kBinShift = 21;
-constexpr int kRankMax = 4096;    // rows with more candidates are sorted by topk_final_kernel
+constexpr int kRankMax = 4096;    // rows with more candidates are selected from their scores
 constexpr int kRankGroup = 64;    // candidates ranked by one CTA of topk_rank_kernel (2 per lane)
 }  // namespace select_fast
 
@@ -174,11 +174,14 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
 // Keys are unique (the index is part of them), so the ranks are a permutation and slot
 // rank < top_k of the output gets the candidate. O(count^2) compares, but spread over
 // count / 64 CTAs: for decode's ~1,000-2,000 candidates per row this beats one CTA sorting
-// them. Rows with more than kRankMax candidates (or none to rank) are left to
-// topk_final_kernel; CTA 0 of the other rows writes the -1 / -inf padding.
+// them. CTA 0 of a row writes the -1 / -inf padding. A row with more than kRankMax
+// candidates (a plateau of ties at the k-th key, never seen on random rows) is taken whole
+// by its CTA 0 with the exact radix select over its scores (select_row.cuh), so a run that
+// ranks needs no topk_final_kernel launch.
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads)
-topk_rank_kernel(const int* __restrict__ valid_lens, int max_len, const u32* __restrict__ count,
+__global__ void __launch_bounds__(kThreads, 6)  // 6 CTAs per SM (its shared memory allows 6): at most 40 registers
+topk_rank_kernel(const float* __restrict__ scores, long long ld,
+                 const int* __restrict__ valid_lens, int max_len, const u32* __restrict__ count,
                  const u64* __restrict__ cand, int cap, int top_k, const int* __restrict__ block_table, int L, int E,
                  int num_blocks, int physical, int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
@@ -189,11 +192,16 @@ topk_rank_kernel(const int* __restrict__ valid_lens, int max_len, const u32* __r
     const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = visible_len(valid_lens, row, max_len);
     const u32 cnt = n > 0 ? count[row] : 0u;
-    if (cnt > (u32)kRankMax) return;
-    const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
+    if (cnt > (u32)kRankMax) {  // the same in every thread of the CTA
+        if (blockIdx.y == 0)
+            select_row_radix<kThreads, kRankMax>(scores + (long long)row * ld, n, top_k, bt_row, E, num_blocks,
+                                                 physical, oi, os, c);
+        return;
+    }
+    const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
     if (blockIdx.y == 0)
         for (int i = (int)m + tid; i < top_k; i += kThreads) write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, oi, os);
     if (blockIdx.y * kRankGroup >= cnt) return;
@@ -231,15 +239,15 @@ topk_rank_kernel(const int* __restrict__ valid_lens, int max_len, const u32* __r
     }
 }
 
-// One CTA per row with more than rank_max candidates (kRankMax when topk_rank_kernel ran
-// before, 0 when it did not): sort them, or, where they overflowed the buffer, the full-row
-// radix select. Rows with fewer are topk_rank_kernel's.
+// One CTA per row, for runs whose candidates are not ranked (topk_rank_kernel takes the
+// others whole): sort them, or, where they overflowed the buffer, the full-row radix
+// select.
 template <int kThreads, int kCap>
 __global__ void __launch_bounds__(kThreads)
 topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                   const u32* __restrict__ count, const u64* __restrict__ cand, int top_k,
                   const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
-                  int* __restrict__ out_idx, float* __restrict__ out_scores, int rank_max)
+                  int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     u64* buf = reinterpret_cast<u64*>(smem_raw);  // kCap
@@ -249,7 +257,6 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
-    if (rank_max > 0 && cnt <= (u32)rank_max) return;  // ranked (and padded) by topk_rank_kernel
     if (cnt > (u32)kCap) {  // the buffer overflowed: exact select over the whole row
         select_row_radix<kThreads, kCap>(scores + (long long)row * ld, n, top_k, bt_row, E, num_blocks, physical,
                                          oi, os, buf);
