@@ -330,7 +330,8 @@ __device__ __forceinline__ void score_pair_segment(
         for (int h = tid; h < kHeads; h += kThreads) (qi ? w1 : w0)[h] = w_scaled[(long long)t * kHeads + h];
     }
     cp_async_commit();
-    for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
+    if (hist)  // no histograms when one CTA per row selects (prefill's short rows)
+        for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
     keys.start(tid);
     cp_async_wait<0>();
     fence_proxy_async();  // the queries, written through the generic proxy, are read by wgmma
