@@ -146,12 +146,13 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
-    # kernel takes runs of at most MAX_BALANCED_ROWS rows (prefill's thousands of short
+    # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
     use_pairs = (not exact and use_wgmma and not use_ws and cu_seqlens is not None
                  and fast_kernel != "wgmma-single")
     rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
-                                   max_rows=geometry.MAX_BALANCED_ROWS if use_pairs or use_ws else None)
+                                   max_rows=(geometry.MAX_PAIR_ROWS if use_pairs
+                                             else geometry.MAX_BALANCED_ROWS if use_ws else None))
     if exact:
         sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
     elif use_ws:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -177,25 +177,29 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
 
 
 _PAIR_STAGES = 3  # kernels/score_wgmma.cu: score_wgmma_pairs::kStages
+#: rows of one run of the pair kernel (kernels/score_wgmma.cu: score_wgmma_pairs::kMaxRows):
+#: twice the single-row kernel's, so that prefill runs in half as many runs (each run pays
+#: the launches and the schedule's set-up of three kernels)
+MAX_PAIR_ROWS = 2048
 
 
 def wgmma_pairs_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem)."""
     stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
     return (2 * (D // 8) * 1024 + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
-            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (MAX_BALANCED_ROWS // 2 + 1) * 4 + 32 * 4)
+            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (MAX_PAIR_ROWS // 2 + 1) * 4 + 32 * 4)
 
 
 def score_wgmma_pairs_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64,
                              ctas_per_sm: int = 3) -> ScoreLaunch:
     """Geometry of ``score_wgmma_pairs_kernel``: row pairs of one sequence share each key
     tile (decoded once, multiplied against both queries); one wave of ``ctas_per_sm`` CTAs
-    per SM shares all pairs' tiles. Up to ``MAX_BALANCED_ROWS`` rows."""
+    per SM shares all pairs' tiles. Up to ``MAX_PAIR_ROWS`` rows."""
     if not wgmma_supported(H, D, dev, E):
         raise ValueError(f"q: the wgmma kernels need sm_90, H <= 64, D <= 128 and a power-of-two E with "
                          f"E * D/16 a multiple of 16, got H = {H}, D = {D}, E = {E}")
-    if T > MAX_BALANCED_ROWS:
-        raise ValueError(f"q: the pair kernel takes at most {MAX_BALANCED_ROWS} rows a run, got {T}")
+    if T > MAX_PAIR_ROWS:
+        raise ValueError(f"q: the pair kernel takes at most {MAX_PAIR_ROWS} rows a run, got {T}")
     return ScoreLaunch(name=f"score_wgmma_pairs_kernel<{D}>", grid=(dev.sm_count * ctas_per_sm, 1), block=(128,),
                        smem=wgmma_pairs_smem_bytes(D), tiles_per_cta=0,
                        ld=tiles_per_row(max_len) * TILE_ENTRIES, balanced=True)

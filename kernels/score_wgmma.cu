@@ -245,7 +245,8 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 // ===========================================================================
 namespace score_wgmma_pairs {
 constexpr int kStages = 3;
-constexpr int kMaxUnits = score_wgmma::kMaxBalancedRows / 2;
+constexpr int kMaxRows = 2048;  // rows a run: prefill's thousands of short rows in few runs
+constexpr int kMaxUnits = kMaxRows / 2;
 constexpr int kFlushTiles = 256;  // 256 tiles x 128 entries < 65,536
 constexpr int kPackedWords = score_mma::kHistBins / 2;
 }  // namespace score_wgmma_pairs
@@ -329,7 +330,8 @@ __device__ __forceinline__ void score_pair_segment(
         for (int h = tid; h < kHeads; h += kThreads) (qi ? w1 : w0)[h] = w_scaled[(long long)t * kHeads + h];
     }
     cp_async_commit();
-    for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
+    if (hist)  // no histograms when one CTA per row selects (prefill's short rows)
+        for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
     keys.start(tid);
     cp_async_wait<0>();
     fence_proxy_async();  // the queries, written through the generic proxy, are read by wgmma
@@ -408,7 +410,7 @@ __device__ __forceinline__ void score_pair_segment(
 // grid (G,), 128 threads: CTA i takes an equal share of all pairs' tiles. Row t is query
 // row0 + t of a call whose sequences start at rows cu_seqlens[0 .. n_seq] (varlen layout);
 // rows 2u and 2u + 1 share keys when they belong to the same sequence (found by the same
-// clamped binary search that expands the block table). T <= kMaxBalancedRows.
+// clamped binary search that expands the block table). T <= kMaxRows (2,048).
 template <int kDim>
 __global__ void __launch_bounds__(128, 3)
 score_wgmma_pairs_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]

@@ -132,7 +132,7 @@ def test_pair_kernel_keeps_three_ctas_per_sm(D):
     assert sl.name == f"score_wgmma_pairs_kernel<{D}>" and sl.balanced and sl.grid == (3 * H200.sm_count, 1)
     assert sl.smem == geometry.wgmma_pairs_smem_bytes(D) and 3 * (sl.smem + 1024) <= 228 * 1024
     with pytest.raises(ValueError, match="at most"):
-        geometry.score_wgmma_pairs_launch(geometry.MAX_BALANCED_ROWS + 1, 64, D, 1000)
+        geometry.score_wgmma_pairs_launch(geometry.MAX_PAIR_ROWS + 1, 64, D, 1000)
     with pytest.raises(ValueError, match="power-of-two E"):
         geometry.score_wgmma_pairs_launch(4, 64, D, 1000, E=48)
 
