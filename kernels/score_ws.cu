@@ -44,7 +44,8 @@ struct WsSmem {
     static constexpr int kEmpty = kFull + score_ws::kDecStages * 8;
     static constexpr int kHist = kEmpty + score_ws::kDecStages * 8;                    // u32[kHistBins]
     static constexpr int kSched = kHist + score_ws::kHistBins * 4;                     // int[kMaxBalancedRows + 1]
-    static constexpr int kScratch = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;  // u32[32]
+    static constexpr int kRowLen = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;   // int[kMaxBalancedRows]
+    static constexpr int kScratch = kRowLen + score_wgmma::kMaxBalancedRows * 4;       // u32[32]
     static constexpr int kBytes = kScratch + 32 * 4;
     static_assert(kQuery % 128 == 0 && kFull % 8 == 0, "operand and barrier alignment");
 };
@@ -67,14 +68,13 @@ struct WsLoads {
 __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start, int g0, int g1,
                                            const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale,
                                            const float* __restrict__ key_gscale, const int* __restrict__ block_table,
-                                           const int* __restrict__ valid_lens, int P, int E, int e_shift, int L) {
+                                           const int* row_len, int P, int E, int e_shift, int L) {
     using namespace score_ws;
     constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
     const int p = threadIdx.x - 128, lane = p & 31, pw = p >> 5;
     u64* full = reinterpret_cast<u64*>(smem + WsSmem::kFull);
     u64* empty = reinterpret_cast<u64*>(smem + WsSmem::kEmpty);
     float* dec_gs = reinterpret_cast<float*>(smem + WsSmem::kDecGs);
-    const int max_len = L * E;
     // My units of a tile: the 16-byte code chunk q (dims 32q .. 32q + 31) of entries
     // entry(i) = 8 * (pw + 4i) + (lane & 7), i = 0..3. Each quarter-warp covers 8 consecutive
     // entries, two lanes per chunk: its global loads are 512 contiguous bytes a warp (within
@@ -97,7 +97,7 @@ __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start
             ref_row = t;
             ref_begin = start[t];
             ref_end = start[t + 1];
-            ref_n = visible_len(valid_lens, t, max_len);
+            ref_n = row_len[t];
             ref_bt = block_table + (long long)t * L;
         }
         r.row = ref_row;
@@ -219,7 +219,7 @@ __device__ __forceinline__ void stage_query(const float* __restrict__ q, const f
 // Consumer warpgroup: the MMAs and the epilogue of every tile of [g0, g1).
 __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start, int g0, int g1,
                                            const float* __restrict__ q, const float* __restrict__ w, int H,
-                                           const int* __restrict__ valid_lens, int max_len,
+                                           const int* row_len,
                                            float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
     using namespace score_ws;
     constexpr int kSubTile = score_wgmma::kSubTile;
@@ -274,7 +274,7 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
             t = t < 0 ? 0 : t;
             while (start[t + 1] <= gt) ++t;
             row_end = start[t + 1];
-            n = visible_len(valid_lens, t, max_len);
+            n = row_len[t];
             out = scores + (long long)t * ld;
             stage_query(q, w, H, t, qb, wsm);
             fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
@@ -342,15 +342,22 @@ score_ws_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
     int* start = reinterpret_cast<int*>(smem + WsSmem::kSched);
     // start[r] = tiles of rows before r (its barriers also publish the inits above)
+    // and row_len[r] = its visible length, so that no role waits on valid_lens again
+    int* row_len = reinterpret_cast<int*>(smem + WsSmem::kRowLen);
     const u32 total = tile_starts<score_wgmma::kMaxBalancedRows, kThreads>(
-        T, [&](int row) { return (visible_len(valid_lens, row, max_len) + kTile - 1) / kTile; }, start,
-        reinterpret_cast<u32*>(smem + WsSmem::kScratch));
+        T,
+        [&](int row) {
+            const int n = visible_len(valid_lens, row, max_len);
+            row_len[row] = n;
+            return (n + kTile - 1) / kTile;
+        },
+        start, reinterpret_cast<u32*>(smem + WsSmem::kScratch));
     const long long G = gridDim.x;
     const int g0 = (int)((long long)total * blockIdx.x / G);
     const int g1 = (int)((long long)total * (blockIdx.x + 1) / G);
     if (g0 >= g1) return;
     if (tid >= 128)
-        ws_produce(smem, start, g0, g1, keys_fp4, key_scale, key_gscale, block_table, valid_lens, P, E, e_shift, L);
+        ws_produce(smem, start, g0, g1, keys_fp4, key_scale, key_gscale, block_table, row_len, P, E, e_shift, L);
     else
-        ws_consume(smem, start, g0, g1, q, w, H, valid_lens, max_len, scores, ld, hist);
+        ws_consume(smem, start, g0, g1, q, w, H, row_len, scores, ld, hist);
 }
