@@ -88,8 +88,7 @@ def _heads_instances():
 
 def _mma_instances():
     shapes = [(d, nb) for d in range(32, 257, 32) for nb in (2, 4, 8, 16)]
-    return ([f"{k}<{d}, {nb}>" for d, nb in shapes for k in ("score_mma_kernel", "prep_query_kernel")]
-            + ["prep_query_chunked_kernel<128>"])
+    return [f"{k}<{d}, {nb}>" for d, nb in shapes for k in ("score_mma_kernel", "prep_query_kernel")]
 
 
 #: every template instance, by source file: the table launches and CI draw from

@@ -142,6 +142,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         if use_wgmma:
             _check_alignment("key_scale", key_scale, 16)
         heads = 64 if use_wgmma else 8 * geometry.mma_head_blocks(prob.H)
+    if use_ws:  # the warp-specialised kernel stages each query itself
+        heads = 0
     query_bytes = heads * (prob.D + 8) * 2 + heads * 4
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
@@ -187,12 +189,10 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         score_k = _kernel(source, sl.name, device_id, sl.smem)
         if use_pairs:
             n_seq = i32(cu_seqlens.shape[0] - 1)
-        # the query in the K order of the kernel's decode
-        prep_name = (f"prep_query_chunked_kernel<{prob.D}>" if use_ws
-                     else f"prep_query_kernel<{prob.D}, {heads // 8}>")
-        prep_k = _kernel("score_mma.cu", prep_name, device_id)
-        q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
-        w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
+        if not use_ws:  # the query in the K order of the kernel's decode, by a kernel of its own
+            prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
+            q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
+            w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
         shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
     # only the select this call takes is compiled and looked up
@@ -218,6 +218,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         lens = valid_lens[r0:r1]
         if exact:
             query = (q[r0:r1], w[r0:r1])
+        elif use_ws:  # staged by the scoring kernel itself
+            query = (q[r0:r1], w[r0:r1], i32(prob.H))
         else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
             # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
             prep_k((nr, heads // 16), (256,), (q[r0:r1], w[r0:r1], i32(prob.H), q16, w_scaled))
@@ -233,7 +235,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         else:
             grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
         score_k(grid, sl.block,
-                (query[0], query[1], keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
+                (*query, keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
                  *sched_args, scores_ws, ld, *(() if exact else (0 if row_select else hist,))),
                 shared_mem=sl.smem)
         if score_only:

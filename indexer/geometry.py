@@ -228,8 +228,8 @@ _WS_CTAS_PER_SM = 2  # its __launch_bounds__ (256 threads, 2 CTAs) and shared me
 
 def ws_smem_bytes(D: int = 128) -> int:
     """Shared memory of ``score_ws_kernel<D>`` (kernels/score_ws.cu: WsSmem)."""
-    return (_WS_DEC_STAGES * (TILE_ENTRIES * D * 2 + TILE_ENTRIES * 4 + 2 * 8) + (D // 8) * 1024
-            + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4)
+    return (_WS_DEC_STAGES * (TILE_ENTRIES * D * 2 + TILE_ENTRIES * 4 + 2 * 8) + (D // 8) * 1024 + 64 * 4
+            + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + MAX_BALANCED_ROWS * 4 + 32 * 4)
 
 
 def score_ws_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:

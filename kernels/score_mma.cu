@@ -19,28 +19,21 @@
 #include "fast_common.cuh"
 
 // Query staging, once per call: q[t] (H x D float32) -> fp16 [kHeads][D + 8] in the K order
-// of a decode, each head scaled by a power of two 2^e that brings max |q| into [2^14, 2^15);
-// and w[t, h] * 2^(8 - e) (folding back that power and the 2^-8 of the keys). Two orders:
-//   * kChunked false (the mma.sync and wgmma kernels' register-A decode): K slot kk of k-step
-//     s = 2*wd + hh holds d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where c = (kk % 8) / 2,
-//     j = kk % 2, lohi = kk / 8;
-//   * kChunked true (score_ws.cu's decode into shared memory): slot i holds d = i with bits
-//     0 and 1 swapped (each 8-dim chunk in the order the E4M3 conversion emits it).
-// K slot i of the staged row -> the query dimension it holds (see above)
-template <int kDim, bool kChunked>
+// of the register-A decode of the mma.sync and wgmma kernels, each head scaled by a power
+// of two 2^e that brings max |q| into [2^14, 2^15); and w[t, h] * 2^(8 - e) (folding back
+// that power and the 2^-8 of the keys). K slot kk of k-step s = 2*wd + hh holds
+// d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8.
+// (score_ws.cu stages its own queries, in its own order, with the same arithmetic.)
+template <int kDim>
 __device__ __forceinline__ int prep_slot_dim(int i) {
-    if constexpr (kChunked) {
-        return (i & ~3) | ((i & 1) << 1) | ((i >> 1) & 1);
-    } else {
-        const int ks = i / 16, kk = i % 16;
-        const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, jj = kk % 2, lohi = kk / 8;
-        return c * (kDim / 4) + 8 * wd + 4 * hh + 2 * jj + lohi;
-    }
+    const int ks = i / 16, kk = i % 16;
+    const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, jj = kk % 2, lohi = kk / 8;
+    return c * (kDim / 4) + 8 * wd + 4 * hh + 2 * jj + lohi;
 }
 
 constexpr int kPrepHeadsPerWarp = 2;  // the launcher's grid: (T, kHeads / (8 * kPrepHeadsPerWarp))
 
-template <int kDim, int kNBlocks, bool kChunked>
+template <int kDim, int kNBlocks>
 __device__ __forceinline__ void prep_query_row(const float* __restrict__ q, const float* __restrict__ w, int H,
                                                unsigned short* __restrict__ q16, float* __restrict__ w_scaled) {
     // grid (T, kHeads / 16), 8 warps of two heads each. Both heads' loads are in flight
@@ -81,8 +74,8 @@ __device__ __forceinline__ void prep_query_row(const float* __restrict__ q, cons
         for (int pr = lane; pr < kRowHalves / 2; pr += 32) {
             unsigned short lo = 0, hi = 0;
             if (2 * pr < kDim) {
-                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(ldexpf(row_s[warp][prep_slot_dim<kDim, kChunked>(2 * pr)], e)));
-                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(ldexpf(row_s[warp][prep_slot_dim<kDim, kChunked>(2 * pr + 1)], e)));
+                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(ldexpf(row_s[warp][prep_slot_dim<kDim>(2 * pr)], e)));
+                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(ldexpf(row_s[warp][prep_slot_dim<kDim>(2 * pr + 1)], e)));
             }
             out[pr] = (u32)lo | ((u32)hi << 16);
         }
@@ -96,18 +89,9 @@ prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int 
                   unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8]
                   float* __restrict__ w_scaled)      // [T, kHeads]
 {
-    prep_query_row<kDim, kNBlocks, false>(q, w, H, q16, w_scaled);
+    prep_query_row<kDim, kNBlocks>(q, w, H, q16, w_scaled);
 }
 
-// the same for score_ws.cu: 64 heads, the chunked K order
-template <int kDim>
-__global__ void __launch_bounds__(256)
-prep_query_chunked_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
-                          unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
-                          float* __restrict__ w_scaled)      // [T, 64]
-{
-    prep_query_row<kDim, 8, true>(q, w, H, q16, w_scaled);
-}
 
 // kDim: head dim (multiple of 32). kNBlocks: 8-head column blocks (even; heads padded).
 template <int kDim, int kNBlocks>

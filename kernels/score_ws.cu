@@ -18,7 +18,7 @@
 // CTAs of an SM overlap one's epilogue with the other's MMAs.
 // K order: slot 8*kc + i of k-chunk kc holds dim 8*kc + (i with bits 0 and 1 swapped): the
 // order in which the E4M3 conversion emits the eight codes of a 32-bit word (see
-// e2m1x8_to_f16x2_cvt); prep_query_chunked_kernel stages the query in the same order.
+// e2m1x8_to_f16x2_cvt); the consumer stages the query in the same order (stage_query).
 // Output: score_wgmma.cu's (scores of every entry of each touched tile, histogram of the
 // keys' top 11 bits of the visible ones), the same fp16 products summed in another K order.
 #include "wgmma_common.cuh"
@@ -38,12 +38,14 @@ constexpr int kHistBins = score_mma::kHistBins;
 struct WsSmem {
     static constexpr int kDec = 0;                                                     // [kDecStages][32 KB]
     static constexpr int kQuery = kDec + score_ws::kDecStages * score_ws::kDecBytes;   // B: [16][8][8 heads][16 B]
-    static constexpr int kDecGs = kQuery + (score_ws::kDim / 8) * score_ws::kQLbo;     // float[kDecStages][128]
+    static constexpr int kW = kQuery + (score_ws::kDim / 8) * score_ws::kQLbo;         // float[64]: scaled weights
+    static constexpr int kDecGs = kW + 64 * 4;                                         // float[kDecStages][128]
     static constexpr int kFull = kDecGs + score_ws::kDecStages * score_ws::kTile * 4;
     static constexpr int kEmpty = kFull + score_ws::kDecStages * 8;
     static constexpr int kHist = kEmpty + score_ws::kDecStages * 8;                    // u32[kHistBins]
     static constexpr int kSched = kHist + score_ws::kHistBins * 4;                     // int[kMaxBalancedRows + 1]
-    static constexpr int kScratch = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;  // u32[32]
+    static constexpr int kRowLen = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;   // int[kMaxBalancedRows]
+    static constexpr int kScratch = kRowLen + score_wgmma::kMaxBalancedRows * 4;       // u32[32]
     static constexpr int kBytes = kScratch + 32 * 4;
     static_assert(kQuery % 128 == 0 && kFull % 8 == 0, "operand and barrier alignment");
 };
@@ -66,14 +68,13 @@ struct WsLoads {
 __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start, int g0, int g1,
                                            const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale,
                                            const float* __restrict__ key_gscale, const int* __restrict__ block_table,
-                                           const int* __restrict__ valid_lens, int P, int E, int e_shift, int L) {
+                                           const int* row_len, int P, int E, int e_shift, int L) {
     using namespace score_ws;
     constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
     const int p = threadIdx.x - 128, lane = p & 31, pw = p >> 5;
     u64* full = reinterpret_cast<u64*>(smem + WsSmem::kFull);
     u64* empty = reinterpret_cast<u64*>(smem + WsSmem::kEmpty);
     float* dec_gs = reinterpret_cast<float*>(smem + WsSmem::kDecGs);
-    const int max_len = L * E;
     // My units of a tile: the 16-byte code chunk q (dims 32q .. 32q + 31) of entries
     // entry(i) = 8 * (pw + 4i) + (lane & 7), i = 0..3. Each quarter-warp covers 8 consecutive
     // entries, two lanes per chunk: its global loads are 512 contiguous bytes a warp (within
@@ -96,7 +97,7 @@ __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start
             ref_row = t;
             ref_begin = start[t];
             ref_end = start[t + 1];
-            ref_n = visible_len(valid_lens, t, max_len);
+            ref_n = row_len[t];
             ref_bt = block_table + (long long)t * L;
         }
         r.row = ref_row;
@@ -174,13 +175,53 @@ __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start
     }
 }
 
+// The query of row t as the wgmma B operand, by the consumer's 128 threads: thread i takes
+// dims 64 * (i & 1) .. + 63 of head i / 2, scales the head by the power of two 2^e that
+// brings max |q| into [2^14, 2^15), rounds to fp16 and stores it in the chunked K order
+// (slot 8kc + j holds dim 8kc + j with bits 0 and 1 swapped) in the core-matrix layout
+// (heads as N: 8 heads x 16 bytes a core matrix, kQLbo bytes between K chunks); the head's
+// weight times 2^(8 - e) goes to wsm. The arithmetic of prep_query_kernel, done once per
+// row a CTA meets instead of by a kernel of its own.
+__device__ __forceinline__ void stage_query(const float* __restrict__ q, const float* __restrict__ w, int H, int t,
+                                            unsigned char* qb, float* wsm) {
+    using namespace score_ws;
+    const int tid = threadIdx.x, h = tid >> 1, half = tid & 1;
+    float4 v[kDim / 8];  // my 64 dims
+    const float4* src = reinterpret_cast<const float4*>(q + ((long long)t * H + h) * kDim + 64 * half);
+#pragma unroll
+    for (int f = 0; f < kDim / 8; ++f) v[f] = h < H ? src[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float amax = 0.0f;
+#pragma unroll
+    for (int f = 0; f < kDim / 8; ++f)
+        amax = fmaxf(fmaxf(amax, fmaxf(fabsf(v[f].x), fabsf(v[f].y))), fmaxf(fabsf(v[f].z), fabsf(v[f].w)));
+    amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));  // the head's other half
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.402823466e38f) {
+        int ex;
+        frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+        e = 15 - ex;
+    }
+    auto half_bits = [&](float x) {
+        unsigned short hx;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hx) : "f"(ldexpf(x, e)));
+        return (u32)hx;
+    };
+#pragma unroll
+    for (int f = 0; f < kDim / 8; ++f) {
+        const int d0 = 64 * half + 4 * f;  // dims d0 .. d0 + 3 fill slots d0, d0 + 2, d0 + 1, d0 + 3
+        const uint2 pair = make_uint2(half_bits(v[f].x) | (half_bits(v[f].z) << 16),
+                                      half_bits(v[f].y) | (half_bits(v[f].w) << 16));
+        *reinterpret_cast<uint2*>(qb + (d0 / 8) * kQLbo + (h / 8) * 128 + (h % 8) * 16 + (d0 % 8) * 2) = pair;
+    }
+    if (half == 0) wsm[h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
+}
+
 // Consumer warpgroup: the MMAs and the epilogue of every tile of [g0, g1).
 __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start, int g0, int g1,
-                                           const unsigned short* __restrict__ q16, const float* __restrict__ w_scaled,
-                                           const int* __restrict__ valid_lens, int max_len,
+                                           const float* __restrict__ q, const float* __restrict__ w, int H,
+                                           const int* row_len,
                                            float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
     using namespace score_ws;
-    constexpr int kRowHalves = kDim + 8;
     constexpr int kSubTile = score_wgmma::kSubTile;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -188,6 +229,7 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
     u64* empty = reinterpret_cast<u64*>(smem + WsSmem::kEmpty);
     const float* dec_gs = reinterpret_cast<const float*>(smem + WsSmem::kDecGs);
     unsigned char* qb = smem + WsSmem::kQuery;
+    float* wsm = reinterpret_cast<float*>(smem + WsSmem::kW);
     u32* hist_s = reinterpret_cast<u32*>(smem + WsSmem::kHist);
     const bool count_keys = hist != nullptr;
     const u64 desc_q = wgmma_desc(qb, kQLbo, 128);
@@ -232,20 +274,13 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
             t = t < 0 ? 0 : t;
             while (start[t + 1] <= gt) ++t;
             row_end = start[t + 1];
-            n = visible_len(valid_lens, t, max_len);
+            n = row_len[t];
             out = scores + (long long)t * ld;
-            const unsigned short* qsrc = q16 + (long long)t * score_wgmma::kHeads * kRowHalves;
-            for (int i = tid; i < score_wgmma::kHeads * (kDim / 8); i += 128) {
-                const int h = i / (kDim / 8), kc = i % (kDim / 8);
-                cp_async_16(qb + kc * kQLbo + (h / 8) * 128 + (h % 8) * 16, qsrc + h * kRowHalves + kc * 8, true);
-            }
-            cp_async_commit();
-            const float* wrow = w_scaled + (long long)t * score_wgmma::kHeads;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) wpair[j] = *reinterpret_cast<const float2*>(wrow + 8 * j + 2 * c);
-            cp_async_wait<0>();
+            stage_query(q, w, H, t, qb, wsm);
             fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
             named_barrier(kConsumerBarrier, 128);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) wpair[j] = *reinterpret_cast<const float2*>(wsm + 8 * j + 2 * c);
         }
         const int tile_start = (gt - start[t]) * kTile;
         mbar_wait(full + s, (u32)(k / kDecStages) & 1u);
@@ -280,8 +315,9 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
 // T <= kMaxBalancedRows; keys_fp4 16-byte and key_scale 2-byte aligned.
 template <int kDim>
 __global__ void __launch_bounds__(score_ws::kThreads, 2)
-score_ws_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] from prep_query_chunked_kernel<kDim>
-                const float* __restrict__ w_scaled,      // [T, 64]
+score_ws_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged here, no prep kernel
+                const float* __restrict__ w,             // [T, H]
+                int H,                                   // H <= 64
                 const u8* __restrict__ keys_fp4,         // [P, E, D/2]
                 const u8* __restrict__ key_scale,        // [P, E, D/16]
                 const float* __restrict__ key_gscale,    // [P]
@@ -306,15 +342,22 @@ score_ws_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
     int* start = reinterpret_cast<int*>(smem + WsSmem::kSched);
     // start[r] = tiles of rows before r (its barriers also publish the inits above)
+    // and row_len[r] = its visible length, so that no role waits on valid_lens again
+    int* row_len = reinterpret_cast<int*>(smem + WsSmem::kRowLen);
     const u32 total = tile_starts<score_wgmma::kMaxBalancedRows, kThreads>(
-        T, [&](int row) { return (visible_len(valid_lens, row, max_len) + kTile - 1) / kTile; }, start,
-        reinterpret_cast<u32*>(smem + WsSmem::kScratch));
+        T,
+        [&](int row) {
+            const int n = visible_len(valid_lens, row, max_len);
+            row_len[row] = n;
+            return (n + kTile - 1) / kTile;
+        },
+        start, reinterpret_cast<u32*>(smem + WsSmem::kScratch));
     const long long G = gridDim.x;
     const int g0 = (int)((long long)total * blockIdx.x / G);
     const int g1 = (int)((long long)total * (blockIdx.x + 1) / G);
     if (g0 >= g1) return;
     if (tid >= 128)
-        ws_produce(smem, start, g0, g1, keys_fp4, key_scale, key_gscale, block_table, valid_lens, P, E, e_shift, L);
+        ws_produce(smem, start, g0, g1, keys_fp4, key_scale, key_gscale, block_table, row_len, P, E, e_shift, L);
     else
-        ws_consume(smem, start, g0, g1, q16, w_scaled, valid_lens, max_len, scores, ld, hist);
+        ws_consume(smem, start, g0, g1, q, w, H, row_len, scores, ld, hist);
 }
