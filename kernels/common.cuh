@@ -129,7 +129,9 @@ __device__ __forceinline__ void bitonic_exchange(u64* a, u32 q, u32 j, u32 k) {
     const u32 i = ((q & ~(j - 1u)) << 1) | (q & (j - 1u)), p = i | j;
     const u32 si = sort_slot(i), sp = sort_slot(p);
     const u64 x = a[si], y = a[sp];
-    if (((i & k) == 0u) ? (x < y) : (x > y)) {
+    // keys are distinct but for zero padding (equal: swapping changes nothing), so one
+    // comparison against the direction decides (two 32-bit compares, not four)
+    if ((x < y) == ((i & k) == 0u)) {
         a[si] = y;
         a[sp] = x;
     }
@@ -166,14 +168,18 @@ __device__ __forceinline__ void bitonic_sort_desc_regs(u64* a, u32 size) {
             }
         }
         if (!active) continue;
-        for (; j >= (u32)kPer; j >>= 1) {  // across lanes: the partner holds the same slot i
-            const u32 m = j / kPer;
-            const bool lower = (lane & m) == 0u;
+        // across lanes: the partner holds the same slot i. Distances 16*kPer .. kPer, those
+        // at most k/2 (unrolled: no loop counter, no register moves between stages)
+#pragma unroll
+        for (int mm = 16; mm >= 1; mm >>= 1) {
+            if ((u32)mm * kPer > (k >> 1)) continue;  // the same in every thread
+            const bool lower = (lane & (u32)mm) == 0u;
 #pragma unroll
             for (int i = 0; i < kPer; ++i) {
-                const u64 y = __shfl_xor_sync(FULL_MASK, x[i], m);
+                const u64 y = __shfl_xor_sync(FULL_MASK, x[i], mm);
                 const bool keep_larger = lower == (((base + i) & k) == 0u);
-                x[i] = keep_larger ? (x[i] > y ? x[i] : y) : (x[i] < y ? x[i] : y);
+                // distinct keys but for zero padding (equal: either is the same bits)
+                x[i] = (y > x[i]) == keep_larger ? y : x[i];
             }
         }
 #pragma unroll
@@ -184,7 +190,7 @@ __device__ __forceinline__ void bitonic_sort_desc_regs(u64* a, u32 size) {
                 if (i & jj) continue;
                 const bool desc = ((base + i) & k) == 0u;
                 const u64 lo = x[i], hi = x[i | jj];
-                const bool swap = desc ? lo < hi : lo > hi;
+                const bool swap = (lo < hi) == desc;  // equal keys: swapping changes nothing
                 x[i] = swap ? hi : lo;
                 x[i | jj] = swap ? lo : hi;
             }
