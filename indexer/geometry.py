@@ -15,7 +15,8 @@ TILE_ENTRIES = 128
 #: per-row candidate buffer of the multi-CTA select (kernels/select_fast.cu: kCap)
 CANDIDATE_CAP = 8192
 #: rows with at most this many candidates are ranked by topk_rank_kernel, RANK_GROUP per CTA
-#: (kernels/select_fast.cu: kRankMax, kRankGroup); rows with more are sorted by topk_final_kernel
+#: (kernels/select_fast.cu: kRankMax, kRankGroup); a row with more is selected from its scores
+#: by its first rank CTA (the one-CTA radix select), so runs that rank launch no sort kernel
 RANK_MAX = 4096
 RANK_GROUP = 64
 
