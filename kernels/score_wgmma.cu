@@ -100,8 +100,10 @@ __device__ __forceinline__ void score_segment(
             const int h = i / (kDim / 8), kc = i % (kDim / 8);
             cp_async_16(qb + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16, qsrc + h * kRowHalves + kc * 8, true);
         }
+        // the weights by 16-byte asynchronous copies too: a plain load would hold this thread
+        // (and the first tiles' copies in keys.start) for a global round trip
+        if (tid < kHeads / 4) cp_async_16(wsm + 4 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
         cp_async_commit();
-        for (int h = tid; h < kHeads; h += kThreads) wsm[h] = w_scaled[(long long)t * kHeads + h];
     }
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
     keys.start(tid);
@@ -327,7 +329,8 @@ __device__ __forceinline__ void score_pair_segment(
             const int h = i / (kDim / 8), kc = i % (kDim / 8);
             cp_async_16(qb + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16, qsrc + h * kRowHalves + kc * 8, true);
         }
-        for (int h = tid; h < kHeads; h += kThreads) (qi ? w1 : w0)[h] = w_scaled[(long long)t * kHeads + h];
+        // weights by asynchronous copies (a plain load would hold keys.start for a round trip)
+        if (tid < kHeads / 4) cp_async_16((qi ? w1 : w0) + 4 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
     }
     cp_async_commit();
     if (hist)  // no histograms when one CTA per row selects (prefill's short rows)

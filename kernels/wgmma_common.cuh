@@ -187,8 +187,8 @@ struct BulkRing {
             mbar_arrive(bar);
             return;
         }
-        meta_gs[slot * score_wgmma::kTile + tid] = g;
         if (b < 0) {
+            meta_gs[slot * score_wgmma::kTile + tid] = g;
             mbar_arrive(bar);
             return;
         }
@@ -200,6 +200,11 @@ struct BulkRing {
         mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
         bulk_copy_g2s(st + tid * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
         bulk_copy_g2s(st + kScaleOffset + tid * scale_bytes, key_scale + ent * kScaleBytes, scale_bytes, bar);
+        // The global scale is stored after the copies are on their way: at a segment's start
+        // g is a load that depends on b, and waiting for it first would delay the tile by a
+        // round trip. Readers see it: they read the stage only after the __syncthreads of the
+        // begin_tile that waits for it, which this thread reaches after this store.
+        meta_gs[slot * score_wgmma::kTile + tid] = g;
     }
 
     // Before the loop (after the caller's barrier that retired the previous segment):
