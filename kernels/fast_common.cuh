@@ -137,6 +137,26 @@ __device__ __forceinline__ u32 splat_hi(u32 v) { return prmt(v, v, 0x3232u); }
 
 __device__ __forceinline__ float relu_nan(float x) { return max_keep_nan(x, 0.0f); }
 
+// The query's per-head power-of-two scale (prep_query_kernel and the warp-specialised
+// kernel's own staging share it, so both stage the same fp16 values): e such that the
+// head's largest |q| times 2^e lies in [2^14, 2^15), 0 for an all-zero or non-finite head.
+__device__ __forceinline__ int query_scale_exponent(float amax) {
+    int e = 0;
+    if (amax > 0.0f && amax <= 3.402823466e38f) {
+        int ex;
+        frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+        e = 15 - ex;
+    }
+    return e;
+}
+
+// x * 2^e rounded to fp16 (bits)
+__device__ __forceinline__ unsigned short scaled_half_bits(float x, int e) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(ldexpf(x, e)));
+    return h;
+}
+
 // ---------------------------------------------------------------------------
 // KeyRing: the key stream of one CTA of kTileEntries (128) threads over the tiles
 // first_tile, first_tile + 1, ... of one query row.

@@ -59,12 +59,7 @@ __device__ __forceinline__ void prep_query_row(const float* __restrict__ q, cons
         for (int j = 0; j < kPer; ++j) amax = fmaxf(amax, fabsf(v[k][j]));
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-        int e = 0;
-        if (amax > 0.0f && amax <= 3.402823466e38f) {
-            int ex;
-            frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
-            e = 15 - ex;
-        }
+        const int e = query_scale_exponent(amax);
         __syncwarp();  // the last head's reads of row_s are done
 #pragma unroll
         for (int j = 0; j < kPer; ++j) row_s[warp][lane + 32 * j] = v[k][j];
@@ -74,8 +69,8 @@ __device__ __forceinline__ void prep_query_row(const float* __restrict__ q, cons
         for (int pr = lane; pr < kRowHalves / 2; pr += 32) {
             unsigned short lo = 0, hi = 0;
             if (2 * pr < kDim) {
-                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(lo) : "f"(ldexpf(row_s[warp][prep_slot_dim<kDim>(2 * pr)], e)));
-                asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hi) : "f"(ldexpf(row_s[warp][prep_slot_dim<kDim>(2 * pr + 1)], e)));
+                lo = scaled_half_bits(row_s[warp][prep_slot_dim<kDim>(2 * pr)], e);
+                hi = scaled_half_bits(row_s[warp][prep_slot_dim<kDim>(2 * pr + 1)], e);
             }
             out[pr] = (u32)lo | ((u32)hi << 16);
         }

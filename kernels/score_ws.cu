@@ -195,17 +195,8 @@ __device__ __forceinline__ void stage_query(const float* __restrict__ q, const f
     for (int f = 0; f < kDim / 8; ++f)
         amax = fmaxf(fmaxf(amax, fmaxf(fabsf(v[f].x), fabsf(v[f].y))), fmaxf(fabsf(v[f].z), fabsf(v[f].w)));
     amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));  // the head's other half
-    int e = 0;
-    if (amax > 0.0f && amax <= 3.402823466e38f) {
-        int ex;
-        frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
-        e = 15 - ex;
-    }
-    auto half_bits = [&](float x) {
-        unsigned short hx;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hx) : "f"(ldexpf(x, e)));
-        return (u32)hx;
-    };
+    const int e = query_scale_exponent(amax);  // prep_query_kernel's scale and rounding
+    auto half_bits = [&](float x) { return (u32)scaled_half_bits(x, e); };
 #pragma unroll
     for (int f = 0; f < kDim / 8; ++f) {
         const int d0 = 64 * half + 4 * f;  // dims d0 .. d0 + 3 fill slots d0, d0 + 2, d0 + 1, d0 + 3
