@@ -15,18 +15,20 @@ TILE_ENTRIES = 128
 #: per-row candidate buffer of the multi-CTA select (kernels/select_fast.cu: kCap)
 CANDIDATE_CAP = 8192
 #: rows with at most this many candidates are ranked by topk_rank_kernel, RANK_GROUP per CTA
-#: (kernels/select_fast.cu: kRankMax, kRankGroup); a row with more is selected from its scores
+#: (kernels/select_fast.cu: kRankMax; RANK_GROUP is its 256 threads, one candidate each);
+#: a row with more is selected from its scores
 #: by its first rank CTA (the one-CTA radix select), so runs that rank launch no sort kernel
 RANK_MAX = 4096
-RANK_GROUP = 64
+RANK_GROUP = 256
 
 
 def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
-    """Whether a run's candidates are ranked (topk_rank_kernel: O(count^2) compares spread
-    over many CTAs per row) rather than sorted (one CTA per row): when the rank grid fits in
-    about one wave (8 CTAs per SM). Measured on the H200: 1 row of 262,144 entries, ranks
-    6 us vs a sort 17 us; 32 rows, 23 vs 31 us; 128 rows of 32,768, 18.5 vs 12 us."""
-    return rows * rank_ctas_per_row(top_k) <= 8 * (dev or H200).sm_count
+    """Whether a run's candidates are ranked (topk_rank_kernel: several CTAs per row, each
+    candidate compared within its fine key bin) rather than sorted (one CTA per row): when
+    the run's expected candidates (2 x top_k a row) are at most 512 per SM. Measured on the
+    H200 with the earlier all-pairs rank kernel: 1 row of 262,144 entries, ranks 6 us vs a
+    sort 17 us; 32 rows, 23 vs 31 us; 128 rows of 32,768, 18.5 vs 12 us."""
+    return rows * 2 * top_k <= 512 * (dev or H200).sm_count
 
 
 def rank_ctas_per_row(top_k: int) -> int:

@@ -10,8 +10,9 @@
 //   3. the candidates ordered by (score descending, index ascending) give the answer. Every
 //      entry tying with the k-th best is a candidate, so the tie rule holds exactly.
 //      topk_rank_kernel (runs of few rows): each candidate's output slot is its rank among
-//      the row's candidates, counted by many CTAs per row (a row with more than kRankMax
-//      candidates: the single-CTA radix select over its scores); topk_final_kernel (runs of
+//      the row's candidates, counted within its fine key bin by one of several CTAs per
+//      row (a row with more than kRankMax candidates: the single-CTA radix select over its
+//      scores); topk_final_kernel (runs of
 //      many rows): one CTA per row, a bitonic sort of the candidates, or, where they
 //      overflowed the buffer, the single-CTA radix select over the full score row.
 // Candidate order in the buffer depends on atomics; ranks and the sort make the output
@@ -23,7 +24,7 @@ namespace select_fast {
 constexpr int kBins = 2048;       // top 11 bits of a key
 constexpr int kBinShift = 21;
 constexpr int kRankMax = 4096;    // rows with more candidates are selected from their scores
-constexpr int kRankGroup = 64;    // candidates ranked by one CTA of topk_rank_kernel (2 per lane)
+constexpr int kRankBins = 1024;   // fine key bins of a row's candidates in topk_rank_kernel
 }  // namespace select_fast
 
 // Entry j of this thread's kPer entries of a chunk starting at `start`: runs of 4, so that
@@ -166,30 +167,39 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     }
 }
 
-// grid (rows, G), kThreads threads: CTA y ranks groups y, y + G, ... of 64 candidates of
-// its row (group g: candidates [64g, 64g + 64), lane l holding two of them); warp w counts
-// how many of the row's candidates order before them among its 1/kWarps share, the CTA adds
-// the shares up. G is sized from top_k (candidates are typically 1-2 x top_k): most CTAs
-// have one or two groups, and few find none (an idle CTA still costs a launch slot).
-// Keys are unique (the index is part of them), so the ranks are a permutation and slot
-// rank < top_k of the output gets the candidate. O(count^2) compares, but spread over
-// count / 64 CTAs: for decode's ~1,000-2,000 candidates per row this beats one CTA sorting
-// them. CTA 0 of a row writes the -1 / -inf padding. A row with more than kRankMax
-// candidates (a plateau of ties at the k-th key, never seen on random rows) is taken whole
-// by its CTA 0 with the exact radix select over its scores (select_row.cuh), so a run that
-// ranks needs no topk_final_kernel launch.
+// grid (rows, G), kThreads threads: the CTAs of a row rank its candidates, CTA y those at
+// buffer positions [kThreads * g, kThreads * (g + 1)) for g = y, y + G, ... (one a thread).
+// Every CTA first lays all of the row's candidates out in shared memory by fine key bin:
+// the keys' span [kmin, kmax] cut into at most kRankBins power-of-two-wide bins
+// ((key >> s) - (kmin >> s), the top one clamped), a count, a scan from the highest bin
+// down, a scatter of buffer positions. A candidate's rank is where its bin starts plus the
+// candidates of its own bin that order before it: on rows of distinct scores a bin holds a
+// few candidates, where comparing every pair (the 11-bit histogram bins are too coarse:
+// decode's ~1,500 candidates of a row fall into 2-3 of them) cost O(count^2). Equal keys
+// share a bin at any width: a plateau of m ties costs m compares a candidate (m <=
+// kRankMax). Keys are unique (the index is part of them), so the ranks are a permutation
+// and slot rank < top_k of the output gets the candidate, whatever order the atomics give
+// inside a bin; every CTA ranks by buffer position, the same in all of them, so each
+// candidate is ranked exactly once. CTA 0 of a row writes the -1 / -inf padding. A row with
+// more than kRankMax candidates (a plateau of ties at the k-th key, never seen on random
+// rows) is taken whole by its CTA 0 with the exact radix select over its scores
+// (select_row.cuh), so a run that ranks needs no topk_final_kernel launch.
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads, 6)  // 6 CTAs per SM (its shared memory allows 6): at most 40 registers
+__global__ void __launch_bounds__(kThreads, 4)  // 4 CTAs per SM (47 KB of shared memory each)
 topk_rank_kernel(const float* __restrict__ scores, long long ld,
                  const int* __restrict__ valid_lens, int max_len, const u32* __restrict__ count,
                  const u64* __restrict__ cand, int cap, int top_k, const int* __restrict__ block_table, int L, int E,
                  int num_blocks, int physical, int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
     using namespace select_fast;
-    constexpr int kWarps = kThreads / 32;
-    __shared__ u64 c[kRankMax];
-    __shared__ u32 partial[kWarps][kRankGroup];
-    const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr int kPer = kRankBins / kThreads;
+    static_assert(kPer * kThreads == kRankBins, "whole bins a thread");
+    __shared__ u64 c[kRankMax];                    // the row's candidates in buffer order
+    __shared__ unsigned short by_bin[kRankMax];    // their positions in c, highest bin first
+    __shared__ u32 bin_pos[kRankBins];             // per bin: count, then first slot, then end
+    __shared__ u32 scratch[32];
+    __shared__ u32 s_min, s_max;
+    const int row = blockIdx.x, tid = threadIdx.x;
     const int n = visible_len(valid_lens, row, max_len);
     const u32 cnt = n > 0 ? count[row] : 0u;
     const int* bt_row = block_table + (long long)row * L;
@@ -204,38 +214,70 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
     const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
     if (blockIdx.y == 0)
         for (int i = (int)m + tid; i < top_k; i += kThreads) write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, oi, os);
-    if (blockIdx.y * kRankGroup >= cnt) return;
+    if (blockIdx.y * kThreads >= cnt) return;
+    if (tid == 0) {
+        s_min = ~0u;
+        s_max = 0u;
+    }
+    for (int i = tid; i < kRankBins; i += kThreads) bin_pos[i] = 0u;
+    __syncthreads();
+    // ---- the candidates into shared memory, and their key span
     const u64* src = cand + (long long)row * cap;
+    u32 kmin = ~0u, kmax = 0u;
     for (u32 base = 0; base < cnt; base += 4 * kThreads) {  // 4 loads in flight per thread
         u64 x[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) x[q] = src[min(base + q * kThreads + tid, cnt - 1u)];
+        for (int q = 0; q < 4; ++q) x[q] = src[min(base + q * kThreads + tid, cnt - 1u)];  // a real candidate either way
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
+        for (int q = 0; q < 4; ++q) {
+            kmin = min(kmin, candidate_key(x[q]));
+            kmax = max(kmax, candidate_key(x[q]));
             if (base + q * kThreads + tid < cnt) c[base + q * kThreads + tid] = x[q];
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        kmin = min(kmin, __shfl_xor_sync(FULL_MASK, kmin, off));
+        kmax = max(kmax, __shfl_xor_sync(FULL_MASK, kmax, off));
+    }
+    if ((tid & 31) == 0) {
+        atomicMin(&s_min, kmin);
+        atomicMax(&s_max, kmax);
     }
     __syncthreads();
-    const u32 j0 = (u32)((u64)warp * cnt / kWarps), j1 = (u32)((u64)(warp + 1) * cnt / kWarps);
-    for (u32 first = blockIdx.y * kRankGroup; first < cnt; first += gridDim.y * kRankGroup) {  // same in every thread
-        const u32 me0 = first + lane, me1 = first + 32 + lane;
-        const u64 mine0 = me0 < cnt ? c[me0] : ~0ull, mine1 = me1 < cnt ? c[me1] : ~0ull;
-        u32 before0 = 0u, before1 = 0u;
-        for (u32 j = j0; j < j1; ++j) {  // the same address in every lane: a broadcast
-            const u64 x = c[j];
-            before0 += x > mine0;
-            before1 += x > mine1;
-        }
-        partial[warp][lane] = before0;
-        partial[warp][32 + lane] = before1;
-        __syncthreads();
-        if (tid < kRankGroup) {
-            u32 rank = 0u;
+    const u32 lo = s_min;
+    const int shift = max(0, (32 - __clz((int)(s_max - lo))) - 10);  // span >> shift < kRankBins
+    auto bin_of = [&](u64 x) { return min((candidate_key(x) >> shift) - (lo >> shift), (u32)(kRankBins - 1)); };
+    // ---- count, scan (from the highest bin down: thread tid owns bins
+    // kRankBins-1-kPer*tid .. kRankBins-kPer*(tid+1)), scatter
+    for (u32 i = tid; i < cnt; i += kThreads) atomicAdd(&bin_pos[bin_of(c[i])], 1u);
+    __syncthreads();
+    {
+        u32 own[kPer], sum = 0u;
 #pragma unroll
-            for (int w = 0; w < kWarps; ++w) rank += partial[w][tid];
-            const u32 me = first + tid;
-            if (me < cnt && rank < (u32)top_k) write_slot(rank, c[me], true, bt_row, E, num_blocks, physical, oi, os);
+        for (int j = 0; j < kPer; ++j) {
+            own[j] = bin_pos[kRankBins - 1 - (kPer * tid + j)];
+            sum += own[j];
         }
-        __syncthreads();  // partial is rewritten by the next group
+        u32 total;
+        u32 pos = block_exclusive_scan<kThreads>(sum, scratch, &total);  // ends with a barrier
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            bin_pos[kRankBins - 1 - (kPer * tid + j)] = pos;
+            pos += own[j];
+        }
+    }
+    __syncthreads();
+    for (u32 i = tid; i < cnt; i += kThreads) by_bin[atomicAdd(&bin_pos[bin_of(c[i])], 1u)] = (unsigned short)i;
+    __syncthreads();
+    // ---- ranks: bin b holds by_bin[bin_pos[b + 1] .. bin_pos[b]) (from 0 for the top bin)
+    for (u32 me = blockIdx.y * kThreads + tid; me < cnt; me += gridDim.y * kThreads) {
+        const u64 mine = c[me];
+        const u32 b = bin_of(mine);
+        const u32 first = b + 1u < (u32)kRankBins ? bin_pos[b + 1] : 0u, last = bin_pos[b];
+        u32 rank = first;  // every candidate of a higher bin orders before it
+        for (u32 j = first; j < last; ++j) rank += c[by_bin[j]] > mine;
+        if (rank < (u32)top_k) write_slot(rank, mine, true, bt_row, E, num_blocks, physical, oi, os);
     }
 }
 
