@@ -175,36 +175,45 @@ __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start
     }
 }
 
-// The query of row t as the wgmma B operand, by the consumer's 128 threads: thread i takes
-// dims 64 * (i & 1) .. + 63 of head i / 2, scales the head by the power of two 2^e that
-// brings max |q| into [2^14, 2^15), rounds to fp16 and stores it in the chunked K order
-// (slot 8kc + j holds dim 8kc + j with bits 0 and 1 swapped) in the core-matrix layout
-// (heads as N: 8 heads x 16 bytes a core matrix, kQLbo bytes between K chunks); the head's
-// weight times 2^(8 - e) goes to wsm. The arithmetic of prep_query_kernel, done once per
-// row a CTA meets instead of by a kernel of its own.
+// The query of row t as the wgmma B operand, by the consumer's 128 threads: warp wp takes
+// heads wp, wp + 4, ..., lane l dims 4l .. 4l + 3 of each (one 512-byte line run per load
+// instruction: every 32-byte sector fetched once, where a thread reading a head's 256
+// contiguous bytes made each sector two requests from all CTAs at once), scales the head
+// by the power of two 2^e that brings max |q| into [2^14, 2^15) (a warp maximum), rounds to
+// fp16 and stores it in the chunked K order (slot 8kc + j holds dim 8kc + j with bits 0 and
+// 1 swapped) in the core-matrix layout (heads as N: 8 heads x 16 bytes a core matrix, kQLbo
+// bytes between K chunks); the head's weight times 2^(8 - e) goes to wsm. The arithmetic of
+// prep_query_kernel, done once per row a CTA meets instead of by a kernel of its own.
 __device__ __forceinline__ void stage_query(const float* __restrict__ q, const float* __restrict__ w, int H, int t,
                                             unsigned char* qb, float* wsm) {
     using namespace score_ws;
-    const int tid = threadIdx.x, h = tid >> 1, half = tid & 1;
-    float4 v[kDim / 8];  // my 64 dims
-    const float4* src = reinterpret_cast<const float4*>(q + ((long long)t * H + h) * kDim + 64 * half);
+    constexpr int kHeadsPerWarp = 16;  // 64 heads over the consumer's 4 warps
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    float4 v[kHeadsPerWarp];
 #pragma unroll
-    for (int f = 0; f < kDim / 8; ++f) v[f] = h < H ? src[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float amax = 0.0f;
+    for (int j = 0; j < kHeadsPerWarp; ++j) {
+        const int h = wp + 4 * j;
+        v[j] = h < H ? reinterpret_cast<const float4*>(q + ((long long)t * H + h) * kDim)[lane]
+                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    const int hw = wp + 4 * (lane & 15);  // the head whose weight this lane loads
+    const float wv = lane < kHeadsPerWarp && hw < H ? w[(long long)t * H + hw] : 0.0f;
+    int e_mine = 0;
+    const int d0 = 4 * lane;  // my dims d0 .. d0 + 3 fill slots d0, d0 + 2, d0 + 1, d0 + 3
 #pragma unroll
-    for (int f = 0; f < kDim / 8; ++f)
-        amax = fmaxf(fmaxf(amax, fmaxf(fabsf(v[f].x), fabsf(v[f].y))), fmaxf(fabsf(v[f].z), fabsf(v[f].w)));
-    amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));  // the head's other half
-    const int e = query_scale_exponent(amax);  // prep_query_kernel's scale and rounding
-    auto half_bits = [&](float x) { return (u32)scaled_half_bits(x, e); };
+    for (int j = 0; j < kHeadsPerWarp; ++j) {
+        const int h = wp + 4 * j;
+        float amax = fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
 #pragma unroll
-    for (int f = 0; f < kDim / 8; ++f) {
-        const int d0 = 64 * half + 4 * f;  // dims d0 .. d0 + 3 fill slots d0, d0 + 2, d0 + 1, d0 + 3
-        const uint2 pair = make_uint2(half_bits(v[f].x) | (half_bits(v[f].z) << 16),
-                                      half_bits(v[f].y) | (half_bits(v[f].w) << 16));
+        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+        const int e = query_scale_exponent(amax);  // prep_query_kernel's scale and rounding
+        if (lane == j) e_mine = e;
+        auto half_bits = [&](float x) { return (u32)scaled_half_bits(x, e); };
+        const uint2 pair = make_uint2(half_bits(v[j].x) | (half_bits(v[j].z) << 16),
+                                      half_bits(v[j].y) | (half_bits(v[j].w) << 16));
         *reinterpret_cast<uint2*>(qb + (d0 / 8) * kQLbo + (h / 8) * 128 + (h % 8) * 16 + (d0 % 8) * 2) = pair;
     }
-    if (half == 0) wsm[h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
+    if (lane < kHeadsPerWarp) wsm[hw] = ldexpf(wv, 8 - e_mine);  // 0 for heads past H
 }
 
 // Consumer warpgroup: the MMAs and the epilogue of every tile of [g0, g1).
