@@ -25,10 +25,12 @@ RANK_GROUP = 256
 def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
     """Whether a run's candidates are ranked (topk_rank_kernel: several CTAs per row, each
     candidate compared within its fine key bin) rather than sorted (one CTA per row): when
-    the run's expected candidates (2 x top_k a row) are at most 512 per SM. Measured on the
-    H200 with the earlier all-pairs rank kernel: 1 row of 262,144 entries, ranks 6 us vs a
-    sort 17 us; 32 rows, 23 vs 31 us; 128 rows of 32,768, 18.5 vs 12 us."""
-    return rows * 2 * top_k <= 512 * (dev or H200).sm_count
+    the rank grid fits in two waves (4 CTAs per SM). Measured on the H200 (graph, whole
+    call, rank vs sort): decode-ragged (64 rows, k = 1024) 0.458 vs 0.478 ms, decode-E256
+    0.216 vs 0.221, prefill-chunk 41.36 vs 42.18, mtp-2 (128 rows, k = 1024) 0.365 vs
+    0.364, decode-128K (128 rows, k = 512) 0.225 vs 0.222; decode-1M's runs of 32 rows rank
+    in 7.5-8 us against ~31 for a sort."""
+    return rows * rank_ctas_per_row(top_k) <= 8 * (dev or H200).sm_count
 
 
 def rank_ctas_per_row(top_k: int) -> int:

@@ -153,10 +153,14 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     __syncthreads();
     if (threadIdx.x == 0 && s_taken) s_base = atomicAdd(&count[row], s_taken);
     __syncthreads();
-    if (s_taken == 0u) return;
+    if (warp_taken == 0u) return;  // the same in every lane; no barrier follows
     u32 pos = s_base + __shfl_sync(FULL_MASK, warp_base, 0);
+    // entries j that no lane of the warp takes are skipped by a uniform branch: on random
+    // rows ~0.5% of entries are candidates, so most of the kPerThread ballots would find none
+    const u32 warp_takes = __reduce_or_sync(FULL_MASK, takes);
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
+        if (!((warp_takes >> j) & 1u)) continue;
         const bool take = (takes >> j) & 1u;
         const u32 mask = __ballot_sync(FULL_MASK, take);
         if (take) {

@@ -137,13 +137,14 @@ def test_pair_kernel_keeps_three_ctas_per_sm(D):
         geometry.score_wgmma_pairs_launch(4, 64, D, 1000, E=48)
 
 
-def test_candidates_are_ranked_only_when_the_rank_grid_fits_about_one_wave():
-    # decode-latency (1 row) and decode-1M's runs (32 rows, k = 1024) rank; decode-128K
-    # (128 rows, k = 512) and mtp-2 (128 rows, k = 1024) sort
+def test_candidates_are_ranked_only_when_the_rank_grid_fits_two_waves():
+    # every decode case ranks (decode-128K: 128 rows, k = 512; mtp-2: 128 rows, k = 1024);
+    # runs of many rows with a large k sort
     assert geometry.rank_ctas_per_row(1024) == 8 and geometry.rank_ctas_per_row(1) == 1
     assert geometry.rank_ctas_per_row(4096) == geometry.RANK_MAX // geometry.RANK_GROUP
     assert geometry.rank_select(1, 1024) and geometry.rank_select(32, 1024)
-    assert not geometry.rank_select(128, 512) and not geometry.rank_select(128, 1024)
+    assert geometry.rank_select(128, 512) and geometry.rank_select(128, 1024)
+    assert not geometry.rank_select(256, 1024) and not geometry.rank_select(67, 4096)
 
 
 
