@@ -137,64 +137,81 @@ __device__ __forceinline__ void bitonic_exchange(u64* a, u32 q, u32 j, u32 k) {
     }
 }
 
+// One merge (blocks of size k) of bitonic_sort_desc_regs: thread t's keys x are positions
+// base = kPer*t ..; `active`: the thread holds keys (the same in a whole warp).
 template <int kThreads, int kPer>
+__device__ __forceinline__ void bitonic_regs_merge(u64* a, u64 (&x)[kPer], u32 k, u32 size, u32 base, u32 lane,
+                                                   bool active) {
+    constexpr u32 kWarpSpan = 32u * kPer;  // distances below this stay inside a warp
+    const u32 t = threadIdx.x;
+    u32 j = k >> 1;
+    if (j >= kWarpSpan) {  // across warps: through shared memory, swizzled
+        if (active) {
+#pragma unroll
+            for (int i = 0; i < kPer; ++i) a[sort_slot(base + i)] = x[i];
+        }
+        __syncthreads();
+        for (; j >= kWarpSpan; j >>= 1) {
+            for (u32 q = t; q < (size >> 1); q += kThreads) bitonic_exchange(a, q, j, k);
+            __syncthreads();
+        }
+        if (active) {  // each thread reloads only its own slots: the next store needs no barrier
+#pragma unroll
+            for (int i = 0; i < kPer; ++i) x[i] = a[sort_slot(base + i)];
+        }
+    }
+    if (!active) return;
+    // across lanes: the partner holds the same slot i. Distances 16*kPer .. kPer, those
+    // at most k/2 (unrolled: no loop counter, no register moves between stages)
+#pragma unroll
+    for (int mm = 16; mm >= 1; mm >>= 1) {
+        if ((u32)mm * kPer > (k >> 1)) continue;  // the same in every thread
+        const bool lower = (lane & (u32)mm) == 0u;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            const u64 y = __shfl_xor_sync(FULL_MASK, x[i], mm);
+            const bool keep_larger = lower == (((base + i) & k) == 0u);
+            // distinct keys but for zero padding (equal: either is the same bits)
+            x[i] = (y > x[i]) == keep_larger ? y : x[i];
+        }
+    }
+#pragma unroll
+    for (int jj = kPer / 2; jj > 0; jj >>= 1) {  // inside a thread's registers
+        if ((u32)jj > (k >> 1)) continue;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+            if (i & jj) continue;
+            const bool desc = ((base + i) & k) == 0u;
+            const u64 lo = x[i], hi = x[i | jj];
+            const bool swap = (lo < hi) == desc;  // equal keys: swapping changes nothing
+            x[i] = swap ? hi : lo;
+            x[i | jj] = swap ? lo : hi;
+        }
+    }
+}
+
+// kSize > 0: size == kSize, known at compile time, so that every merge and stage is
+// unrolled with its distances folded (no per-stage tests and branches: the row select's
+// sort of 512 winners spent a quarter of its samples on those branches).
+template <int kThreads, int kPer, u32 kSize = 0>
 __device__ __forceinline__ void bitonic_sort_desc_regs(u64* a, u32 size) {
     static_assert(kThreads % 32 == 0 && (kPer & (kPer - 1)) == 0 && kPer >= 2 && kPer <= 16,
                   "whole warps, kPer a power of two up to 16");
+    static_assert((kSize & (kSize - 1)) == 0, "kSize: 0 or a power of two");
+    if constexpr (kSize > 0) size = kSize;
     const u32 t = threadIdx.x, lane = t & 31u, base = (u32)kPer * t;
     const bool active = base < size;  // size is a multiple of 32 * kPer: whole warps
-    constexpr u32 kWarpSpan = 32u * kPer;  // distances below this stay inside a warp
     u64 x[kPer];
     if (active) {  // natural order in: a[p]
 #pragma unroll
         for (int i = 0; i < kPer; ++i) x[i] = a[base + i];
     }
     __syncthreads();  // the swizzled stores below overwrite other threads' natural slots
-    for (u32 k = 2u; k <= size; k <<= 1) {
-        u32 j = k >> 1;
-        if (j >= kWarpSpan) {  // across warps: through shared memory, swizzled
-            if (active) {
+    if constexpr (kSize > 0) {
 #pragma unroll
-                for (int i = 0; i < kPer; ++i) a[sort_slot(base + i)] = x[i];
-            }
-            __syncthreads();
-            for (; j >= kWarpSpan; j >>= 1) {
-                for (u32 q = t; q < (size >> 1); q += kThreads) bitonic_exchange(a, q, j, k);
-                __syncthreads();
-            }
-            if (active) {  // each thread reloads only its own slots: the next store needs no barrier
-#pragma unroll
-                for (int i = 0; i < kPer; ++i) x[i] = a[sort_slot(base + i)];
-            }
-        }
-        if (!active) continue;
-        // across lanes: the partner holds the same slot i. Distances 16*kPer .. kPer, those
-        // at most k/2 (unrolled: no loop counter, no register moves between stages)
-#pragma unroll
-        for (int mm = 16; mm >= 1; mm >>= 1) {
-            if ((u32)mm * kPer > (k >> 1)) continue;  // the same in every thread
-            const bool lower = (lane & (u32)mm) == 0u;
-#pragma unroll
-            for (int i = 0; i < kPer; ++i) {
-                const u64 y = __shfl_xor_sync(FULL_MASK, x[i], mm);
-                const bool keep_larger = lower == (((base + i) & k) == 0u);
-                // distinct keys but for zero padding (equal: either is the same bits)
-                x[i] = (y > x[i]) == keep_larger ? y : x[i];
-            }
-        }
-#pragma unroll
-        for (int jj = kPer / 2; jj > 0; jj >>= 1) {  // inside a thread's registers
-            if ((u32)jj > (k >> 1)) continue;
-#pragma unroll
-            for (int i = 0; i < kPer; ++i) {
-                if (i & jj) continue;
-                const bool desc = ((base + i) & k) == 0u;
-                const u64 lo = x[i], hi = x[i | jj];
-                const bool swap = (lo < hi) == desc;  // equal keys: swapping changes nothing
-                x[i] = swap ? hi : lo;
-                x[i | jj] = swap ? lo : hi;
-            }
-        }
+        for (u32 lk = 1; (1u << lk) <= kSize; ++lk) bitonic_regs_merge<kThreads, kPer>(a, x, 1u << lk, kSize, base, lane, active);
+    } else {
+        for (u32 k = 2u; k <= size; k <<= 1) bitonic_regs_merge<kThreads, kPer>(a, x, k, size, base, lane, active);
     }
     __syncthreads();  // every swizzled reload done before the natural stores
     if (active) {  // natural order out
@@ -235,7 +252,8 @@ __device__ __forceinline__ void bitonic_sort_desc_shared(u64* a, u32 size) {
 // in shared memory past 8 per thread (top-k beyond the registers).
 template <int kThreads>
 __device__ __forceinline__ void bitonic_sort_desc(u64* a, u32 size) {
-    if (size <= (u32)(2 * kThreads)) bitonic_sort_desc_regs<kThreads, 2>(a, size);
+    if (size == (u32)(2 * kThreads)) bitonic_sort_desc_regs<kThreads, 2, 2 * kThreads>(a, size);  // top-k 512 at 256 threads
+    else if (size <= (u32)(2 * kThreads)) bitonic_sort_desc_regs<kThreads, 2>(a, size);
     else if (size <= (u32)(8 * kThreads)) bitonic_sort_desc_regs<kThreads, 8>(a, size);
     else bitonic_sort_desc_shared<kThreads>(a, size);
 }
