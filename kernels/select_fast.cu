@@ -12,9 +12,9 @@
 //      topk_rank_kernel (runs of few rows): each candidate's output slot is its rank among
 //      the row's candidates, counted within its fine key bin by one of several CTAs per
 //      row (a row with more than kRankMax candidates: the single-CTA radix select over its
-//      scores); topk_final_kernel (runs of
-//      many rows): one CTA per row, a bitonic sort of the candidates, or, where they
-//      overflowed the buffer, the single-CTA radix select over the full score row.
+//      scores); topk_final_kernel (runs of many rows): one CTA per row, a bitonic sort of
+//      the candidates, or, where they overflowed the buffer, the single-CTA radix select
+//      over the full score row.
 // Candidate order in the buffer depends on atomics; ranks and the sort make the output
 // deterministic.
 #include "common.cuh"
