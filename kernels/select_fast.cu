@@ -84,6 +84,22 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
         if (h[i]) atomicAdd(&hist[(long long)row * kBins + i], h[i]);
 }
 
+// Thread tid's kPer = kN / kThreads bins of h[0, kN), highest first (bins kN-1-kPer*tid-j,
+// j = 0 .. kPer-1), into own[], and how many entries lie in the bins above them (an
+// exclusive scan over the threads); *total: all entries. All kThreads threads call it; it
+// ends with a barrier.
+template <int kThreads, int kN, int kPer>
+__device__ __forceinline__ u32 descending_bins(const u32* h, u32 (&own)[kPer], u32* scratch, u32* total) {
+    static_assert(kPer * kThreads == kN, "whole bins a thread");
+    u32 sum = 0u;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+        own[j] = h[kN - 1 - (kPer * (int)threadIdx.x + j)];
+        sum += own[j];
+    }
+    return block_exclusive_scan<kThreads>(sum, scratch, total);
+}
+
 // The bin b* of a row's histogram h that holds its k-th best key, or 0 when the row has at
 // most k selectable entries (then every non-NaN entry is a candidate). All kThreads (256)
 // threads of the CTA call it (it has barriers) and get the same value.
@@ -92,16 +108,8 @@ __device__ __forceinline__ u32 threshold_bin(const u32* __restrict__ h, int top_
     using namespace select_fast;
     constexpr int kPer = kBins / kThreads;
     const int tid = threadIdx.x;
-    // thread tid owns bins kBins-1-kPer*tid .. down to kBins-kPer*(tid+1): descending order
-    u32 mine[kPer];
-    u32 sum = 0u;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        mine[j] = h[kBins - 1 - (kPer * tid + j)];
-        sum += mine[j];
-    }
-    u32 total;
-    u32 above = block_exclusive_scan<kThreads>(sum, scratch, &total);  // ends with a barrier
+    u32 mine[kPer], total;
+    u32 above = descending_bins<kThreads, kBins>(h, mine, scratch, &total);  // ends with a barrier
     if (total <= (u32)top_k) return 0u;  // the same in every thread
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -252,19 +260,12 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
     const u32 lo = s_min;
     const int shift = max(0, (32 - __clz((int)(s_max - lo))) - 10);  // span >> shift < kRankBins
     auto bin_of = [&](u64 x) { return min((candidate_key(x) >> shift) - (lo >> shift), (u32)(kRankBins - 1)); };
-    // ---- count, scan (from the highest bin down: thread tid owns bins
-    // kRankBins-1-kPer*tid .. kRankBins-kPer*(tid+1)), scatter
+    // ---- count, scan (from the highest bin down), scatter
     for (u32 i = tid; i < cnt; i += kThreads) atomicAdd(&bin_pos[bin_of(c[i])], 1u);
     __syncthreads();
     {
-        u32 own[kPer], sum = 0u;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            own[j] = bin_pos[kRankBins - 1 - (kPer * tid + j)];
-            sum += own[j];
-        }
-        u32 total;
-        u32 pos = block_exclusive_scan<kThreads>(sum, scratch, &total);  // ends with a barrier
+        u32 own[kPer], total;
+        u32 pos = descending_bins<kThreads, kRankBins>(bin_pos, own, scratch, &total);  // ends with a barrier
 #pragma unroll
         for (int j = 0; j < kPer; ++j) {
             bin_pos[kRankBins - 1 - (kPer * tid + j)] = pos;
