@@ -48,9 +48,11 @@ __device__ __forceinline__ void select_row_radix(
     // ---- radix select: find the threshold key `prefix` and how many equal to it to take
     u32 prefix = 0u, mask = 0u;
     u32 k_rem = (u32)top_k;
-    bool take_all = false;  // every selectable entry wins (at most k of them)
+    // every selectable entry wins (at most k of them): known before any pass when the row
+    // has at most k entries (prefill's first k causal rows), else found by the first pass
+    bool take_all = n <= top_k;
     bool whole_bin = false;  // the winners are exactly the keys >= prefix
-    for (int pass = 0; pass < 4; ++pass) {
+    for (int pass = 0; pass < 4 && !take_all; ++pass) {  // the same trip count in every thread
         const int shift = 24 - 8 * pass;
         for (int b = tid; b < 257; b += kThreads) hist[b] = 0u;
         __syncthreads();
