@@ -212,8 +212,19 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
     __shared__ u32 scratch[32];
     __shared__ u32 s_min, s_max;
     const int row = blockIdx.x, tid = threadIdx.x;
+    // The row's length, its candidate count and its first kFirst candidate slots are loaded
+    // together, before any of them is known (slots past the count hold stale values and are
+    // never used; cap >= kFirst): one round trip where the count waited for the length and
+    // the candidates for the count.
+    constexpr int kFirst = 4 * kThreads;
+    const u64* src = cand + (long long)row * cap;
+    u64 first[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q)  // volatile: issued here, not sunk below the count's tests
+        asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(first[q]) : "l"(src + q * kThreads + tid));
+    const u32 count_row = count[row];
     const int n = visible_len(valid_lens, row, max_len);
-    const u32 cnt = n > 0 ? count[row] : 0u;
+    const u32 cnt = n > 0 ? count_row : 0u;
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
@@ -234,17 +245,19 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
     for (int i = tid; i < kRankBins; i += kThreads) bin_pos[i] = 0u;
     __syncthreads();
     // ---- the candidates into shared memory, and their key span
-    const u64* src = cand + (long long)row * cap;
     u32 kmin = ~0u, kmax = 0u;
-    for (u32 base = 0; base < cnt; base += 4 * kThreads) {  // 4 loads in flight per thread
+    for (u32 base = 0; base < cnt; base += kFirst) {  // 4 loads in flight per thread
         u64 x[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) x[q] = src[min(base + q * kThreads + tid, cnt - 1u)];  // a real candidate either way
+        for (int q = 0; q < 4; ++q) x[q] = base == 0 ? first[q] : src[min(base + q * kThreads + tid, cnt - 1u)];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-            kmin = min(kmin, candidate_key(x[q]));
-            kmax = max(kmax, candidate_key(x[q]));
-            if (base + q * kThreads + tid < cnt) c[base + q * kThreads + tid] = x[q];
+            const u32 i = base + q * kThreads + tid;
+            if (i < cnt) {
+                kmin = min(kmin, candidate_key(x[q]));
+                kmax = max(kmax, candidate_key(x[q]));
+                c[i] = x[q];
+            }
         }
     }
 #pragma unroll
