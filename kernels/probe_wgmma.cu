@@ -54,3 +54,151 @@ __global__ void __launch_bounds__(128) wgmma_rate_kernel(const u32* __restrict__
         for (int i = 0; i < 32; ++i) s += acc[u][i];
     out[(long long)blockIdx.x * 128 + tid] = s;
 }
+
+// ---------------------------------------------------------------------------
+// Do the tensor cores and the CUDA cores overlap? The same per-tile work as the
+// single-warpgroup scoring kernel, in parts, with every load, store and address taken out.
+// One round = one 128-entry tile's share of one thread:
+//   * MMA: two sub-tiles of kDim / 16 wgmma.m64n64k16 (A in registers, B in shared memory);
+//   * ALU: the decode of 16 code words (e2m1x8_to_f16x2_cvt and the scale's fp16 multiplies:
+//     the kernel's decode_sub_tile without its shared-memory reads) and the epilogue of 64
+//     accumulators (ReLU keeping NaN and the head weight's FMA: weighted_head_sums without
+//     its shuffles).
+// kMode 0: MMA only; 1: ALU only; 2: one warpgroup of each per CTA (256 threads: warpgroup 0
+// MMA, warpgroup 1 ALU, independent); 3: one warpgroup doing both in the kernel's order
+// (decode sub-tile u into its A fragments, its MMAs, then the epilogues on the accumulators);
+// 4 and 5: modes 0 and 2 with A from shared memory too (wgmma's SS form, as score_ws.cu).
+// clk[2 * blockIdx.x]: SM clocks from the first round to the last, clk[2 * blockIdx.x + 1]:
+// nanoseconds (the global timer) over the same span, for the clock rate the work ran at.
+// Each round decodes words taken from the last round's output, and the ALU-only epilogue
+// reads the decoded registers, so that nothing folds. a_frag, b, out as for wgmma_rate_kernel; out has one float per thread.
+template <int kMode>
+__global__ void __launch_bounds__(kMode == 2 || kMode == 5 ? 256 : 128, kMode == 2 || kMode == 5 ? 2 : 3)
+wgmma_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b, int rounds,
+                     float* __restrict__ out, long long* __restrict__ clk)
+{
+    using namespace score_wgmma;
+    constexpr int kDim = 128, kKSteps = kDim / 16;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int tid = threadIdx.x & 127;
+    constexpr bool kSplit = kMode == 2 || kMode == 5, kSS = kMode == 4 || kMode == 5;
+    const bool mma_role = kMode == 0 || kMode == 3 || kMode == 4 || (kSplit && threadIdx.x < 128);
+    const bool alu_role = kMode == 1 || kMode == 3 || (kSplit && threadIdx.x >= 128);
+    for (int i = threadIdx.x; i < (kDim / 8) * kLbo / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = b[i];
+    u32 a[2][kKSteps][4];
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[0][ks][r] = a[1][ks][r] = a_frag[(ks * 4 + r) * 128 + tid];
+    fence_proxy_async();
+    __syncthreads();
+    const u64 desc = wgmma_desc(smem, kLbo, kCoreBytes);
+    float acc[2][32];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[u][i] = 0.0f;
+    float2 wt[8];  // head weights: any finite values
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wt[j] = make_float2(__uint_as_float(a[0][j][0] & 0xbfffffffu), __uint_as_float(a[0][j][1] & 0xbfffffffu));
+    u32 raw[2][kKSteps];  // sub-tile u's code words: 4 of row r0, then 4 of row r0 + 8
+#pragma unroll
+    for (int i = 0; i < kKSteps; ++i) {  // different words per sub-tile: nothing to share
+        raw[0][i] = a[0][i][0] ^ a[0][(i + 1) % kKSteps][1];
+        raw[1][i] = a[0][i][2] ^ a[0][(i + 1) % kKSteps][3];
+    }
+    const u32 sc = 0x3c003c00u ^ (tid & 1);
+    float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    // the decode of sub-tile u's 8 words into its A fragments (the kernel's order); the next
+    // round decodes words taken from these fragments, so ptxas (which sees no empty asm) can
+    // fold nothing
+    auto decode = [&](int u) {
+#pragma unroll
+        for (int wd = 0; wd < kKSteps; ++wd) {
+            const int row = wd / 4, k0 = 2 * (wd % 4);  // word wd: k-steps k0, k0 + 1 of one row
+            u32 d[4];
+            e2m1x8_to_f16x2_cvt(raw[u][wd], d);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[u][k0 + i / 2][2 * (i % 2) + row] = hmul2(d[i], sc);
+            raw[u][wd] = a[u][k0][row];
+        }
+    };
+    auto epilogue = [&](const float (&d)[32]) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            e[0] = fmaf(wt[j].x, relu_nan(d[4 * j]), e[0]);
+            e[1] = fmaf(wt[j].y, relu_nan(d[4 * j + 1]), e[1]);
+            e[2] = fmaf(wt[j].x, relu_nan(d[4 * j + 2]), e[2]);
+            e[3] = fmaf(wt[j].y, relu_nan(d[4 * j + 3]), e[3]);
+        }
+    };
+    // sub-tile u's MMAs from its own fragments (mode 3) or from sub-tile 0's (the MMA role:
+    // half the registers, as in wgmma_rate_kernel)
+    auto mma = [&](int u) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+            const u64 d = desc + (u64)((2 * ks * kLbo) >> 4);
+            if (kSS)
+                wgmma_m64n64k16_ss(acc[u], d, d, 1);  // A: B's 64 rows, same layout
+            else
+                wgmma_m64n64k16(acc[u], a[kMode == 3 ? u : 0][ks], d, 1);
+        }
+        wgmma_commit();
+    };
+
+    long long clk0 = 0, ns0 = 0;
+    if (threadIdx.x == 0) {
+        clk0 = clock64();
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns0));
+    }
+    // one loop per role, so that ptxas sees no accumulator read beside an MMA in flight;
+    // every group is waited for inside its round, as in the scoring kernel
+    if (kMode == 3) {
+        for (int it = 0; it < rounds; ++it) {
+            decode(0);
+            mma(0);
+            decode(1);
+            mma(1);
+            wgmma_wait<1>();
+            fence_accumulators(acc[0]);
+            epilogue(acc[0]);
+            wgmma_wait<0>();
+            fence_accumulators(acc[1]);
+            epilogue(acc[1]);
+        }
+    } else if (mma_role) {
+        for (int it = 0; it < rounds; ++it) {
+            mma(0);
+            mma(1);
+            wgmma_wait<0>();
+        }
+    } else if (alu_role) {
+        for (int it = 0; it < rounds; ++it) {
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                decode(u);
+                float v[32];  // the decoded fp16 pairs' bits as the epilogue's inputs
+#pragma unroll
+                for (int i = 0; i < 32; ++i) v[i] = __uint_as_float(a[u][i / 4][i % 4]);
+                epilogue(v);
+            }
+        }
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc[0]);
+    fence_accumulators(acc[1]);
+    float s = e[0] + e[1] + e[2] + e[3];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s += acc[u][i];
+    out[(long long)blockIdx.x * blockDim.x + threadIdx.x] = s;
+    if (threadIdx.x == 0) {
+        long long ns1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns1));
+        clk[2 * blockIdx.x] = clock64() - clk0;
+        clk[2 * blockIdx.x + 1] = ns1 - ns0;
+    }
+}

@@ -9,6 +9,11 @@ against), it prints
   * the rate of the one MMA shape the scoring kernels issue, alone (wgmma.m64n64k16, A
     from registers, B from shared memory: kernels/probe_wgmma.cu), at 1, 2 and 3 CTAs of
     one warpgroup per SM (the single-warpgroup scoring kernel runs 3);
+  * whether the tensor cores and the CUDA cores overlap: one tile's MMAs alone, its decode
+    and epilogue arithmetic alone (no loads, stores or addresses), and both, in one
+    warpgroup in the kernel's order and in two warpgroups side by side
+    (wgmma_overlap_kernel); time per tile per SM near the sum of the parts says they
+    serialise, near the larger part says they overlap;
   * per case, the scoring alone (graph replay) on the case's inputs, and on the same inputs
     with every block id folded into a hot set of pool blocks that stays in L2: the same
     instruction stream with the key stream's memory time taken out.
@@ -54,6 +59,45 @@ def wgmma_rate(cp, ctas_per_sm: int, rounds: int) -> float:  # gpu-only
     return grid * rounds * 2 * 8 * MMA_FLOPS / (ms * 1e-3)
 
 
+def overlap_ns(cp, mode: int, ctas_per_sm: int, rounds: int) -> tuple[float, float]:  # gpu-only
+    """(nanoseconds per round per SM, mean SM clock in MHz while it ran) of
+    wgmma_overlap_kernel<mode> (probe_wgmma.cu) at ctas_per_sm CTAs per SM: the time one SM
+    takes for one 128-entry tile's share of work of each of its CTAs (modes 2 and 5: of
+    each of its CTAs' two warpgroups)."""
+    from indexer import _jit  # noqa: PLC0415
+
+    kern = _jit.get_kernel("probe_wgmma.cu", f"wgmma_overlap_kernel<{mode}>")
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    rng = cp.random.default_rng(11)
+    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
+    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    threads = 256 if mode in (2, 5) else 128
+    grid = ctas_per_sm * sms
+    out = cp.empty(grid * threads, dtype=cp.float32)
+    clk = cp.zeros(2 * grid, dtype=cp.int64)
+    ms = bench.time_it(cp, lambda _: kern((grid,), (threads,), (a, b, np.int32(rounds), out, clk),
+                                          shared_mem=16 * 1024), [None], warmup=2, repeats=10)
+    cycles, ns = (int(v) for v in cp.asnumpy(clk).reshape(-1, 2).sum(axis=0))
+    return ms * 1e6 / (rounds * ctas_per_sm), 1e3 * cycles / max(ns, 1)
+
+
+def overlap_report(cp, rounds: int) -> list[str]:  # gpu-only
+    """Lines: the tensor cores' and the CUDA cores' shares of a tile alone and together, in
+    ns per tile per SM, with the SM clock (MHz) each ran at."""
+    def run(mode, per_sm):
+        ns, mhz = overlap_ns(cp, mode, per_sm, rounds)
+        return ns, f"{ns:.0f} ({mhz:.0f} MHz)"
+
+    (mma, t0), (alu, t1), (_, t3) = run(0, 3), run(1, 3), run(3, 3)
+    lines = [f"one tile's core work, ns per tile per SM, 3 CTAs/SM: MMA alone {t0}, decode+epilogue alone {t1}, "
+             f"both in one warpgroup (the kernel's order) {t3}; sum {mma + alu:.0f}, max {max(mma, alu):.0f}"]
+    for label, mma_mode, split_mode in (("A in registers", 0, 2), ("A in shared memory", 4, 5)):
+        (mma2, t0), (alu2, t1), (_, t2) = run(mma_mode, 2), run(1, 2), run(split_mode, 2)
+        lines.append(f"separate warpgroups, 2 CTAs/SM, MMA with {label}: MMA alone {t0}, decode+epilogue alone "
+                     f"{t1}, side by side {t2}; sum {mma2 + alu2:.0f}, max {max(mma2, alu2):.0f}")
+    return lines
+
+
 def scoring_ms(cp, cuda_ops, case, sets) -> float | None:  # gpu-only
     """Graph-replay milliseconds of the fast path's scoring alone on the input sets."""
     def fn(x):
@@ -81,6 +125,9 @@ def main(argv=None) -> int:
         r = wgmma_rate(cp, per_sm, args.rounds)
         print(f"wgmma m64n64k16 (A in registers), {per_sm} CTA(s)/SM: {r / 1e12:6.0f} TFLOP/s "
               f"({r / rate:.2f} x the GEMM)")
+    for line in overlap_report(cp, args.rounds // 4):
+        print(line)
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
     for i, case in enumerate(bench.select_cases(args.cases)):
         sets, counts = bench.input_sets(case, cp, i)
         floor_ms = bench.floor_seconds(counts, bw, rate) * 1e3
@@ -90,6 +137,9 @@ def main(argv=None) -> int:
         for name, ms in (("scoring", real), (f"hot pool ({HOT_BLOCKS} blocks)", hot)):
             if ms is not None:
                 line += f"  {name} {ms:.3f} ms = {ms / floor_ms:.2f} x floor, {counts['flops'] / ms / 1e9:.0f} TFLOP/s"
+        tiles = int(sum(-(-int(n) // 128) for n in cp.asnumpy(sets[0]["valid_lens"])))
+        if real is not None:
+            line += f"  ({real * 1e6 / (tiles / sms):.0f} ns per tile per SM)"
         print(line)
         del sets
         bench.free_device_memory(cp)
