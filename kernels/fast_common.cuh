@@ -150,10 +150,29 @@ __device__ __forceinline__ int query_scale_exponent(float amax) {
     return e;
 }
 
+// 2^e as two float factors, for e = query_scale_exponent(..) in [-113, 163]: each factor
+// is a normal float, and x * a * b equals ldexpf(x, e) wherever the result can reach fp16
+// (the first product moves x towards the final range, so it is exact whenever the final one
+// is above 2^-126) in two multiplies, where ldexpf takes four and branches.
+struct Pow2Scale {
+    float a, b;
+};
+__device__ __forceinline__ Pow2Scale pow2_scale(int e) {
+    const int e1 = e >> 1, e2 = e - e1;
+    return {__int_as_float((127 + e1) << 23), __int_as_float((127 + e2) << 23)};
+}
+
 // x * 2^e rounded to fp16 (bits)
-__device__ __forceinline__ unsigned short scaled_half_bits(float x, int e) {
+__device__ __forceinline__ unsigned short scaled_half_bits(float x, Pow2Scale s) {
     unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(ldexpf(x, e)));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x * s.a * s.b));
+    return h;
+}
+
+// (lo, hi) * 2^e rounded to fp16x2 (lo in the low half), one conversion
+__device__ __forceinline__ u32 scaled_half2_bits(float lo, float hi, Pow2Scale s) {
+    u32 h;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi * s.a * s.b), "f"(lo * s.a * s.b));
     return h;
 }
 

@@ -23,7 +23,8 @@
 // of two 2^e that brings max |q| into [2^14, 2^15); and w[t, h] * 2^(8 - e) (folding back
 // that power and the 2^-8 of the keys). K slot kk of k-step s = 2*wd + hh holds
 // d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8.
-// (score_ws.cu stages its own queries, in its own order, with the same arithmetic.)
+// (score_ws.cu stages its own queries, in its own order, with the same arithmetic; the
+// wgmma pair kernel stages its own in this order: QueryStaging in wgmma_common.cuh.)
 template <int kDim>
 __device__ __forceinline__ int prep_slot_dim(int i) {
     const int ks = i / 16, kk = i % 16;
@@ -60,6 +61,7 @@ __device__ __forceinline__ void prep_query_row(const float* __restrict__ q, cons
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
         const int e = query_scale_exponent(amax);
+        const Pow2Scale sc = pow2_scale(e);
         __syncwarp();  // the last head's reads of row_s are done
 #pragma unroll
         for (int j = 0; j < kPer; ++j) row_s[warp][lane + 32 * j] = v[k][j];
@@ -69,8 +71,8 @@ __device__ __forceinline__ void prep_query_row(const float* __restrict__ q, cons
         for (int pr = lane; pr < kRowHalves / 2; pr += 32) {
             unsigned short lo = 0, hi = 0;
             if (2 * pr < kDim) {
-                lo = scaled_half_bits(row_s[warp][prep_slot_dim<kDim>(2 * pr)], e);
-                hi = scaled_half_bits(row_s[warp][prep_slot_dim<kDim>(2 * pr + 1)], e);
+                lo = scaled_half_bits(row_s[warp][prep_slot_dim<kDim>(2 * pr)], sc);
+                hi = scaled_half_bits(row_s[warp][prep_slot_dim<kDim>(2 * pr + 1)], sc);
             }
             out[pr] = (u32)lo | ((u32)hi << 16);
         }

@@ -208,9 +208,8 @@ __device__ __forceinline__ void stage_query(const float* __restrict__ q, const f
         for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
         const int e = query_scale_exponent(amax);  // prep_query_kernel's scale and rounding
         if (lane == j) e_mine = e;
-        auto half_bits = [&](float x) { return (u32)scaled_half_bits(x, e); };
-        const uint2 pair = make_uint2(half_bits(v[j].x) | (half_bits(v[j].z) << 16),
-                                      half_bits(v[j].y) | (half_bits(v[j].w) << 16));
+        const Pow2Scale sc = pow2_scale(e);
+        const uint2 pair = make_uint2(scaled_half2_bits(v[j].x, v[j].z, sc), scaled_half2_bits(v[j].y, v[j].w, sc));
         *reinterpret_cast<uint2*>(qb + (d0 / 8) * kQLbo + (h / 8) * 128 + (h % 8) * 16 + (d0 % 8) * 2) = pair;
     }
     if (lane < kHeadsPerWarp) wsm[hw] = ldexpf(wv, 8 - e_mine);  // 0 for heads past H
