@@ -142,16 +142,16 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         if use_wgmma:
             _check_alignment("key_scale", key_scale, 16)
         heads = 64 if use_wgmma else 8 * geometry.mma_head_blocks(prob.H)
-    if use_ws:  # the warp-specialised kernel stages each query itself
-        heads = 0
-    query_bytes = heads * (prob.D + 8) * 2 + heads * 4
-    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
-    row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
     use_pairs = (not exact and use_wgmma and not use_ws and cu_seqlens is not None
                  and fast_kernel != "wgmma-single")
+    if use_ws or use_pairs:  # these kernels stage each query themselves, from fp32
+        heads = 0
+    query_bytes = heads * (prob.D + 8) * 2 + heads * 4
+    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
+    row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
                                    max_rows=(geometry.MAX_PAIR_ROWS if use_pairs
                                              else geometry.MAX_BALANCED_ROWS if use_ws else None))
@@ -189,7 +189,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         score_k = _kernel(source, sl.name, device_id, sl.smem)
         if use_pairs:
             n_seq = i32(cu_seqlens.shape[0] - 1)
-        if not use_ws:  # the query in the K order of the kernel's decode, by a kernel of its own
+        if not (use_ws or use_pairs):  # the query in the K order of the kernel's decode, by a kernel of its own
             prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
             q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
             w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
@@ -218,7 +218,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         lens = valid_lens[r0:r1]
         if exact:
             query = (q[r0:r1], w[r0:r1])
-        elif use_ws:  # staged by the scoring kernel itself
+        elif use_ws or use_pairs:  # staged by the scoring kernel itself
             query = (q[r0:r1], w[r0:r1], i32(prob.H))
         else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
             # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)

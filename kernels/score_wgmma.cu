@@ -241,6 +241,9 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 // stores off. Up to kMaxUnits pairs, one wave shares all pairs' tiles (as the balanced
 // schedule of the single-query kernel).
 //
+// Each piece stages its two queries itself, from the fp32 query (QueryStaging): no staging
+// kernel and no fp16 copy of the run's queries in the workspace.
+//
 // Shared memory for two queries (2 x 16 KB of B operand, two histograms) keeps 3 CTAs per
 // SM with a 3-stage ring and histograms of packed 16-bit counts (flushed to the row's
 // 32-bit histogram at least every kFlushTiles tiles, before a count can overflow).
@@ -289,7 +292,7 @@ __device__ __forceinline__ void flush_packed_histogram(u32* h, u32* row_hist, in
 // alone) with the keys of row ta's block table.
 template <int kDim>
 __device__ __forceinline__ void score_pair_segment(
-    unsigned char* smem, const unsigned short* __restrict__ q16, const float* __restrict__ w_scaled,
+    unsigned char* smem, const float* __restrict__ q, const float* __restrict__ w, int H,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
     const int* __restrict__ block_table, int ta, int tb, int na, int nb, int first_tile, int num_tiles, int jbase,
     int P, int E, int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
@@ -297,7 +300,6 @@ __device__ __forceinline__ void score_pair_segment(
     using Smem = WgmmaPairSmem<kDim>;
     constexpr int kS = score_wgmma_pairs::kStages;
     constexpr int kKSteps = kDim / 16;
-    constexpr int kRowHalves = kDim + 8;
     constexpr int kThreads = 128;
     constexpr int kHistBins = score_mma::kHistBins;
     const bool pair = tb >= 0;
@@ -320,23 +322,19 @@ __device__ __forceinline__ void score_pair_segment(
     keys.row_shift = e_shift < 7 ? e_shift : 7;
     keys.copies = kTile >> keys.row_shift;
 
-    // ---- prologue: both queries into the core-matrix layout, weights, histograms, tiles
-    for (int qi = 0; qi < (pair ? 2 : 1); ++qi) {
-        const int t = qi ? tb : ta;
-        unsigned char* qb = qi ? qb1 : qb0;
-        const unsigned short* qsrc = q16 + (long long)t * kHeads * kRowHalves;
-        for (int i = tid; i < kHeads * (kDim / 8); i += kThreads) {
-            const int h = i / (kDim / 8), kc = i % (kDim / 8);
-            cp_async_16(qb + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16, qsrc + h * kRowHalves + kc * 8, true);
-        }
-        // weights by asynchronous copies (a plain load would hold keys.start for a round trip)
-        if (tid < kHeads / 4) cp_async_16((qi ? w1 : w0) + 4 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
-    }
-    cp_async_commit();
+    // ---- prologue: histograms, the first tiles' copies, both queries staged from fp32
+    // (no staging kernel: its fp16 copy of every query would cost a write and a read of
+    // the run's queries at the copy rate)
+    QueryStaging<kDim> staging;
+    staging.load(q, w, H, ta);  // in flight while the histograms clear and the key copies start
     if (hist)  // no histograms when one CTA per row selects (prefill's short rows)
         for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
     keys.start(tid);
-    cp_async_wait<0>();
+    staging.store(qb0, w0);
+    if (pair) {
+        staging.load(q, w, H, tb);
+        staging.store(qb1, w1);
+    }
     fence_proxy_async();  // the queries, written through the generic proxy, are read by wgmma
     __syncthreads();
 
@@ -416,8 +414,9 @@ __device__ __forceinline__ void score_pair_segment(
 // clamped binary search that expands the block table). T <= kMaxRows (2,048).
 template <int kDim>
 __global__ void __launch_bounds__(128, 3)
-score_wgmma_pairs_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
-                         const float* __restrict__ w_scaled,      // [T, 64]
+score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged here, no prep kernel
+                         const float* __restrict__ w,             // [T, H]
+                         int H,                                   // H <= 64
                          const u8* __restrict__ keys_fp4,         // [P, E, D/2]
                          const u8* __restrict__ key_scale,        // [P, E, D/16]
                          const float* __restrict__ key_gscale,    // [P]
@@ -488,7 +487,7 @@ score_wgmma_pairs_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDi
             ta = x.tb; tb = -1; na = x.nb; nb = 0; first = local - x.tiles_a; end = x.tiles - x.tiles_a;
         }
         const int num = min(g_end - g, end - first);
-        score_pair_segment<kDim>(smem, q16, w_scaled, keys_fp4, key_scale, key_gscale, block_table, ta, tb, na, nb,
+        score_pair_segment<kDim>(smem, q, w, H, keys_fp4, key_scale, key_gscale, block_table, ta, tb, na, nb,
                                  first, num, jbase, P, E, e_shift, L, scores, ld, hist);
         jbase += num;
         g += num;

@@ -124,6 +124,63 @@ __device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const
     return weighted_head_sums_of(d, [&](int j) { return w[j]; });
 }
 
+// The query of row t as a wgmma B operand, straight from the fp32 query, by one warpgroup
+// (128 threads): prep_query_kernel's arithmetic (each head scaled by the power of two 2^e
+// that brings max |q| into [2^14, 2^15), rounded to fp16; its weight times 2^(8 - e) to
+// wsm; heads past H zero) and its K order (slot i holds dim prep_slot_dim(i)), written in
+// the core-matrix layout of score_wgmma (8 heads x 16 bytes a core matrix, kLbo bytes
+// between K chunks of 8 slots). Warp wp takes heads 16wp .. 16wp + 15 in two passes of 8;
+// lane l, head 8p + (l % 8) of them and its dims quarter (l / 8) * D/4 .. + D/4 - 1, whose
+// slots are one 32-bit word of each K chunk: a warp's store covers 8 heads x 4 words, 32
+// banks. load() puts both passes' loads in flight (D/2 registers), so that the caller can
+// start other work before store() waits for them.
+template <int kDim>
+struct QueryStaging {
+    static constexpr int kQuarter = kDim / 4, kVec = kQuarter / 4;
+    static_assert(kDim % 32 == 0, "D a multiple of 32: whole float4 loads and 32-bit stores");
+    float4 v[2][kVec];
+    float wv[2];
+
+    __device__ static int head(int p) { return 16 * ((threadIdx.x >> 5) & 3) + 8 * p + (threadIdx.x & 7); }
+    __device__ static int quarter() { return (threadIdx.x & 31) >> 3; }
+
+    __device__ __forceinline__ void load(const float* __restrict__ q, const float* __restrict__ w, int H, long long t) {
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int h = head(p);
+            const float4* src = reinterpret_cast<const float4*>(q + (t * H + h) * kDim + quarter() * kQuarter);
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) v[p][i] = h < H ? src[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            wv[p] = h < H && quarter() == 0 ? w[t * H + h] : 0.0f;
+        }
+    }
+
+    __device__ __forceinline__ void store(unsigned char* qb, float* wsm) const {
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int h = head(p);
+            float amax = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kVec; ++i)
+                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[p][i].x), fabsf(v[p][i].y)),
+                                         fmaxf(fabsf(v[p][i].z), fabsf(v[p][i].w))));
+            amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 8));  // the head's four quarters
+            amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 16));
+            const int e = query_scale_exponent(amax);
+            const Pow2Scale sc = pow2_scale(e);
+            unsigned char* row = qb + (h / 8) * score_wgmma::kCoreBytes + (h % 8) * 16 + 4 * quarter();
+            // dims r and r + 2 of my quarter (r = 4i + lohi) fill slots 2 * quarter, + 1 of chunk 2i + lohi
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+                const float4 x = v[p][i];
+                *reinterpret_cast<u32*>(row + (2 * i) * score_wgmma::kLbo) = scaled_half2_bits(x.x, x.z, sc);
+                *reinterpret_cast<u32*>(row + (2 * i + 1) * score_wgmma::kLbo) = scaled_half2_bits(x.y, x.w, sc);
+            }
+            if (quarter() == 0) wsm[h] = ldexpf(wv[p], 8 - e);  // 0 for heads past H
+        }
+    }
+};
+
 // Shared-memory bytes of one ring stage (codes, then scales), 128-byte aligned.
 __host__ __device__ constexpr int wgmma_stage_bytes(int D) {
     return ((score_wgmma::kTile * (D / 2) + score_wgmma::kTile * (D / 16)) + 127) / 128 * 128;
