@@ -13,43 +13,6 @@
 // Keys stream through BulkRing (wgmma_common.cuh); the epilogue is score_mma.cu's.
 #include "wgmma_common.cuh"
 
-// The A fragments (kDim/16 k-steps) of one 64-entry sub-tile starting at stage row `base`:
-// my rows r0 = base + 16*warp + g and r0 + 8, decoded from E2M1 x E4M3 to fp16.
-template <int kDim>
-__device__ __forceinline__ void decode_sub_tile(const unsigned char* st, int r0, int c, u32 (&a)[kDim / 16][4]) {
-    constexpr int kWords = kDim / 32;
-    u32 raw0[kWords], sc0[kWords], raw1[kWords], sc1[kWords];
-    read_stage_row<kDim>(st, r0, c, raw0, sc0);
-    read_stage_row<kDim>(st, r0 + 8, c, raw1, sc1);
-#pragma unroll
-    for (int wd = 0; wd < kWords; ++wd) {
-        u32 d0[4], d1[4];
-        e2m1x8_to_f16x2_cvt(raw0[wd], d0);
-        e2m1x8_to_f16x2_cvt(raw1[wd], d1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            d0[i] = hmul2(d0[i], sc0[wd]);
-            d1[i] = hmul2(d1[i], sc1[wd]);
-        }
-        // k-step 2wd: (lo nibbles, hi nibbles) of bytes 0-1; k-step 2wd+1: bytes 2-3
-        a[2 * wd][0] = d0[0]; a[2 * wd][1] = d1[0];
-        a[2 * wd][2] = d0[1]; a[2 * wd][3] = d1[1];
-        a[2 * wd + 1][0] = d0[2]; a[2 * wd + 1][1] = d1[2];
-        a[2 * wd + 1][2] = d0[3]; a[2 * wd + 1][3] = d1[3];
-    }
-}
-
-// One commit group: acc = A (a sub-tile's fragments) x B (the query at descriptor desc),
-// over the kDim/16 k-steps.
-template <int kDim>
-__device__ __forceinline__ void mma_sub_tile(float (&acc)[32], const u32 (&a)[kDim / 16][4], u64 desc) {
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kDim / 16; ++ks)
-        wgmma_m64n64k16(acc, a[ks], desc + (u64)((2 * ks * score_wgmma::kLbo) >> 4), ks > 0);
-    wgmma_commit();
-}
-
 template <int kDim>
 struct WgmmaSmem {
     static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;  // B in core-matrix layout
