@@ -98,7 +98,8 @@ INSTANCES = {
     "score_wgmma.cu": [f"{k}<{d}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel",
                                                                           "score_wgmma_pairs_kernel")],
     "score_ws.cu": ["score_ws_kernel<128>"],
-    "probe_wgmma.cu": ["wgmma_rate_kernel<128>"] + [f"wgmma_overlap_kernel<{m}>" for m in range(6)],  # scripts/probe_ceiling.py only
+    "probe_wgmma.cu": ["wgmma_rate_kernel<128>"] + [f"wgmma_overlap_kernel<{m}>" for m in range(6)] + [
+        f"wgmma_tile_kernel<{s}>" for s in (1, 2)],  # scripts/probe_ceiling.py only
     "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>",
                        "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>", "topk_rank_kernel<256>", "topk_final_kernel<1024, 8192>",
                        "topk_row_kernel<256, 4096, 16>", "topk_row_kernel<256, 4096, 0>", "block_sort_kernel<1024>", "block_sort_kernel<256>"],

@@ -202,3 +202,104 @@ wgmma_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b
         clk[2 * blockIdx.x + 1] = ns1 - ns0;
     }
 }
+
+// ---------------------------------------------------------------------------
+// The scoring kernel's tile loop rebuilt in steps from the arithmetic core above, to
+// attribute its time per tile (one 128-entry tile a round, 3 CTAs of 128 threads per SM):
+//   kStep 1: the codes and scales read from a shared-memory stage (decode_sub_tile, as the
+//            kernel reads its ring) instead of registers; MMAs; the register-only epilogue;
+//   kStep 2: step 1 with the kernel's epilogue (weights from shared memory, the quad's
+//            shuffles, the global scale from shared memory, the score stored to global
+//            memory, its key counted into a shared-memory histogram).
+// What the real kernel adds beyond step 2 is its key stream: the ring's mbarrier wait and
+// barrier, the bulk copies' issue, block-id and global-scale prefetch, and addresses.
+// Shared memory: B (16 KB, from b), one stage (wgmma_stage_bytes(128), from b's first
+// bytes), 64 weights and 128 global scales, a 2,048-bin histogram: kTileSmemBytes.
+// out: [gridDim.x][64 tiles][128] scores (a ring of 64 tiles a CTA); clk as above.
+constexpr int kTileStage = 16 * 1024, kTileW = kTileStage + wgmma_stage_bytes(128), kTileGs = kTileW + 64 * 4,
+              kTileHist = kTileGs + 128 * 4, kTileSmemBytes = kTileHist + 2048 * 4;
+
+template <int kStep>
+__global__ void __launch_bounds__(128, 3)
+wgmma_tile_kernel(const uint4* __restrict__ b, int rounds, float* __restrict__ out, long long* __restrict__ clk)
+{
+    using namespace score_wgmma;
+    constexpr int kDim = 128, kKSteps = kDim / 16;
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c = lane & 3;
+    for (int i = tid; i < kTileW / 16; i += 128) reinterpret_cast<uint4*>(smem)[i] = b[i % ((kDim / 8) * kLbo / 16)];
+    float* wsm = reinterpret_cast<float*>(smem + kTileW);
+    float* gs = reinterpret_cast<float*>(smem + kTileGs);
+    u32* hist_s = reinterpret_cast<u32*>(smem + kTileHist);
+    if (tid < 64) wsm[tid] = 1.0f + 0.01f * tid;
+    gs[tid] = 0.5f + 0.001f * tid;
+    for (int i = tid; i < 2048; i += 128) hist_s[i] = 0u;
+    fence_proxy_async();
+    __syncthreads();
+    const u64 desc = wgmma_desc(smem, kLbo, kCoreBytes);
+    u32 a[2][kKSteps][4];
+    float acc[2][32];
+    float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float2 wt[8];  // the register-only epilogue's weights
+#pragma unroll
+    for (int j = 0; j < 8; ++j) wt[j] = make_float2(1.0f + j, 2.0f - j);
+    const int r0 = 16 * warp + g;
+    float* dst = out + (long long)blockIdx.x * 64 * 128;
+    auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
+        if (kStep == 1) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                e[0] = fmaf(wt[j].x, relu_nan(d[4 * j]), e[0]);
+                e[1] = fmaf(wt[j].y, relu_nan(d[4 * j + 1]), e[1]);
+                e[2] = fmaf(wt[j].x, relu_nan(d[4 * j + 2]), e[2]);
+                e[3] = fmaf(wt[j].y, relu_nan(d[4 * j + 3]), e[3]);
+            }
+        } else {  // score_segment's epilogue
+            const float2 sums = weighted_head_sums(d, wsm, c);
+            if (c < 2) {
+                const int s = s0 + 8 * c;
+                const float score = (c ? sums.y : sums.x) * (c ? g1 : g0) + 0.0f;
+                dst[s] = score;
+                const u32 key = score_to_key(score);
+                if (key) atomicAdd(&hist_s[key >> 21], 1u);
+            }
+        }
+    };
+
+    long long clk0 = 0, ns0 = 0;
+    if (tid == 0) {
+        clk0 = clock64();
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns0));
+    }
+    for (int it = 0; it < rounds; ++it) {
+        const int tile = (it % 64) * 128;
+        // odd rounds read their stage 8 KB lower (into B's bytes): a stage address that moves,
+        // as the ring's does, so that ptxas cannot hoist the reads out of the loop
+        const unsigned char* st = smem + kTileStage - (it & 1) * 8192;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            decode_sub_tile<kDim>(st, u * kSubTile + r0, c, a[u]);
+            mma_sub_tile<kDim>(acc[u], a[u], desc);
+        }
+        const float ga0 = gs[r0], ga1 = gs[r0 + 8], gb0 = gs[kSubTile + r0], gb1 = gs[kSubTile + r0 + 8];
+        wgmma_wait<1>();
+        fence_accumulators(acc[0]);
+        epilogue(acc[0], tile + r0, ga0, ga1);
+        wgmma_wait<0>();
+        fence_accumulators(acc[1]);
+        epilogue(acc[1], tile + kSubTile + r0, gb0, gb1);
+    }
+    __syncthreads();
+    float s = e[0] + e[1] + e[2] + e[3] + (float)hist_s[tid];
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s += acc[u][i];
+    if (kStep == 1) dst[tid] = s;
+    if (tid == 0) {
+        long long ns1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns1));
+        clk[2 * blockIdx.x] = clock64() - clk0;
+        clk[2 * blockIdx.x + 1] = ns1 - ns0;
+    }
+}

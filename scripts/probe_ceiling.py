@@ -14,6 +14,9 @@ against), it prints
     warpgroup in the kernel's order and in two warpgroups side by side
     (wgmma_overlap_kernel); time per tile per SM near the sum of the parts says they
     serialise, near the larger part says they overlap;
+  * the scoring kernel's tile loop rebuilt on that core in steps (wgmma_tile_kernel: codes
+    and scales from a shared-memory stage, then the kernel's epilogue), so that the real
+    kernel's time per tile minus the last step is what its key stream costs;
   * per case, the scoring alone (graph replay) on the case's inputs, and on the same inputs
     with every block id folded into a hot set of pool blocks that stays in L2: the same
     instruction stream with the key stream's memory time taken out.
@@ -98,6 +101,25 @@ def overlap_report(cp, rounds: int) -> list[str]:  # gpu-only
     return lines
 
 
+def tile_step_ns(cp, step: int, rounds: int) -> tuple[float, float]:  # gpu-only
+    """(ns per tile per SM, MHz) of wgmma_tile_kernel<step> at 3 CTAs per SM: the scoring
+    kernel's tile loop rebuilt up to step 1 (codes from shared memory) or 2 (its epilogue)."""
+    from indexer import _jit  # noqa: PLC0415
+
+    smem = 16 * 1024 + 9216 + 64 * 4 + 128 * 4 + 2048 * 4  # kTileSmemBytes in probe_wgmma.cu
+    kern = _jit.get_kernel("probe_wgmma.cu", f"wgmma_tile_kernel<{step}>")
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    rng = cp.random.default_rng(13)
+    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    grid = 3 * sms
+    out = cp.empty(grid * 64 * 128, dtype=cp.float32)
+    clk = cp.zeros(2 * grid, dtype=cp.int64)
+    ms = bench.time_it(cp, lambda _: kern((grid,), (128,), (b, np.int32(rounds), out, clk), shared_mem=smem),
+                       [None], warmup=2, repeats=10)
+    cycles, ns = (int(v) for v in cp.asnumpy(clk).reshape(-1, 2).sum(axis=0))
+    return ms * 1e6 / (rounds * 3), 1e3 * cycles / max(ns, 1)
+
+
 def scoring_ms(cp, cuda_ops, case, sets) -> float | None:  # gpu-only
     """Graph-replay milliseconds of the fast path's scoring alone on the input sets."""
     def fn(x):
@@ -127,6 +149,10 @@ def main(argv=None) -> int:
               f"({r / rate:.2f} x the GEMM)")
     for line in overlap_report(cp, args.rounds // 4):
         print(line)
+    steps = [tile_step_ns(cp, step, args.rounds // 4) for step in (1, 2)]
+    print("the tile loop rebuilt, ns per tile per SM at 3 CTAs/SM: + codes and scales from shared memory "
+          f"{steps[0][0]:.0f} ({steps[0][1]:.0f} MHz), + the kernel's epilogue (weights from shared memory, "
+          f"shuffles, score stores, histogram) {steps[1][0]:.0f} ({steps[1][1]:.0f} MHz)")
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
     for i, case in enumerate(bench.select_cases(args.cases)):
         sets, counts = bench.input_sets(case, cp, i)
