@@ -155,7 +155,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     auto visible = [&](int row) { return visible_len(valid_lens, row, max_len); };
 
     u64* bars = reinterpret_cast<u64*>(smem + Smem::kBars);
-    if (tid < kStages) mbar_init(bars + tid, 128);
+    if (tid < kStages) mbar_init(bars + tid, ring_arrivals(e_shift));
     mbar_init_fence();
 
     int* start = reinterpret_cast<int*>(smem + Smem::kSched);
@@ -425,7 +425,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     };
 
     u64* bars = reinterpret_cast<u64*>(smem + Smem::kBars);
-    if (tid < score_wgmma_pairs::kStages) mbar_init(bars + tid, 128);
+    if (tid < score_wgmma_pairs::kStages) mbar_init(bars + tid, ring_arrivals(e_shift));
     mbar_init_fence();
 
     const int U = (T + 1) / 2;

@@ -191,8 +191,9 @@ __host__ __device__ constexpr int wgmma_stage_bytes(int D) {
 // kStages shared-memory stages by bulk copies, one per (tile, pool block) for the codes and
 // one for the scales, issued by threads 0 .. kTile / rows_per_copy - 1 (E a power of two:
 // a tile covers 128 / E whole blocks, or 128 entries of one block). A copy reports to its
-// stage's mbarrier, which every thread arrives at once per tile, so one wait tells a thread
-// the whole tile has landed. Block ids and global scales are loaded two and one tiles ahead
+// stage's mbarrier, at which each issuing thread arrives once per tile (ring_arrivals: the
+// kernels initialise the barriers with that count), so one wait tells a thread the whole
+// tile has landed. Block ids and global scales are loaded two and one tiles ahead
 // (registers), so no thread waits on its own global loads. Pool blocks that are out of
 // range or past the row's visible end are not copied: their stage rows keep stale bytes
 // and their global scale reads NaN, so their scores are NaN (never selected) or lie past n
@@ -203,6 +204,9 @@ __host__ __device__ constexpr int wgmma_stage_bytes(int D) {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+
+// Arrivals per tile at a BulkRing stage's barrier: one per issuing thread (e_shift = log2 E).
+__device__ __forceinline__ u32 ring_arrivals(int e_shift) { return (u32)(score_wgmma::kTile >> (e_shift < 7 ? e_shift : 7)); }
 
 template <int kDim, int kStagesT = score_wgmma::kStages>
 struct BulkRing {
@@ -240,10 +244,7 @@ struct BulkRing {
     __device__ void issue(int j, int tid, int b, float g) {
         const int slot = (u32)(jbase + j) % kS;
         u64* bar = bars + slot;
-        if (!issuer(tid)) {
-            mbar_arrive(bar);
-            return;
-        }
+        if (!issuer(tid)) return;  // the stage's barrier counts the issuers' arrivals only
         if (b < 0) {
             meta_gs[slot * score_wgmma::kTile + tid] = g;
             mbar_arrive(bar);
