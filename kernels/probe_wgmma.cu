@@ -5,6 +5,34 @@
 // second is what the floor is measured against.
 #include "wgmma_common.cuh"
 
+// B, copied into shared memory through the generic proxy, published to wgmma (after every
+// thread's copies): its descriptor
+__device__ __forceinline__ u64 publish_b(unsigned char* smem) {
+    fence_proxy_async();
+    __syncthreads();
+    return wgmma_desc(smem, score_wgmma::kLbo, score_wgmma::kCoreBytes);
+}
+
+// The probes' register-only epilogue: ReLU keeping NaN and the head weight's FMA for each of
+// a sub-tile's 32 accumulators, into four running sums (weighted_head_sums' arithmetic
+// without its shuffles).
+__device__ __forceinline__ void relu_fma_sums(const float (&d)[32], const float2 (&wt)[8], float (&e)[4]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        e[0] = fmaf(wt[j].x, relu_nan(d[4 * j]), e[0]);
+        e[1] = fmaf(wt[j].y, relu_nan(d[4 * j + 1]), e[1]);
+        e[2] = fmaf(wt[j].x, relu_nan(d[4 * j + 2]), e[2]);
+        e[3] = fmaf(wt[j].y, relu_nan(d[4 * j + 3]), e[3]);
+    }
+}
+
+__device__ __forceinline__ void zero_accumulators(float (&acc)[2][32]) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[u][i] = 0.0f;
+}
+
 // grid (G,), 128 threads (one warpgroup), (kDim / 8) * kLbo bytes of dynamic shared memory
 // (B: 64 heads x kDim in the scoring kernels' core-matrix layout, copied from b). Each of
 // `rounds` rounds issues what one 128-entry tile costs the single-warpgroup kernel: two
@@ -25,14 +53,9 @@ __global__ void __launch_bounds__(128) wgmma_rate_kernel(const u32* __restrict__
     for (int ks = 0; ks < kKSteps; ++ks)
 #pragma unroll
         for (int r = 0; r < 4; ++r) a[ks][r] = a_frag[(ks * 4 + r) * 128 + tid];
-    fence_proxy_async();  // B, written through the generic proxy, is read by wgmma
-    __syncthreads();
-    const u64 desc = wgmma_desc(smem, kLbo, kCoreBytes);
+    const u64 desc = publish_b(smem);
     float acc[2][32];
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) acc[u][i] = 0.0f;
+    zero_accumulators(acc);
     for (int it = 0; it < rounds; ++it) {
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
@@ -90,14 +113,9 @@ wgmma_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b
     for (int ks = 0; ks < kKSteps; ++ks)
 #pragma unroll
         for (int r = 0; r < 4; ++r) a[0][ks][r] = a[1][ks][r] = a_frag[(ks * 4 + r) * 128 + tid];
-    fence_proxy_async();
-    __syncthreads();
-    const u64 desc = wgmma_desc(smem, kLbo, kCoreBytes);
+    const u64 desc = publish_b(smem);
     float acc[2][32];
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) acc[u][i] = 0.0f;
+    zero_accumulators(acc);
     float2 wt[8];  // head weights: any finite values
 #pragma unroll
     for (int j = 0; j < 8; ++j) wt[j] = make_float2(__uint_as_float(a[0][j][0] & 0xbfffffffu), __uint_as_float(a[0][j][1] & 0xbfffffffu));
@@ -124,15 +142,7 @@ wgmma_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b
             raw[u][wd] = a[u][k0][row];
         }
     };
-    auto epilogue = [&](const float (&d)[32]) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            e[0] = fmaf(wt[j].x, relu_nan(d[4 * j]), e[0]);
-            e[1] = fmaf(wt[j].y, relu_nan(d[4 * j + 1]), e[1]);
-            e[2] = fmaf(wt[j].x, relu_nan(d[4 * j + 2]), e[2]);
-            e[3] = fmaf(wt[j].y, relu_nan(d[4 * j + 3]), e[3]);
-        }
-    };
+    auto epilogue = [&](const float (&d)[32]) { relu_fma_sums(d, wt, e); };
     // sub-tile u's MMAs from its own fragments (mode 3) or from sub-tile 0's (the MMA role:
     // half the registers, as in wgmma_rate_kernel)
     auto mma = [&](int u) {
@@ -247,13 +257,7 @@ wgmma_tile_kernel(const uint4* __restrict__ b, int rounds, float* __restrict__ o
     float* dst = out + (long long)blockIdx.x * 64 * 128;
     auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
         if (kStep == 1) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                e[0] = fmaf(wt[j].x, relu_nan(d[4 * j]), e[0]);
-                e[1] = fmaf(wt[j].y, relu_nan(d[4 * j + 1]), e[1]);
-                e[2] = fmaf(wt[j].x, relu_nan(d[4 * j + 2]), e[2]);
-                e[3] = fmaf(wt[j].y, relu_nan(d[4 * j + 3]), e[3]);
-            }
+            relu_fma_sums(d, wt, e);
         } else {  // score_segment's epilogue
             const float2 sums = weighted_head_sums(d, wsm, c);
             if (c < 2) {
