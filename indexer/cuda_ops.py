@@ -129,24 +129,30 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
     use_ws = False
+    # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
+    # loads; a query view off that alignment takes the kernels that read it through the
+    # staging kernel instead
+    q_aligned = q.data.ptr % 16 == 0
     if exact:
         heads = 0
     else:
         # the wgmma kernel's bulk copies need 16-byte aligned scale rows of whole blocks
         aligned = key_scale.data.ptr % 16 == 0
         use_ws = fast_kernel == "ws" or (
-            fast_kernel == "auto" and cu_seqlens is None and aligned
+            fast_kernel == "auto" and cu_seqlens is None and aligned and q_aligned
             and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E))
         use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single") or (
             fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E) and aligned)
         if use_wgmma:
             _check_alignment("key_scale", key_scale, 16)
+        if use_ws:
+            _check_alignment("q", q, 16)
         heads = 64 if use_wgmma else 8 * geometry.mma_head_blocks(prob.H)
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
     use_pairs = (not exact and use_wgmma and not use_ws and cu_seqlens is not None
-                 and fast_kernel != "wgmma-single")
+                 and fast_kernel != "wgmma-single" and q_aligned)
     if use_ws or use_pairs:  # these kernels stage each query themselves, from fp32
         heads = 0
     query_bytes = heads * (prob.D + 8) * 2 + heads * 4

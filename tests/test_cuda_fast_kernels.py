@@ -103,6 +103,45 @@ def test_wgmma_falls_back_when_scales_are_not_16_byte_aligned():
     testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
 
 
+def _offset_view(cp, x, elements):
+    """x's values in a fresh buffer, `elements` float32 elements past its start: a contiguous
+    view off 16-byte alignment."""
+    buf = cp.empty(x.size + elements, dtype=x.dtype)
+    view = buf[elements:].reshape(x.shape)
+    view[...] = x
+    return view
+
+
+def test_a_query_off_16_byte_alignment_takes_a_kernel_that_reads_it():
+    # the warp-specialised and pair kernels load the fp32 query 16 bytes at a time; a view 4
+    # bytes off that alignment must not reach them (auto picks the staging kernel's path, a
+    # forced 'ws' says why)
+    from indexer import cuda_ops
+
+    if "ws" not in kernels():
+        pytest.skip("no Hopper GPU")
+    cp = arrays.cupy()
+    rng = np.random.default_rng(8)
+    p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=20_000, top_k=256)  # batch 1: 'ws' by default
+    args = [cp.asarray(a) for a in p.arrays()]
+    args[0] = _offset_view(cp, args[0], 1)
+    assert args[0].data.ptr % 16 == 4
+    with pytest.raises(ValueError, match="q.*16-byte"):
+        cuda_ops.score_topk(*args, p.top_k, _fast_kernel="ws")
+    idx, sc = cuda_ops.score_topk(*args, p.top_k, return_scores=True)
+    testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
+    # rows of one sequence (the pair kernel's calls): the same bits as the aligned query's
+    T = 6
+    p = testing.random_problem(rng, T=T, H=64, D=128, E=64, lens=3000, top_k=64, shared_blocks=True)
+    args = [cp.asarray(a) for a in p.arrays()]
+    cu = cp.asarray(np.array([0, T], dtype=np.int32))
+    aligned = cuda_ops.score_topk(*args, p.top_k, return_scores=True, _cu_seqlens=cu)
+    args[0] = _offset_view(cp, args[0], 1)
+    offset = cuda_ops.score_topk(*args, p.top_k, return_scores=True, _cu_seqlens=cu)
+    np.testing.assert_array_equal(offset[0].get(), aligned[0].get())
+    assert offset[1].get().tobytes() == aligned[1].get().tobytes()
+
+
 @pytest.mark.parametrize("kernel", kernels())
 @pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS)
 def test_adversarial(kernel, kind):
