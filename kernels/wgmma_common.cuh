@@ -240,7 +240,7 @@ struct BulkRing {
     }
     __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }
 
-    // Issue tile j (segment-relative) into its stage: every thread arrives once.
+    // Issue tile j (segment-relative) into its stage: each issuing thread arrives once.
     __device__ void issue(int j, int tid, int b, float g) {
         const int slot = (u32)(jbase + j) % kS;
         u64* bar = bars + slot;
