@@ -44,18 +44,35 @@ def fold_block_table(block_table, blocks: int = HOT_BLOCKS):
     return (block_table % blocks) * (block_table >= 0) - (block_table < 0)
 
 
+def _sm_count(cp) -> int:  # gpu-only
+    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+
+
+def _operands(cp, seed: int, with_a: bool = True):  # gpu-only
+    """The probes' random fp16 operands: A fragments ([8][4][128] u32 of fp16 pairs, two sets;
+    None without with_a) and B (64 x 128 fp16). Never time on zeros: the tensor cores' power,
+    and so their clock, depends on the data."""
+    rng = cp.random.default_rng(seed)
+    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32) if with_a else None
+    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    return a, b
+
+
+def _timed_with_clock(cp, launch, clk, rounds: int, ctas_per_sm: int) -> tuple[float, float]:  # gpu-only
+    """(ns per round per SM, mean SM clock in MHz) of launch(), whose kernel writes each CTA's
+    (clocks, nanoseconds) into clk."""
+    ms = bench.time_it(cp, lambda _: launch(), [None], warmup=2, repeats=10)
+    cycles, ns = (int(v) for v in cp.asnumpy(clk).reshape(-1, 2).sum(axis=0))
+    return ms * 1e6 / (rounds * ctas_per_sm), 1e3 * cycles / max(ns, 1)
+
+
 def wgmma_rate(cp, ctas_per_sm: int, rounds: int) -> float:  # gpu-only
     """FLOP/s of wgmma_rate_kernel<128> with ctas_per_sm one-warpgroup CTAs per SM."""
     from indexer import _jit  # noqa: PLC0415
 
     kern = _jit.get_kernel("probe_wgmma.cu", "wgmma_rate_kernel<128>")
-    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
-    rng = cp.random.default_rng(7)
-    # random fp16 operands (never time on zeros: the tensor cores' power, and so their
-    # clock, depends on the data)
-    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
-    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
-    grid = ctas_per_sm * sms
+    a, b = _operands(cp, 7)
+    grid = ctas_per_sm * _sm_count(cp)
     out = cp.empty(grid * 128, dtype=cp.float32)
     ms = bench.time_it(cp, lambda _: kern((grid,), (128,), (a, b, np.int32(rounds), out), shared_mem=16 * 1024),
                        [None], warmup=2, repeats=10)
@@ -70,18 +87,13 @@ def overlap_ns(cp, mode: int, ctas_per_sm: int, rounds: int) -> tuple[float, flo
     from indexer import _jit  # noqa: PLC0415
 
     kern = _jit.get_kernel("probe_wgmma.cu", f"wgmma_overlap_kernel<{mode}>")
-    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
-    rng = cp.random.default_rng(11)
-    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
-    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    a, b = _operands(cp, 11)
     threads = 256 if mode in (2, 5) else 128
-    grid = ctas_per_sm * sms
+    grid = ctas_per_sm * _sm_count(cp)
     out = cp.empty(grid * threads, dtype=cp.float32)
     clk = cp.zeros(2 * grid, dtype=cp.int64)
-    ms = bench.time_it(cp, lambda _: kern((grid,), (threads,), (a, b, np.int32(rounds), out, clk),
-                                          shared_mem=16 * 1024), [None], warmup=2, repeats=10)
-    cycles, ns = (int(v) for v in cp.asnumpy(clk).reshape(-1, 2).sum(axis=0))
-    return ms * 1e6 / (rounds * ctas_per_sm), 1e3 * cycles / max(ns, 1)
+    return _timed_with_clock(cp, lambda: kern((grid,), (threads,), (a, b, np.int32(rounds), out, clk),
+                                              shared_mem=16 * 1024), clk, rounds, ctas_per_sm)
 
 
 def overlap_report(cp, rounds: int) -> list[str]:  # gpu-only
@@ -108,16 +120,12 @@ def tile_step_ns(cp, step: int, rounds: int) -> tuple[float, float]:  # gpu-only
 
     smem = 16 * 1024 + 9216 + 64 * 4 + 128 * 4 + 2048 * 4  # kTileSmemBytes in probe_wgmma.cu
     kern = _jit.get_kernel("probe_wgmma.cu", f"wgmma_tile_kernel<{step}>")
-    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
-    rng = cp.random.default_rng(13)
-    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
-    grid = 3 * sms
+    _, b = _operands(cp, 13, with_a=False)
+    grid = 3 * _sm_count(cp)
     out = cp.empty(grid * 64 * 128, dtype=cp.float32)
     clk = cp.zeros(2 * grid, dtype=cp.int64)
-    ms = bench.time_it(cp, lambda _: kern((grid,), (128,), (b, np.int32(rounds), out, clk), shared_mem=smem),
-                       [None], warmup=2, repeats=10)
-    cycles, ns = (int(v) for v in cp.asnumpy(clk).reshape(-1, 2).sum(axis=0))
-    return ms * 1e6 / (rounds * 3), 1e3 * cycles / max(ns, 1)
+    return _timed_with_clock(cp, lambda: kern((grid,), (128,), (b, np.int32(rounds), out, clk), shared_mem=smem),
+                             clk, rounds, 3)
 
 
 def scoring_ms(cp, cuda_ops, case, sets) -> float | None:  # gpu-only
@@ -153,7 +161,7 @@ def main(argv=None) -> int:
     print("the tile loop rebuilt, ns per tile per SM at 3 CTAs/SM: + codes and scales from shared memory "
           f"{steps[0][0]:.0f} ({steps[0][1]:.0f} MHz), + the kernel's epilogue (weights from shared memory, "
           f"shuffles, score stores, histogram) {steps[1][0]:.0f} ({steps[1][1]:.0f} MHz)")
-    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    sms = _sm_count(cp)
     for i, case in enumerate(bench.select_cases(args.cases)):
         sets, counts = bench.input_sets(case, cp, i)
         floor_ms = bench.floor_seconds(counts, bw, rate) * 1e3
