@@ -111,6 +111,7 @@ __device__ __forceinline__ void score_segment(
             decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);  // sub-tile u
             mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);
         }
+        keys.refill_after_mma(it, tid);
         const int r0 = 16 * warp + g;
         wgmma_wait<1>();
         fence_accumulators(acc[0]);
@@ -342,6 +343,7 @@ __device__ __forceinline__ void score_pair_segment(
         mma(0, 0, desc0);
         mma(1, 0, desc1);
         decode(st, 1);
+        keys.refill_after_mma(it, tid);
         wgmma_wait<1>();
         fence_accumulators(acc[0]);
         epilogue(acc[0], 0, tile_start + r0, ga0, ga1);

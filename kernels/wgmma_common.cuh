@@ -278,11 +278,17 @@ struct BulkRing {
     }
 
     // Top of iteration it: wait for tile it, barrier (every thread is done with tile it - 1,
-    // whose stage is refilled now), issue tile it + kS - 1, advance the prefetch.
+    // whose stage refill_after_mma may refill from now on).
     __device__ void begin_tile(int it, int tid) {
         const int j = jbase + it;
         mbar_wait(bars + (u32)j % kS, ((u32)j / kS) & 1u);
         __syncthreads();
+    }
+    // Within iteration it, once its MMAs are issued: issue tile it + kS - 1 into the stage of
+    // tile it - 1 (free since begin_tile's barrier), advance the prefetch. The issuing
+    // threads' copy and address work then runs while the tensor cores work, not between the
+    // barrier and the first MMA, where the whole warpgroup waited for it at the first wgmma.
+    __device__ void refill_after_mma(int it, int tid) {
         if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);
         b_next = b_next2;
         g_next = scale_of(b_next);
