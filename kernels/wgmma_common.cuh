@@ -228,12 +228,16 @@ struct BulkRing {
     int b_next2, b_next;  // prefetched block ids (tiles it + kS, it + kS - 1 ... see advance)
     float g_next;
 
-    // Is this thread an issuer (thread i < copies: the i-th block run of every tile)?
-    __device__ bool issuer(int tid) const { return tid < copies; }
+    // The block run of every tile this thread issues: lane l of warp w takes run w + 4l, so
+    // that a tile's few runs (2 at E = 64) are issued by different warps, each through its
+    // own short divergent path, not one after another by the lanes of warp 0.
+    __device__ static int run_of(int tid) { return (tid >> 5) + 4 * (tid & 31); }
+    // Is this thread an issuer (its run < copies)?
+    __device__ bool issuer(int tid) const { return run_of(tid) < copies; }
 
     // block id of my run of tile j of this segment, -1 when not visible or out of range
     __device__ int block_of(int j, int tid) const {
-        const int s = (first_tile + j) * score_wgmma::kTile + (tid << row_shift);
+        const int s = (first_tile + j) * score_wgmma::kTile + (run_of(tid) << row_shift);
         if (j >= num_tiles || s >= n) return -1;
         const int b = bt[s >> e_shift];
         return (b >= 0 && b < P) ? b : -1;
@@ -245,24 +249,25 @@ struct BulkRing {
         const int slot = (u32)(jbase + j) % kS;
         u64* bar = bars + slot;
         if (!issuer(tid)) return;  // the stage's barrier counts the issuers' arrivals only
+        const int r = run_of(tid);
         if (b < 0) {
-            meta_gs[slot * score_wgmma::kTile + tid] = g;
+            meta_gs[slot * score_wgmma::kTile + r] = g;
             mbar_arrive(bar);
             return;
         }
         const int rows = 1 << row_shift;
-        const int s = (first_tile + j) * score_wgmma::kTile + (tid << row_shift);
+        const int s = (first_tile + j) * score_wgmma::kTile + (r << row_shift);
         const long long ent = (long long)b * E + (s & (E - 1));
         unsigned char* st = ring + slot * kStageBytes;
         const u32 code_bytes = rows * kCodeBytes, scale_bytes = rows * kScaleBytes;
         mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
-        bulk_copy_g2s(st + tid * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
-        bulk_copy_g2s(st + kScaleOffset + tid * scale_bytes, key_scale + ent * kScaleBytes, scale_bytes, bar);
+        bulk_copy_g2s(st + r * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
+        bulk_copy_g2s(st + kScaleOffset + r * scale_bytes, key_scale + ent * kScaleBytes, scale_bytes, bar);
         // The global scale is stored after the copies are on their way: at a segment's start
         // g is a load that depends on b, and waiting for it first would delay the tile by a
         // round trip. Readers see it: they read the stage only after the __syncthreads of the
         // begin_tile that waits for it, which this thread reaches after this store.
-        meta_gs[slot * score_wgmma::kTile + tid] = g;
+        meta_gs[slot * score_wgmma::kTile + r] = g;
     }
 
     // Before the loop (after the caller's barrier that retired the previous segment):
