@@ -189,8 +189,9 @@ __host__ __device__ constexpr int wgmma_stage_bytes(int D) {
 // ---------------------------------------------------------------------------
 // The key stream of one CTA through one query row: tiles of 128 entries land in a ring of
 // kStages shared-memory stages by bulk copies, one per (tile, pool block) for the codes and
-// one for the scales, issued by threads 0 .. kTile / rows_per_copy - 1 (E a power of two:
-// a tile covers 128 / E whole blocks, or 128 entries of one block). A copy reports to its
+// one for the scales, run r of a tile issued by lane r / 4 of warp r % 4 (run_of; E a power
+// of two: a tile covers 128 / E whole blocks, or 128 entries of one block), kS - 1 tiles
+// ahead, once the current tile's MMAs are issued (refill_after_mma). A copy reports to its
 // stage's mbarrier, at which each issuing thread arrives once per tile (ring_arrivals: the
 // kernels initialise the barriers with that count), so one wait tells a thread the whole
 // tile has landed. Block ids and global scales are loaded two and one tiles ahead
