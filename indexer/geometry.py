@@ -183,16 +183,19 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
 
 _PAIR_STAGES = 3  # kernels/score_wgmma.cu: score_wgmma_pairs::kStages
 #: rows of one run of the pair kernel (kernels/score_wgmma.cu: score_wgmma_pairs::kMaxRows):
-#: twice the single-row kernel's, so that prefill runs in half as many runs (each run pays
-#: the launches and the schedule's set-up of three kernels)
-MAX_PAIR_ROWS = 2048
+#: prefill's 8,192 rows in one run (where the budget holds their scores), so that short and
+#: long causal rows share the SMs and the launches are paid once
+MAX_PAIR_ROWS = 8192
+#: tile starts the pair kernel's schedule holds in shared memory (score_wgmma_pairs::kMaxUnits;
+#: past that many row pairs, one start per group of pairs)
+_PAIR_SCHEDULE_SLOTS = 1024
 
 
 def wgmma_pairs_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem)."""
     stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
     return (2 * (D // 8) * 1024 + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
-            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (MAX_PAIR_ROWS // 2 + 1) * 4 + 32 * 4)
+            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4)
 
 
 def score_wgmma_pairs_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64,

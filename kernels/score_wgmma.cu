@@ -202,7 +202,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 // same sequence; its tiles run to the longer row's end (each query's scores past its own
 // length are written but never counted or read). A pair that does not share (or a last
 // row alone) runs as single-row pieces, the second query slot shadowing the first with its
-// stores off. Up to kMaxUnits pairs, one wave shares all pairs' tiles (as the balanced
+// stores off. Up to kMaxRows / 2 pairs, one wave shares all pairs' tiles (as the balanced
 // schedule of the single-query kernel).
 //
 // Each piece stages its two queries itself, from the fp32 query (QueryStaging): no staging
@@ -214,8 +214,8 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 // ===========================================================================
 namespace score_wgmma_pairs {
 constexpr int kStages = 3;
-constexpr int kMaxRows = 2048;  // rows a run: prefill's thousands of short rows in few runs
-constexpr int kMaxUnits = kMaxRows / 2;
+constexpr int kMaxRows = 8192;   // rows a run: prefill's thousands of short rows in one run
+constexpr int kMaxUnits = 1024;  // tile starts the schedule holds (groups of units past that)
 constexpr int kFlushTiles = 256;  // 256 tiles x 128 entries < 65,536
 constexpr int kPackedWords = score_mma::kHistBins / 2;
 }  // namespace score_wgmma_pairs
@@ -376,7 +376,7 @@ __device__ __forceinline__ void score_pair_segment(
 // grid (G,), 128 threads: CTA i takes an equal share of all pairs' tiles. Row t is query
 // row0 + t of a call whose sequences start at rows cu_seqlens[0 .. n_seq] (varlen layout);
 // rows 2u and 2u + 1 share keys when they belong to the same sequence (found by the same
-// clamped binary search that expands the block table). T <= kMaxRows (2,048).
+// clamped binary search that expands the block table). T <= kMaxRows (8,192).
 template <int kDim>
 __global__ void __launch_bounds__(128, 3)
 score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged here, no prep kernel
@@ -431,18 +431,34 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     mbar_init_fence();
 
     const int U = (T + 1) / 2;
+    // The schedule in shared memory holds the tile starts of groups of 2^gshift units (one
+    // unit a group up to kMaxUnits units; four for prefill's 8,192 rows in one run, whose
+    // short and long rows then share the SMs): start[i] = tiles of units before unit
+    // i << gshift (its barriers also publish the mbarrier init).
+    int gshift = 0;
+    while (((U - 1) >> gshift) + 1 > score_wgmma_pairs::kMaxUnits) ++gshift;
+    const int groups = U > 0 ? ((U - 1) >> gshift) + 1 : 0;
     int* start = reinterpret_cast<int*>(smem + Smem::kSched);
-    // start[u] = tiles of units before u (its barriers also publish the mbarrier init)
     const u32 total = tile_starts<score_wgmma_pairs::kMaxUnits>(
-        U, [&](int i) { return unit(i).tiles; }, start, reinterpret_cast<u32*>(smem + Smem::kScratch));
+        groups, [&](int i) {
+            int sum = 0;
+            for (int v = i << gshift; v < min(U, (i + 1) << gshift); ++v) sum += unit(v).tiles;
+            return sum;
+        }, start, reinterpret_cast<u32*>(smem + Smem::kScratch));
     const long long G = gridDim.x;
     int g = (int)((long long)total * blockIdx.x / G);
     const int g_end = (int)((long long)total * (blockIdx.x + 1) / G);
     if (g >= g_end) return;
-    int u = item_of_tile(start, U, g), jbase = 0;
+    // the unit u holding tile g, from its group's start (u_start: tiles of units before u)
+    const int grp = item_of_tile(start, groups, g);
+    int u = grp << gshift, u_start = start[grp], jbase = 0;
+    for (int tiles = unit(u).tiles; u_start + tiles <= g; tiles = unit(u).tiles) {
+        u_start += tiles;
+        ++u;
+    }
     while (true) {
         const Unit x = unit(u);
-        const int local = g - start[u];
+        const int local = g - u_start, u_end = u_start + x.tiles;
         int ta, tb, na, nb, first, end;  // one piece of the unit: tiles [first, end) of its rows
         if (x.shared) {
             ta = x.ta; tb = x.tb; na = x.na; nb = x.nb; first = local; end = x.tiles;
@@ -457,6 +473,9 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
         jbase += num;
         g += num;
         if (g >= g_end) break;
-        while (start[u + 1] <= g) ++u;  // the unit holding tile g (skipping empty ones)
+        if (g >= u_end) {  // the next unit with tiles (g < total: one exists)
+            u_start = u_end;
+            for (int tiles = unit(++u).tiles; u_start + tiles <= g; tiles = unit(++u).tiles) u_start += tiles;
+        }
     }
 }

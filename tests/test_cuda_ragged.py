@@ -48,8 +48,13 @@ def test_ragged_validate_false_with_malformed_offsets_stays_in_bounds():
     # shared pairs past 256 tiles (32,768 entries): packed histograms flushed mid-row
     ([3, 3], [40_000, 33_000], 300, [39_000, 40_000, 100, 33_000, 32_900, 0]),
     ([9], [6000], 64, None),                   # one sequence, ragged lengths inside it
-    # more rows than the pair kernel takes at once: runs of 600, a sequence across two runs
+    # the single-row kernel (pairs off) in runs of 600, a sequence across two runs
     ([700, 500], [300, 200], 40, None),
+    # more pairs than the schedule's 1,024 slots (starts of groups of four pairs), a
+    # sequence of one row (a lone unit) at the end
+    ([4500, 1], [600, 50], 32, None),
+    # more rows than one run takes (8,192): two runs of 4,100
+    ([8200], [64], 8, None),
 ])
 def test_row_pairs_share_key_tiles_and_match_single_rows(counts, entries, top_k, lens):
     # the wgmma path scores consecutive rows of one sequence as pairs sharing each key tile;
