@@ -216,6 +216,7 @@ namespace score_wgmma_pairs {
 constexpr int kStages = 3;
 constexpr int kMaxRows = 8192;   // rows a run: prefill's thousands of short rows in one run
 constexpr int kMaxUnits = 1024;  // tile starts the schedule holds (groups of units past that)
+static_assert(kMaxRows / 2 % kMaxUnits == 0, "whole groups");
 constexpr int kFlushTiles = 256;  // 256 tiles x 128 entries < 65,536
 constexpr int kPackedWords = score_mma::kHistBins / 2;
 }  // namespace score_wgmma_pairs
@@ -431,10 +432,15 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     mbar_init_fence();
 
     const int U = (T + 1) / 2;
-    // The schedule in shared memory holds the tile starts of groups of 2^gshift units (one
-    // unit a group up to kMaxUnits units; four for prefill's 8,192 rows in one run, whose
-    // short and long rows then share the SMs): start[i] = tiles of units before unit
-    // i << gshift (its barriers also publish the mbarrier init).
+    // Units in folded order, k -> unit 0, U - 1, 1, U - 2, ...: a causal run's short and long
+    // rows alternate, so every CTA's equal share of the tiles holds as many piece starts
+    // (latency: query staging, the first tiles' copies) as the others, and beside them
+    // long pieces that keep the tensor cores busy.
+    auto unit_at = [&](int k) { return unit((k & 1) ? U - 1 - (k >> 1) : (k >> 1)); };
+    // The schedule in shared memory holds the tile starts of groups of 2^gshift units in that
+    // order (one a group up to kMaxUnits units, at most kMaxGroup): start[i] = tiles of the
+    // units before position i << gshift (its barriers also publish the mbarrier init).
+    constexpr int kMaxGroup = score_wgmma_pairs::kMaxRows / 2 / score_wgmma_pairs::kMaxUnits;
     int gshift = 0;
     while (((U - 1) >> gshift) + 1 > score_wgmma_pairs::kMaxUnits) ++gshift;
     const int groups = U > 0 ? ((U - 1) >> gshift) + 1 : 0;
@@ -442,23 +448,29 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     const u32 total = tile_starts<score_wgmma_pairs::kMaxUnits>(
         groups, [&](int i) {
             int sum = 0;
-            for (int v = i << gshift; v < min(U, (i + 1) << gshift); ++v) sum += unit(v).tiles;
+#pragma unroll
+            for (int j = 0; j < kMaxGroup; ++j) {  // unrolled: the units' loads in flight together
+                const int k = (i << gshift) + j;
+                if (j < (1 << gshift) && k < U) sum += unit_at(k).tiles;
+            }
             return sum;
         }, start, reinterpret_cast<u32*>(smem + Smem::kScratch));
     const long long G = gridDim.x;
     int g = (int)((long long)total * blockIdx.x / G);
     const int g_end = (int)((long long)total * (blockIdx.x + 1) / G);
     if (g >= g_end) return;
-    // the unit u holding tile g, from its group's start (u_start: tiles of units before u)
+    // position k (in folded order) of the unit holding tile g, from its group's start
+    // (k_start: tiles of the units before it)
     const int grp = item_of_tile(start, groups, g);
-    int u = grp << gshift, u_start = start[grp], jbase = 0;
-    for (int tiles = unit(u).tiles; u_start + tiles <= g; tiles = unit(u).tiles) {
-        u_start += tiles;
-        ++u;
-    }
+    int k = grp << gshift, k_start = start[grp], jbase = 0;
     while (true) {
-        const Unit x = unit(u);
-        const int local = g - u_start, u_end = u_start + x.tiles;
+        const Unit x = unit_at(k);
+        if (k_start + x.tiles <= g) {  // a unit before tile g (or empty): the next one
+            k_start += x.tiles;
+            ++k;
+            continue;
+        }
+        const int local = g - k_start, k_end = k_start + x.tiles;
         int ta, tb, na, nb, first, end;  // one piece of the unit: tiles [first, end) of its rows
         if (x.shared) {
             ta = x.ta; tb = x.tb; na = x.na; nb = x.nb; first = local; end = x.tiles;
@@ -473,9 +485,9 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
         jbase += num;
         g += num;
         if (g >= g_end) break;
-        if (g >= u_end) {  // the next unit with tiles (g < total: one exists)
-            u_start = u_end;
-            for (int tiles = unit(++u).tiles; u_start + tiles <= g; tiles = unit(++u).tiles) u_start += tiles;
+        if (g >= k_end) {  // the unit is done (else its second row's piece comes next)
+            k_start = k_end;
+            ++k;
         }
     }
 }
