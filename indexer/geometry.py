@@ -195,7 +195,7 @@ def wgmma_pairs_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem)."""
     stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
     return (2 * (D // 8) * 1024 + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
-            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4)
+            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4 + MAX_PAIR_ROWS // 8)
 
 
 def score_wgmma_pairs_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64,

@@ -232,7 +232,8 @@ struct WgmmaPairSmem {
     static constexpr int kHist = kBars + score_wgmma_pairs::kStages * 8;  // u32[2][kPackedWords]
     static constexpr int kSched = kHist + 2 * score_wgmma_pairs::kPackedWords * 4;  // int[kMaxUnits + 1]
     static constexpr int kScratch = kSched + (score_wgmma_pairs::kMaxUnits + 1) * 4;  // u32[32]
-    static constexpr int kBytes = kScratch + 32 * 4;
+    static constexpr int kSeqStarts = kScratch + 32 * 4;  // u32[kMaxRows / 32]: rows that start a sequence
+    static constexpr int kBytes = kSeqStarts + score_wgmma_pairs::kMaxRows / 8;
 };
 
 // one more entry in a packed histogram: bin b's count is the 16-bit half (b & 1) of word b / 2
@@ -376,8 +377,8 @@ __device__ __forceinline__ void score_pair_segment(
 
 // grid (G,), 128 threads: CTA i takes an equal share of all pairs' tiles. Row t is query
 // row0 + t of a call whose sequences start at rows cu_seqlens[0 .. n_seq] (varlen layout);
-// rows 2u and 2u + 1 share keys when they belong to the same sequence (found by the same
-// clamped binary search that expands the block table). T <= kMaxRows (8,192).
+// rows 2u and 2u + 1 share keys when they belong to the same sequence (no sequence starts at
+// row 2u + 1). T <= kMaxRows (8,192).
 template <int kDim>
 __global__ void __launch_bounds__(128, 3)
 score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged here, no prep kernel
@@ -403,15 +404,20 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     const int tid = threadIdx.x;
     const int max_len = L * E;
     auto visible = [&](int row) { return visible_len(valid_lens, row, max_len); };
-    auto seq_of = [&](int t) {
-        const long long x = (long long)t + row0;
-        int lo = 0, hi = n_seq + 1;
-        while (lo < hi) {
-            const int mid = (lo + hi) >> 1;
-            if ((long long)cu_seqlens[mid] <= x) lo = mid + 1; else hi = mid;
-        }
-        return min(max(lo - 1, 0), max(n_seq - 1, 0));
-    };
+    // Bit t of seq_starts: a sequence starts at row t (0 < t < T), so rows t - 1 and t belong
+    // to different sequences (the clamped sequence search that expands the block table
+    // changes there, for offsets in order; for any offsets, the kernel reads only in bounds).
+    // One pass over the offsets instead of two binary searches a unit (~2 log2(n_seq)
+    // dependent loads at every piece start).
+    u32* seq_starts = reinterpret_cast<u32*>(smem + Smem::kSeqStarts);
+    for (int i = tid; i < score_wgmma_pairs::kMaxRows / 32; i += blockDim.x) seq_starts[i] = 0u;
+    __syncthreads();
+    for (int s = 1 + tid; s < n_seq; s += blockDim.x) {
+        const long long r = (long long)cu_seqlens[s] - row0;
+        if (r > 0 && r < T) atomicOr(&seq_starts[r >> 5], 1u << (r & 31));
+    }
+    __syncthreads();  // the bits, before any unit is evaluated
+    auto starts_sequence = [&](int t) { return (seq_starts[t >> 5] >> (t & 31)) & 1u; };
     // a unit's rows, lengths, whether they share keys, and tiles of its first row alone
     struct Unit { int ta, tb, na, nb, tiles_a, tiles; bool shared; };
     auto unit = [&](int u) {
@@ -420,7 +426,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
         x.tb = 2 * u + 1 < T ? 2 * u + 1 : -1;
         x.na = visible(x.ta);
         x.nb = x.tb >= 0 ? visible(x.tb) : 0;
-        x.shared = x.tb >= 0 && seq_of(x.ta) == seq_of(x.tb);
+        x.shared = x.tb >= 0 && !starts_sequence(x.tb);
         x.tiles_a = (x.na + kTiles - 1) / kTiles;
         const int tiles_b = (x.nb + kTiles - 1) / kTiles;
         x.tiles = x.shared ? max(x.tiles_a, tiles_b) : x.tiles_a + tiles_b;

@@ -53,8 +53,9 @@ def test_ragged_validate_false_with_malformed_offsets_stays_in_bounds():
     # more pairs than the schedule's 1,024 slots (starts of groups of four pairs), a
     # sequence of one row (a lone unit) at the end
     ([4500, 1], [600, 50], 32, None),
-    # more rows than one run takes (8,192): two runs of 4,100
-    ([8200], [64], 8, None),
+    # more rows than one run takes (8,192): two runs of 4,151, the second starting inside
+    # a sequence, with a sequence start (at an odd row: a lone row each side) inside it
+    ([4000, 3999, 302], [64, 40, 30], 8, None),
 ])
 def test_row_pairs_share_key_tiles_and_match_single_rows(counts, entries, top_k, lens):
     # the wgmma path scores consecutive rows of one sequence as pairs sharing each key tile;
