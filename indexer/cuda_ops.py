@@ -203,10 +203,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
     # only the select this call takes is compiled and looked up
     if row_select:
-        # rows up to ROW_SELECT_MAX_LEN = 16 x 256 entries sit in registers; longer ones (the row
-        # select forced, for tests) are read by every pass
-        regs = geometry.ROW_SELECT_MAX_LEN // 256 if ld <= geometry.ROW_SELECT_MAX_LEN else 0
-        row_k = _kernel("select_fast.cu", f"topk_row_kernel<256, {_validate.MAX_TOP_K}, {regs}>", device_id)
+        # rows up to ROW_SELECT_MAX_LEN entries sit in registers (16 a thread; 128 threads a
+        # row up to 2,048 entries); longer ones (the row select forced, for tests) are read
+        # by every pass
+        row_name, row_threads = geometry.row_select_kernel(ld, prob.top_k, _validate.MAX_TOP_K)
+        row_k = _kernel("select_fast.cu", row_name, device_id)
     else:
         per = geometry.select_fast_per_thread(rows, sl.ld, dev)
         if exact:  # the tensor-core kernels count the histogram in their epilogue
@@ -247,7 +248,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         if score_only:
             continue
         if row_select:
-            row_k((nr,), (256,), (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
+            row_k((nr,), (row_threads,), (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
                                   i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
                                   indices[r0:r1], scores[r0:r1] if scores is not None else 0))
             continue

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -273,6 +273,21 @@ def select_fast_chunks(ld: int, per_thread: int = 16) -> int:
 #: straight from their scores (kernels/select_fast.cu: topk_row_kernel), not by the
 #: multi-CTA histogram/filter/sort passes
 ROW_SELECT_MAX_LEN = 4096
+#: rows up to this many entries, with top_k <= SHORT_ROW_SELECT_MAX_K, take the 128-thread row
+#: select (16 entries a thread; ten CTAs a SM: more rows in flight, fewer warps a barrier)
+SHORT_ROW_SELECT_MAX_LEN = 2048
+SHORT_ROW_SELECT_MAX_K = 1024
+
+
+def row_select_kernel(ld: int, top_k: int, max_top_k: int) -> tuple[str, int]:
+    """(instance name, threads) of ``topk_row_kernel`` for score rows of ``ld`` entries:
+    128 threads for short rows and k <= SHORT_ROW_SELECT_MAX_K, else 256 with every top-k up
+    to ``max_top_k``; rows past ROW_SELECT_MAX_LEN (the row select forced) are read by every
+    pass instead of held in registers."""
+    if ld <= SHORT_ROW_SELECT_MAX_LEN and top_k <= SHORT_ROW_SELECT_MAX_K:
+        return f"topk_row_kernel<128, {SHORT_ROW_SELECT_MAX_K}, {SHORT_ROW_SELECT_MAX_LEN // 128}>", 128
+    regs = ROW_SELECT_MAX_LEN // 256 if ld <= ROW_SELECT_MAX_LEN else 0
+    return f"topk_row_kernel<256, {max_top_k}, {regs}>", 256
 
 #: default device workspace of one call: issue 4's bound on extra memory for decode
 DEFAULT_WORKSPACE_BYTES = 64 << 20

@@ -248,11 +248,13 @@ __device__ __forceinline__ void bitonic_sort_desc_shared(u64* a, u32 size) {
     swap_sort_slots<kThreads>(a, size);  // swizzled -> natural
 }
 
-// The sort: keys in registers, 2 per thread while that keeps every warp busy, else 8; all
-// in shared memory past 8 per thread (top-k beyond the registers).
+// The sort: keys in registers, 2 per thread while that keeps every warp busy (4 for 512 keys
+// at 128 threads), else 8; all in shared memory past 8 per thread (top-k beyond the registers).
 template <int kThreads>
 __device__ __forceinline__ void bitonic_sort_desc(u64* a, u32 size) {
     if (size == (u32)(2 * kThreads)) bitonic_sort_desc_regs<kThreads, 2, 2 * kThreads>(a, size);  // top-k 512 at 256 threads
+    else if (kThreads == 128 && size == (u32)(4 * kThreads))  // top-k 512 at 128 threads: the short-row select
+        bitonic_sort_desc_regs<kThreads, 4, 4 * kThreads>(a, size);
     else if (size <= (u32)(2 * kThreads)) bitonic_sort_desc_regs<kThreads, 2>(a, size);
     else if (size <= (u32)(8 * kThreads)) bitonic_sort_desc_regs<kThreads, 8>(a, size);
     else bitonic_sort_desc_shared<kThreads>(a, size);

@@ -336,8 +336,11 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
 // Prefill's thousands of short causal rows go here. kRegs > 0: rows of at most
 // kRegs * kThreads entries (ROW_SELECT_MAX_LEN), read once into registers; kRegs = 0: rows
 // of any length, read by every pass (the row select forced on long rows, for tests).
+// kThreads = 128 (rows of at most 2,048 entries, k <= kMaxK = 1,024: prefill's causal rows):
+// eight CTAs a SM (64 registers, no spills), more rows in flight than the 256-thread form's
+// five, half the warps at each of its barriers.
 template <int kThreads, int kMaxK, int kRegs>
-__global__ void __launch_bounds__(kThreads, 5)  // 5 CTAs per SM: at most 51 registers (shared memory allows 6)
+__global__ void __launch_bounds__(kThreads, kThreads == 128 ? 8 : 5)  // at most 64 / 51 registers
 topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                 int top_k, const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                 int* __restrict__ out_idx, float* __restrict__ out_scores)

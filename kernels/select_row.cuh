@@ -33,6 +33,8 @@ __device__ __forceinline__ void select_row_radix(
                    u64* cand)
 {
     static_assert((kMaxK & (kMaxK - 1)) == 0, "kMaxK must be a power of two");
+    static_assert(kThreads >= 32 && (kThreads >= 256 || 256 % kThreads == 0), "whole warps; bins split evenly");
+    constexpr int kBinsPer = kThreads >= 256 ? 1 : 256 / kThreads;  // histogram bins a thread scans
     __shared__ u32 hist[257];  // 256 digits and a discard bin
     __shared__ u32 scratch[32];
     __shared__ u32 s_bin, s_above, s_whole, s_taken;
@@ -71,16 +73,27 @@ __device__ __forceinline__ void select_row_radix(
             for (int i = tid; i < n; i += kThreads) count(row_key(r, i));
         }
         __syncthreads();
-        // Suffix scan over bins from 255 down: thread j < 256 owns bin 255 - j.
-        u32 total;
-        const u32 mine = tid < 256 ? hist[255 - tid] : 0u;
-        const u32 above = block_exclusive_scan<kThreads>(mine, scratch, &total);
+        // Suffix scan over bins from 255 down: thread j owns bins 255 - kBinsPer * j - i,
+        // i < kBinsPer (none past bin 0).
+        u32 total, cnt[kBinsPer], mine = 0u;
+#pragma unroll
+        for (int i = 0; i < kBinsPer; ++i) {
+            const int b = 255 - kBinsPer * tid - i;
+            cnt[i] = b >= 0 ? hist[b] : 0u;
+            mine += cnt[i];
+        }
+        u32 above = block_exclusive_scan<kThreads>(mine, scratch, &total);
         if (pass == 0 && total <= k_rem) take_all = true;  // same value in every thread
         if (take_all) break;
-        if (tid < 256 && above < k_rem && k_rem <= above + mine) {
-            s_bin = 255u - (u32)tid;
-            s_above = above;
-            s_whole = (k_rem == above + mine) ? 1u : 0u;  // the k-th key's bin is taken whole
+#pragma unroll
+        for (int i = 0; i < kBinsPer; ++i) {
+            const int b = 255 - kBinsPer * tid - i;
+            if (b >= 0 && above < k_rem && k_rem <= above + cnt[i]) {
+                s_bin = (u32)b;
+                s_above = above;
+                s_whole = (k_rem == above + cnt[i]) ? 1u : 0u;  // the k-th key's bin is taken whole
+            }
+            above += cnt[i];
         }
         __syncthreads();
         prefix |= s_bin << shift;

@@ -219,17 +219,22 @@ def test_runs_of_rows_under_a_small_workspace_budget_give_the_same_bits(precisio
 
 
 @pytest.mark.parametrize("precision", ["fast", "exact"])
-@pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS + ("random", "long"))
+@pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS + ("random", "random-3k", "random-k2000", "long"))
 def test_both_selects_give_the_same_answer(kind, precision):
-    # one CTA per row (short rows, the default up to ROW_SELECT_MAX_LEN entries) and the
-    # multi-CTA passes (long rows) see the same scores: identical indices and scores, both
-    # meeting the reference's contract, on adversarial rows too
+    # one CTA per row (short rows, the default up to ROW_SELECT_MAX_LEN entries: 128 threads
+    # up to 2,048 entries and k <= 1,024, else 256) and the multi-CTA passes (long rows) see
+    # the same scores: identical indices and scores, both meeting the reference's contract,
+    # on adversarial rows too
     from indexer import cuda_ops
 
     cp = arrays.cupy()
     rng = np.random.default_rng(91)
     if kind == "random":
         p = testing.random_problem(rng, T=9, H=64, D=128, E=64, L=8, top_k=100)
+    elif kind == "random-3k":  # past SHORT_ROW_SELECT_MAX_LEN: the 256-thread row select
+        p = testing.random_problem(rng, T=5, H=64, D=128, E=64, lens=[3000, 2049, 2500, 100, 4096], top_k=300)
+    elif kind == "random-k2000":  # short rows, k past SHORT_ROW_SELECT_MAX_K: 256 threads
+        p = testing.random_problem(rng, T=3, H=64, D=128, E=64, lens=[2048, 1999, 2001], top_k=2000)
     elif kind == "long":  # past ROW_SELECT_MAX_LEN: the row select forced on a long row
         p = testing.random_problem(rng, T=2, H=8, D=64, E=64, lens=[9000, 4097], top_k=700)
     else:
