@@ -39,6 +39,7 @@ def main() -> None:
         ("score_ws.cu", "score_ws_kernel<128>", 256, geometry.ws_smem_bytes(128),
          geometry.score_ws_launch(1, 64, 128, 262_144).grid[0] // geometry.H200.sm_count),
         ("select_fast.cu", "topk_row_kernel<256, 4096, 16>", 256, 0, None),
+        ("select_fast.cu", "topk_row_kernel<128, 1024, 16>", 128, 0, None),
         ("select_fast.cu", "topk_rank_kernel<256>", 256, 0, None),
         ("select_fast.cu", "topk_filter_kernel<256, 16>", 256, 0, None),
     ]
