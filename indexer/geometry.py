@@ -274,7 +274,7 @@ def select_fast_chunks(ld: int, per_thread: int = 16) -> int:
 #: multi-CTA histogram/filter/sort passes
 ROW_SELECT_MAX_LEN = 4096
 #: rows up to this many entries, with top_k <= SHORT_ROW_SELECT_MAX_K, take the 128-thread row
-#: select (16 entries a thread; ten CTAs a SM: more rows in flight, fewer warps a barrier)
+#: select (16 entries a thread; eight CTAs a SM: more rows in flight, fewer warps a barrier)
 SHORT_ROW_SELECT_MAX_LEN = 2048
 SHORT_ROW_SELECT_MAX_K = 1024
 
