@@ -195,14 +195,14 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 // ===========================================================================
 // Pairs of query rows of one sequence (multi-token decode, prefill): the rows share a
 // block table, so each key tile is copied and decoded once and multiplied against both
-// queries (two wgmma groups per decoded A fragment): the decode, ~45% of the single-query
-// kernel's instructions, is paid once for two queries.
+// queries (one m64n128k16 per k-step: B holds both queries' 64 heads side by side): the
+// decode, ~45% of the single-query kernel's instructions, is paid once for two queries.
 //
 // Work units are row pairs (2u, 2u + 1). A pair shares when row_seq says both rows read the
 // same sequence; its tiles run to the longer row's end (each query's scores past its own
 // length are written but never counted or read). A pair that does not share (or a last
-// row alone) runs as single-row pieces, the second query slot shadowing the first with its
-// stores off. Up to kMaxRows / 2 pairs, one wave shares all pairs' tiles (as the balanced
+// row alone) runs as single-row pieces, the second query's half of B stale and its
+// epilogues skipped. Up to kMaxRows / 2 pairs, one wave shares all pairs' tiles (as the balanced
 // schedule of the single-query kernel).
 //
 // Each piece stages its two queries itself, from the fp32 query (QueryStaging): no staging
@@ -223,9 +223,11 @@ constexpr int kPackedWords = score_mma::kHistBins / 2;
 
 template <int kDim>
 struct WgmmaPairSmem {
-    static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;
-    static constexpr int kQ1 = kQBytes;                                 // second query's B
-    static constexpr int kW = 2 * kQBytes;                              // float[2][64]
+    // B of both queries side by side, 128 heads wide: K chunks of 8 slots kPairLbo bytes
+    // apart, the first query's 8 core matrices then the second's in each
+    static constexpr int kPairLbo = 2 * score_wgmma::kLbo;
+    static constexpr int kQ1 = score_wgmma::kLbo;                       // second query's first core matrix
+    static constexpr int kW = (kDim / 8) * kPairLbo;                    // float[2][64]
     static constexpr int kRing = kW + 2 * 64 * 4;                       // 128-aligned
     static constexpr int kMeta = kRing + score_wgmma_pairs::kStages * BulkRing<kDim, score_wgmma_pairs::kStages>::kStageBytes;
     static constexpr int kBars = kMeta + score_wgmma_pairs::kStages * score_wgmma::kTile * 4;
@@ -269,8 +271,7 @@ __device__ __forceinline__ void score_pair_segment(
     constexpr int kThreads = 128;
     constexpr int kHistBins = score_mma::kHistBins;
     const bool pair = tb >= 0;
-    unsigned char* qb0 = smem;
-    unsigned char* qb1 = smem + Smem::kQ1;
+    unsigned char* qb = smem;  // both queries: [D/8][2][8][8 heads][16 B]
     float* w0 = reinterpret_cast<float*>(smem + Smem::kW);
     float* w1 = w0 + kHeads;
     u32* h0 = reinterpret_cast<u32*>(smem + Smem::kHist);
@@ -296,22 +297,23 @@ __device__ __forceinline__ void score_pair_segment(
     if (hist)  // no histograms when one CTA per row selects (prefill's short rows)
         for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
     keys.start(tid);
-    staging.store(qb0, w0);
-    if (pair) {
+    staging.store(qb, w0, Smem::kPairLbo);
+    if (pair) {  // a lone row: the second query's half of B keeps stale values, never read
         staging.load(q, w, H, tb);
-        staging.store(qb1, w1);
+        staging.store(qb + Smem::kQ1, w1, Smem::kPairLbo);
     }
     fence_proxy_async();  // the queries, written through the generic proxy, are read by wgmma
     __syncthreads();
 
     const int g = lane >> 2, c = lane & 3;
     const bool count_keys = hist != nullptr;
-    const u64 desc0 = wgmma_desc(qb0, kLbo, kCoreBytes);
-    const u64 desc1 = pair ? wgmma_desc(qb1, kLbo, kCoreBytes) : desc0;  // a lone row: slot 1 shadows slot 0
+    // both queries' descriptor for k-step 0; k-step ks starts 2 * ks * kPairLbo bytes further
+    const u64 desc_q = wgmma_desc(qb, Smem::kPairLbo, kCoreBytes);
     float* out0 = scores + (long long)ta * ld;
     float* out1 = pair ? scores + (long long)tb * ld : out0;
     u32 a_frag[2][kKSteps][4];
-    float acc[2][32];
+    float acc[64];  // m64n128: acc[0..31] the first query's heads, acc[32..63] the second's
+    auto half = [&](int qi) -> const float (&)[32] { return *reinterpret_cast<const float(*)[32]>(acc + 32 * qi); };
 
     // weighted head sum of rows r0, r0 + 8 of a finished sub-tile for query slot qi
     auto epilogue = [&](const float (&d)[32], int qi, int s0, float g0, float g1) {
@@ -329,8 +331,14 @@ __device__ __forceinline__ void score_pair_segment(
     auto decode = [&](const unsigned char* st, int u) {
         decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);
     };
-    // one commit group: acc[v] = A(sub-tile u) x B(query of descriptor desc)
-    auto mma = [&](int v, int u, u64 desc) { mma_sub_tile<kDim>(acc[v], a_frag[u], desc); };
+    // one commit group: acc = A(sub-tile u) x B(both queries), one m64n128k16 a k-step
+    auto mma = [&](int u) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks)
+            wgmma_m64n128k16(acc, a_frag[u][ks], desc_q + (u64)((2 * ks * Smem::kPairLbo) >> 4), ks > 0);
+        wgmma_commit();
+    };
 
     const int r0 = 16 * warp + g;
     for (int it = 0; it < num_tiles; ++it) {
@@ -339,27 +347,22 @@ __device__ __forceinline__ void score_pair_segment(
         const int tile_start = (first_tile + it) * kTile;
         const float ga0 = keys.gscale(it, r0), ga1 = keys.gscale(it, r0 + 8);
         const float gb0 = keys.gscale(it, kSubTile + r0), gb1 = keys.gscale(it, kSubTile + r0 + 8);
-        // groups: (sub-tile 0, q0) (0, q1) (1, q0) (1, q1), accumulators alternating; every
-        // group waited for inside the iteration (see the single-query kernel)
+        // one group a sub-tile, both queries in it (m64n128: half the instructions and
+        // descriptors of two m64n64 groups); sub-tile 0's MMAs run under sub-tile 1's decode;
+        // every group waited for inside the iteration (see the single-query kernel)
         decode(st, 0);
-        mma(0, 0, desc0);
-        mma(1, 0, desc1);
+        mma(0);
         decode(st, 1);
         keys.refill_after_mma(it, tid);
-        wgmma_wait<1>();
-        fence_accumulators(acc[0]);
-        epilogue(acc[0], 0, tile_start + r0, ga0, ga1);
-        mma(0, 1, desc0);
-        wgmma_wait<1>();
-        fence_accumulators(acc[1]);
-        epilogue(acc[1], 1, tile_start + r0, ga0, ga1);
-        mma(1, 1, desc1);
-        wgmma_wait<1>();
-        fence_accumulators(acc[0]);
-        epilogue(acc[0], 0, tile_start + kSubTile + r0, gb0, gb1);
         wgmma_wait<0>();
-        fence_accumulators(acc[1]);
-        epilogue(acc[1], 1, tile_start + kSubTile + r0, gb0, gb1);
+        fence_accumulators(acc);
+        epilogue(half(0), 0, tile_start + r0, ga0, ga1);
+        if (pair) epilogue(half(1), 1, tile_start + r0, ga0, ga1);
+        mma(1);
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        epilogue(half(0), 0, tile_start + kSubTile + r0, gb0, gb1);
+        if (pair) epilogue(half(1), 1, tile_start + kSubTile + r0, gb0, gb1);
         if (count_keys && (it + 1) % score_wgmma_pairs::kFlushTiles == 0 && it + 1 < num_tiles) {
             __syncthreads();  // 16-bit counts: flush before any could overflow
             flush_packed_histogram(h0, hist + (long long)ta * kHistBins, tid, kThreads);
