@@ -218,6 +218,7 @@ constexpr int kMaxRows = 8192;   // rows a run: prefill's thousands of short row
 constexpr int kMaxUnits = 1024;  // tile starts the schedule holds (groups of units past that)
 static_assert(kMaxRows / 2 % kMaxUnits == 0, "whole groups");
 constexpr int kFlushTiles = 256;  // 256 tiles x 128 entries < 65,536
+static_assert(kFlushTiles * score_wgmma::kTile < 65536, "a packed 16-bit count cannot overflow between flushes");
 constexpr int kPackedWords = score_mma::kHistBins / 2;
 }  // namespace score_wgmma_pairs
 
