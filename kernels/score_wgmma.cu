@@ -202,8 +202,8 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 // same sequence; its tiles run to the longer row's end (each query's scores past its own
 // length are written but never counted or read). A pair that does not share (or a last
 // row alone) runs as single-row pieces, the second query's half of B stale and its
-// epilogues skipped. Up to kMaxRows / 2 pairs, one wave shares all pairs' tiles (as the balanced
-// schedule of the single-query kernel).
+// epilogues skipped. Up to kMaxRows / 2 pairs, one wave shares all pairs' tiles (as the
+// balanced schedule of the single-query kernel).
 //
 // Each piece stages its two queries itself, from the fp32 query (QueryStaging): no staging
 // kernel and no fp16 copy of the run's queries in the workspace.

@@ -155,9 +155,9 @@ __device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const
 // (128 threads): prep_query_kernel's arithmetic (each head scaled by the power of two 2^e
 // that brings max |q| into [2^14, 2^15), rounded to fp16; its weight times 2^(8 - e) to
 // wsm; heads past H zero) and its K order (slot i holds dim prep_slot_dim(i)), written in
-// the core-matrix layout of score_wgmma (8 heads x 16 bytes a core matrix, kLbo bytes
-// between K chunks of 8 slots). Warp wp takes heads 16wp .. 16wp + 15 in two passes of 8;
-// lane l, head 8p + (l % 8) of them and its dims quarter (l / 8) * D/4 .. + D/4 - 1, whose
+// the core-matrix layout of score_wgmma (8 heads x 16 bytes a core matrix, kLbo bytes, or
+// store()'s lbo, between K chunks of 8 slots). Warp wp takes heads 16wp .. 16wp + 15 in two
+// passes of 8; lane l, head 8p + (l % 8) of them and its dims quarter (l / 8) * D/4 .. + D/4 - 1, whose
 // slots are one 32-bit word of each K chunk: a warp's store covers 8 heads x 4 words, 32
 // banks. load() puts both passes' loads in flight (D/2 registers), so that the caller can
 // start other work before store() waits for them.
