@@ -157,10 +157,10 @@ __device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const
 // wsm; heads past H zero) and its K order (slot i holds dim prep_slot_dim(i)), written in
 // the core-matrix layout of score_wgmma (8 heads x 16 bytes a core matrix, kLbo bytes, or
 // store()'s lbo, between K chunks of 8 slots). Warp wp takes heads 16wp .. 16wp + 15 in two
-// passes of 8; lane l, head 8p + (l % 8) of them and its dims quarter (l / 8) * D/4 .. + D/4 - 1, whose
-// slots are one 32-bit word of each K chunk: a warp's store covers 8 heads x 4 words, 32
-// banks. load() puts both passes' loads in flight (D/2 registers), so that the caller can
-// start other work before store() waits for them.
+// passes of 8; lane l, head 8p + (l % 8) of them and its dims quarter (l / 8) * D/4 .. +
+// D/4 - 1, whose slots are one 32-bit word of each K chunk: a warp's store covers 8 heads x
+// 4 words, 32 banks. load() puts both passes' loads in flight (D/2 registers), so that the
+// caller can start other work before store() waits for them.
 template <int kDim>
 struct QueryStaging {
     static constexpr int kQuarter = kDim / 4, kVec = kQuarter / 4;
