@@ -16,8 +16,8 @@ TILE_ENTRIES = 128
 CANDIDATE_CAP = 8192
 #: rows with at most this many candidates are ranked by topk_rank_kernel, RANK_GROUP per CTA
 #: (kernels/select_fast.cu: kRankMax; RANK_GROUP is its 256 threads, one candidate each);
-#: a row with more is selected from its scores
-#: by its first rank CTA (the one-CTA radix select), so runs that rank launch no sort kernel
+#: a row with more is selected from its scores by its first rank CTA (the one-CTA radix
+#: select), so runs that rank launch no sort kernel
 RANK_MAX = 4096
 RANK_GROUP = 256
 
@@ -288,6 +288,7 @@ def row_select_kernel(ld: int, top_k: int, max_top_k: int) -> tuple[str, int]:
         return f"topk_row_kernel<128, {SHORT_ROW_SELECT_MAX_K}, {SHORT_ROW_SELECT_MAX_LEN // 128}>", 128
     regs = ROW_SELECT_MAX_LEN // 256 if ld <= ROW_SELECT_MAX_LEN else 0
     return f"topk_row_kernel<256, {max_top_k}, {regs}>", 256
+
 
 #: default device workspace of one call: issue 4's bound on extra memory for decode
 DEFAULT_WORKSPACE_BYTES = 64 << 20
