@@ -175,44 +175,60 @@ __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start
     }
 }
 
-// The query of row t as the wgmma B operand, by the consumer's 128 threads: warp wp takes
-// heads wp, wp + 4, ..., lane l dims 4l .. 4l + 3 of each (one 512-byte line run per load
-// instruction: every 32-byte sector fetched once, where a thread reading a head's 256
-// contiguous bytes made each sector two requests from all CTAs at once), scales the head
-// by the power of two 2^e that brings max |q| into [2^14, 2^15) (a warp maximum), rounds to
-// fp16 and stores it in the chunked K order (slot 8kc + j holds dim 8kc + j with bits 0 and
-// 1 swapped) in the core-matrix layout (heads as N: 8 heads x 16 bytes a core matrix, kQLbo
-// bytes between K chunks); the head's weight times 2^(8 - e) goes to wsm. The arithmetic of
-// prep_query_kernel, done once per row a CTA meets instead of by a kernel of its own.
+// The query of row t as the wgmma B operand, by the consumer's 128 threads, with
+// prep_query_kernel's arithmetic: each head scaled by the power of two 2^e that brings
+// max |q| into [2^14, 2^15), rounded to fp16 and stored in the chunked K order (slot 8kc + j
+// holds dim 8kc + j with bits 0 and 1 swapped) in the core-matrix layout (heads as N: 8
+// heads x 16 bytes a core matrix, kQLbo bytes between K chunks); the head's weight times
+// 2^(8 - e) goes to wsm. Warp wp takes heads 16wp .. 16wp + 15, four at a time: load (j, qd)
+// gives lane group g = lane / 8 head 16wp + 4j + g and lane r = lane % 8 its dims 32qd + 4r
+// .. + 3, so each load instruction reads four whole 128-byte lines; a head's maximum is then
+// three shuffles inside its lane group (sixteen heads a warp: twelve, side by side), and
+// each store instruction writes four heads' halves of four chunks (four wavefronts for 256
+// bytes). The layouts tried before it: a warp a head (512 contiguous bytes a load, but five
+// dependent shuffles a head, sixteen heads one after another: ~3.9 us at batch 1) and lanes
+// on a head's 128 contiguous bytes (32 lines a load instruction).
 __device__ __forceinline__ void stage_query(const float* __restrict__ q, const float* __restrict__ w, int H, int t,
                                             unsigned char* qb, float* wsm) {
     using namespace score_ws;
-    constexpr int kHeadsPerWarp = 16;  // 64 heads over the consumer's 4 warps
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-    float4 v[kHeadsPerWarp];
+    constexpr int kHeadSlots = 4, kQuarters = 4;  // a lane: 4 heads x 4 float4
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 3, r = lane & 7;
+    auto head = [&](int j) { return 16 * wp + 4 * j + g; };
+    float4 v[kHeadSlots][kQuarters];
+    float wv[kHeadSlots];
 #pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-        const int h = wp + 4 * j;
-        v[j] = h < H ? reinterpret_cast<const float4*>(q + ((long long)t * H + h) * kDim)[lane]
-                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < kHeadSlots; ++j) {
+        const int h = head(j);
+        const float4* src = reinterpret_cast<const float4*>(q + ((long long)t * H + h) * kDim) + r;
+#pragma unroll
+        for (int qd = 0; qd < kQuarters; ++qd) v[j][qd] = h < H ? src[8 * qd] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        wv[j] = h < H && r == 0 ? w[(long long)t * H + h] : 0.0f;
     }
-    const int hw = wp + 4 * (lane & 15);  // the head whose weight this lane loads
-    const float wv = lane < kHeadsPerWarp && hw < H ? w[(long long)t * H + hw] : 0.0f;
-    int e_mine = 0;
-    const int d0 = 4 * lane;  // my dims d0 .. d0 + 3 fill slots d0, d0 + 2, d0 + 1, d0 + 3
+    float amax[kHeadSlots];
 #pragma unroll
-    for (int j = 0; j < kHeadsPerWarp; ++j) {
-        const int h = wp + 4 * j;
-        float amax = fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w)));
+    for (int j = 0; j < kHeadSlots; ++j) {
+        amax[j] = 0.0f;
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-        const int e = query_scale_exponent(amax);  // prep_query_kernel's scale and rounding
-        if (lane == j) e_mine = e;
+        for (int qd = 0; qd < kQuarters; ++qd)
+            amax[j] = fmaxf(amax[j], fmaxf(fmaxf(fabsf(v[j][qd].x), fabsf(v[j][qd].y)),
+                                           fmaxf(fabsf(v[j][qd].z), fabsf(v[j][qd].w))));
+    }
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1)
+#pragma unroll
+        for (int j = 0; j < kHeadSlots; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(FULL_MASK, amax[j], off));
+#pragma unroll
+    for (int j = 0; j < kHeadSlots; ++j) {
+        const int h = head(j), e = query_scale_exponent(amax[j]);
         const Pow2Scale sc = pow2_scale(e);
-        const uint2 pair = make_uint2(scaled_half2_bits(v[j].x, v[j].z, sc), scaled_half2_bits(v[j].y, v[j].w, sc));
-        *reinterpret_cast<uint2*>(qb + (d0 / 8) * kQLbo + (h / 8) * 128 + (h % 8) * 16 + (d0 % 8) * 2) = pair;
+#pragma unroll
+        for (int qd = 0; qd < kQuarters; ++qd) {  // dims 32qd + 4r .. + 3: half r % 2 of chunk 4qd + r / 2
+            const float4 x = v[j][qd];
+            *reinterpret_cast<uint2*>(qb + (4 * qd + r / 2) * kQLbo + (h / 8) * 128 + (h % 8) * 16 + (r % 2) * 8) =
+                make_uint2(scaled_half2_bits(x.x, x.z, sc), scaled_half2_bits(x.y, x.w, sc));
+        }
+        if (r == 0) wsm[h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
     }
-    if (lane < kHeadsPerWarp) wsm[hw] = ldexpf(wv, 8 - e_mine);  // 0 for heads past H
 }
 
 // Consumer warpgroup: the MMAs and the epilogue of every tile of [g0, g1).
