@@ -154,58 +154,72 @@ __device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const
 // The query of row t as a wgmma B operand, straight from the fp32 query, by one warpgroup
 // (128 threads): prep_query_kernel's arithmetic (each head scaled by the power of two 2^e
 // that brings max |q| into [2^14, 2^15), rounded to fp16; its weight times 2^(8 - e) to
-// wsm; heads past H zero) and its K order (slot i holds dim prep_slot_dim(i)), written in
-// the core-matrix layout of score_wgmma (8 heads x 16 bytes a core matrix, kLbo bytes, or
-// store()'s lbo, between K chunks of 8 slots). Warp wp takes heads 16wp .. 16wp + 15 in two
-// passes of 8; lane l, head 8p + (l % 8) of them and its dims quarter (l / 8) * D/4 .. +
-// D/4 - 1, whose slots are one 32-bit word of each K chunk: a warp's store covers 8 heads x
-// 4 words, 32 banks. load() puts both passes' loads in flight (D/2 registers), so that the
-// caller can start other work before store() waits for them.
+// wsm; heads past H zero) and its K order (slot i holds dim prep_slot_dim(i): chunk c of 8
+// slots takes two dims of each quarter of the head, slots 2qd and 2qd + 1 dims qd * D/4 +
+// 4(c / 2) + c % 2 and + 2), in the core-matrix layout of score_wgmma (8 heads x 16 bytes a
+// core matrix, kLbo bytes, or store()'s lbo, between K chunks). Warp wp takes heads 16wp ..
+// 16wp + 15, four at a time: lane group g = lane / 8 head 16wp + 4j + g of slot j, and lane
+// r = lane % 8 (r < D/16) float4 r of each of the head's four quarters: each load
+// instruction reads four heads' 128 contiguous bytes (whole lines at D = 128, where a lane
+// a quarter made every load instruction touch 32 lines), a head's maximum is three
+// shuffles inside its lane group, and a lane holds the whole 16-byte rows of chunks 2r and
+// 2r + 1. load() puts every load in flight (D/2 registers), so that the caller can start
+// other work before store() waits for them.
 template <int kDim>
 struct QueryStaging {
-    static constexpr int kQuarter = kDim / 4, kVec = kQuarter / 4;
-    static_assert(kDim % 32 == 0, "D a multiple of 32: whole float4 loads and 32-bit stores");
-    float4 v[2][kVec];
-    float wv[2];
+    static constexpr int kQuarter = kDim / 4, kLanes = kQuarter / 4, kSlots = 4;  // lanes a head, heads a lane
+    static_assert(kDim % 32 == 0 && kDim <= 128, "D a multiple of 32, at most 128: a head's float4s in 8 lanes");
+    float4 v[kSlots][4];  // [head slot][quarter]
+    float wv[kSlots];
 
-    __device__ static int head(int p) { return 16 * ((threadIdx.x >> 5) & 3) + 8 * p + (threadIdx.x & 7); }
-    __device__ static int quarter() { return (threadIdx.x & 31) >> 3; }
+    __device__ static int head(int j) { return 16 * ((threadIdx.x >> 5) & 3) + 4 * j + ((threadIdx.x & 31) >> 3); }
+    __device__ static int lane_in_head() { return threadIdx.x & 7; }
 
     __device__ __forceinline__ void load(const float* __restrict__ q, const float* __restrict__ w, int H, long long t) {
+        const int r = lane_in_head();
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int h = head(p);
-            const float4* src = reinterpret_cast<const float4*>(q + (t * H + h) * kDim + quarter() * kQuarter);
+        for (int j = 0; j < kSlots; ++j) {
+            const int h = head(j);
+            const bool mine = h < H && r < kLanes;
+            const float4* src = reinterpret_cast<const float4*>(q + (t * H + h) * kDim) + r;
 #pragma unroll
-            for (int i = 0; i < kVec; ++i) v[p][i] = h < H ? src[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            wv[p] = h < H && quarter() == 0 ? w[t * H + h] : 0.0f;
+            for (int qd = 0; qd < 4; ++qd) v[j][qd] = mine ? src[qd * kLanes] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            wv[j] = h < H && r == 0 ? w[t * H + h] : 0.0f;
         }
     }
 
     // lbo: bytes between K chunks (kLbo for one query's B; the pair kernel's two-query B,
     // 128 heads wide, has 2 * kLbo)
     __device__ __forceinline__ void store(unsigned char* qb, float* wsm, int lbo = score_wgmma::kLbo) const {
+        const int r = lane_in_head();
+        float amax[kSlots];
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-            const int h = head(p);
-            float amax = 0.0f;
+        for (int j = 0; j < kSlots; ++j) {
+            amax[j] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < kVec; ++i)
-                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[p][i].x), fabsf(v[p][i].y)),
-                                         fmaxf(fabsf(v[p][i].z), fabsf(v[p][i].w))));
-            amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 8));  // the head's four quarters
-            amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 16));
-            const int e = query_scale_exponent(amax);
+            for (int qd = 0; qd < 4; ++qd)
+                amax[j] = fmaxf(amax[j], fmaxf(fmaxf(fabsf(v[j][qd].x), fabsf(v[j][qd].y)),
+                                               fmaxf(fabsf(v[j][qd].z), fabsf(v[j][qd].w))));
+        }
+#pragma unroll
+        for (int off = 1; off < 8; off <<= 1)  // the head's lane group, four heads side by side
+#pragma unroll
+            for (int j = 0; j < kSlots; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(FULL_MASK, amax[j], off));
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) {
+            const int h = head(j), e = query_scale_exponent(amax[j]);
             const Pow2Scale sc = pow2_scale(e);
-            unsigned char* row = qb + (h / 8) * score_wgmma::kCoreBytes + (h % 8) * 16 + 4 * quarter();
-            // dims r and r + 2 of my quarter (r = 4i + lohi) fill slots 2 * quarter, + 1 of chunk 2i + lohi
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                const float4 x = v[p][i];
-                *reinterpret_cast<u32*>(row + (2 * i) * lbo) = scaled_half2_bits(x.x, x.z, sc);
-                *reinterpret_cast<u32*>(row + (2 * i + 1) * lbo) = scaled_half2_bits(x.y, x.w, sc);
+            if (r < kLanes) {
+                unsigned char* row = qb + (2 * r) * lbo + (h / 8) * score_wgmma::kCoreBytes + (h % 8) * 16;
+                const float4 *x = v[j];
+                *reinterpret_cast<uint4*>(row) =  // chunk 2r: dims 4r and 4r + 2 of each quarter
+                    make_uint4(scaled_half2_bits(x[0].x, x[0].z, sc), scaled_half2_bits(x[1].x, x[1].z, sc),
+                               scaled_half2_bits(x[2].x, x[2].z, sc), scaled_half2_bits(x[3].x, x[3].z, sc));
+                *reinterpret_cast<uint4*>(row + lbo) =  // chunk 2r + 1: dims 4r + 1 and 4r + 3
+                    make_uint4(scaled_half2_bits(x[0].y, x[0].w, sc), scaled_half2_bits(x[1].y, x[1].w, sc),
+                               scaled_half2_bits(x[2].y, x[2].w, sc), scaled_half2_bits(x[3].y, x[3].w, sc));
             }
-            if (quarter() == 0) wsm[h] = ldexpf(wv[p], 8 - e);  // 0 for heads past H
+            if (r == 0) wsm[h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
         }
     }
 };
