@@ -18,7 +18,8 @@
 // CTAs of an SM overlap one's epilogue with the other's MMAs.
 // K order: slot 8*kc + i of k-chunk kc holds dim 8*kc + (i with bits 0 and 1 swapped): the
 // order in which the E4M3 conversion emits the eight codes of a 32-bit word (see
-// e2m1x8_to_f16x2_cvt); the consumer stages the query in the same order (stage_query).
+// e2m1x8_to_f16x2_cvt); the consumer stages the query in the same order
+// (QueryStaging::store_chunked).
 // Output: score_wgmma.cu's (scores of every entry of each touched tile, histogram of the
 // keys' top 11 bits of the visible ones), the same fp16 products summed in another K order.
 #include "wgmma_common.cuh"
@@ -175,62 +176,6 @@ __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start
     }
 }
 
-// The query of row t as the wgmma B operand, by the consumer's 128 threads, with
-// prep_query_kernel's arithmetic: each head scaled by the power of two 2^e that brings
-// max |q| into [2^14, 2^15), rounded to fp16 and stored in the chunked K order (slot 8kc + j
-// holds dim 8kc + j with bits 0 and 1 swapped) in the core-matrix layout (heads as N: 8
-// heads x 16 bytes a core matrix, kQLbo bytes between K chunks); the head's weight times
-// 2^(8 - e) goes to wsm. Warp wp takes heads 16wp .. 16wp + 15, four at a time: load (j, qd)
-// gives lane group g = lane / 8 head 16wp + 4j + g and lane r = lane % 8 its dims 32qd + 4r
-// .. + 3, so each load instruction reads four whole 128-byte lines; a head's maximum is then
-// three shuffles inside its lane group (sixteen heads a warp: twelve, side by side), and
-// each store instruction writes four heads' halves of four chunks (four wavefronts for 256
-// bytes). The layouts tried before it: a warp a head (512 contiguous bytes a load, but five
-// dependent shuffles a head, sixteen heads one after another: ~3.9 us at batch 1) and lanes
-// on a head's 128 contiguous bytes (32 lines a load instruction).
-__device__ __forceinline__ void stage_query(const float* __restrict__ q, const float* __restrict__ w, int H, int t,
-                                            unsigned char* qb, float* wsm) {
-    using namespace score_ws;
-    constexpr int kHeadSlots = 4, kQuarters = 4;  // a lane: 4 heads x 4 float4
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, g = lane >> 3, r = lane & 7;
-    auto head = [&](int j) { return 16 * wp + 4 * j + g; };
-    float4 v[kHeadSlots][kQuarters];
-    float wv[kHeadSlots];
-#pragma unroll
-    for (int j = 0; j < kHeadSlots; ++j) {
-        const int h = head(j);
-        const float4* src = reinterpret_cast<const float4*>(q + ((long long)t * H + h) * kDim) + r;
-#pragma unroll
-        for (int qd = 0; qd < kQuarters; ++qd) v[j][qd] = h < H ? src[8 * qd] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        wv[j] = h < H && r == 0 ? w[(long long)t * H + h] : 0.0f;
-    }
-    float amax[kHeadSlots];
-#pragma unroll
-    for (int j = 0; j < kHeadSlots; ++j) {
-        amax[j] = 0.0f;
-#pragma unroll
-        for (int qd = 0; qd < kQuarters; ++qd)
-            amax[j] = fmaxf(amax[j], fmaxf(fmaxf(fabsf(v[j][qd].x), fabsf(v[j][qd].y)),
-                                           fmaxf(fabsf(v[j][qd].z), fabsf(v[j][qd].w))));
-    }
-#pragma unroll
-    for (int off = 1; off < 8; off <<= 1)
-#pragma unroll
-        for (int j = 0; j < kHeadSlots; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(FULL_MASK, amax[j], off));
-#pragma unroll
-    for (int j = 0; j < kHeadSlots; ++j) {
-        const int h = head(j), e = query_scale_exponent(amax[j]);
-        const Pow2Scale sc = pow2_scale(e);
-#pragma unroll
-        for (int qd = 0; qd < kQuarters; ++qd) {  // dims 32qd + 4r .. + 3: half r % 2 of chunk 4qd + r / 2
-            const float4 x = v[j][qd];
-            *reinterpret_cast<uint2*>(qb + (4 * qd + r / 2) * kQLbo + (h / 8) * 128 + (h % 8) * 16 + (r % 2) * 8) =
-                make_uint2(scaled_half2_bits(x.x, x.z, sc), scaled_half2_bits(x.y, x.w, sc));
-        }
-        if (r == 0) wsm[h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
-    }
-}
-
 // Consumer warpgroup: the MMAs and the epilogue of every tile of [g0, g1).
 __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start, int g0, int g1,
                                            const float* __restrict__ q, const float* __restrict__ w, int H,
@@ -291,7 +236,11 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
             row_end = start[t + 1];
             n = row_len[t];
             out = scores + (long long)t * ld;
-            stage_query(q, w, H, t, qb, wsm);
+            {  // the query in the decode's K order, by whole lines (QueryStaging::store_chunked)
+                QueryStaging<kDim> staging;
+                staging.load(q, w, H, t);
+                staging.store_chunked(qb, wsm, kQLbo);
+            }
             fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
             named_barrier(kConsumerBarrier, 128);
 #pragma unroll

@@ -154,17 +154,23 @@ __device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const
 // The query of row t as a wgmma B operand, straight from the fp32 query, by one warpgroup
 // (128 threads): prep_query_kernel's arithmetic (each head scaled by the power of two 2^e
 // that brings max |q| into [2^14, 2^15), rounded to fp16; its weight times 2^(8 - e) to
-// wsm; heads past H zero) and its K order (slot i holds dim prep_slot_dim(i): chunk c of 8
-// slots takes two dims of each quarter of the head, slots 2qd and 2qd + 1 dims qd * D/4 +
-// 4(c / 2) + c % 2 and + 2), in the core-matrix layout of score_wgmma (8 heads x 16 bytes a
-// core matrix, kLbo bytes, or store()'s lbo, between K chunks). Warp wp takes heads 16wp ..
-// 16wp + 15, four at a time: lane group g = lane / 8 head 16wp + 4j + g of slot j, and lane
-// r = lane % 8 (r < D/16) float4 r of each of the head's four quarters: each load
-// instruction reads four heads' 128 contiguous bytes (whole lines at D = 128, where a lane
-// a quarter made every load instruction touch 32 lines), a head's maximum is three
-// shuffles inside its lane group, and a lane holds the whole 16-byte rows of chunks 2r and
-// 2r + 1. load() puts every load in flight (D/2 registers), so that the caller can start
-// other work before store() waits for them.
+// wsm; heads past H zero) in the core-matrix layout of score_wgmma (8 heads x 16 bytes a
+// core matrix, `lbo` bytes between K chunks of 8 slots). Warp wp takes heads 16wp .. 16wp +
+// 15, four at a time: lane group g = lane / 8 head 16wp + 4j + g of slot j, and lane r =
+// lane % 8 (r < D/16) float4 r of each of the head's four quarters: each load instruction
+// reads four heads' 128 contiguous bytes (whole lines at D = 128, where a lane a quarter
+// made every load instruction touch 32 lines), and a head's maximum is three shuffles
+// inside its lane group (four heads side by side). load() puts every load in flight (D/2
+// registers), so that the caller can start other work before a store waits for them. Two K
+// orders:
+//   * store(): prep_query_kernel's (slot i holds dim prep_slot_dim(i): chunk c takes two
+//     dims of each quarter, slots 2qd and 2qd + 1 dims qd * D/4 + 4(c / 2) + c % 2 and + 2),
+//     the order of the A fragments score_wgmma.cu decodes into registers: a lane holds the
+//     whole 16-byte rows of chunks 2r and 2r + 1;
+//   * store_chunked() (D = 128): chunk kc holds dims 8kc .. 8kc + 7, slot j dim 8kc + (j
+//     with bits 0 and 1 swapped), the order in which score_ws.cu decodes keys into shared
+//     memory: a lane holds half of chunk 4qd + r / 2 of each quarter (8 bytes a store, four
+//     wavefronts a warp's store).
 template <int kDim>
 struct QueryStaging {
     static constexpr int kQuarter = kDim / 4, kLanes = kQuarter / 4, kSlots = 4;  // lanes a head, heads a lane
@@ -188,11 +194,8 @@ struct QueryStaging {
         }
     }
 
-    // lbo: bytes between K chunks (kLbo for one query's B; the pair kernel's two-query B,
-    // 128 heads wide, has 2 * kLbo)
-    __device__ __forceinline__ void store(unsigned char* qb, float* wsm, int lbo = score_wgmma::kLbo) const {
-        const int r = lane_in_head();
-        float amax[kSlots];
+    // each slot's head maximum |q| (over its lane group)
+    __device__ __forceinline__ void head_maxima(float (&amax)[kSlots]) const {
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) {
             amax[j] = 0.0f;
@@ -202,9 +205,17 @@ struct QueryStaging {
                                                fmaxf(fabsf(v[j][qd].z), fabsf(v[j][qd].w))));
         }
 #pragma unroll
-        for (int off = 1; off < 8; off <<= 1)  // the head's lane group, four heads side by side
+        for (int off = 1; off < 8; off <<= 1)
 #pragma unroll
             for (int j = 0; j < kSlots; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(FULL_MASK, amax[j], off));
+    }
+
+    // lbo: bytes between K chunks (kLbo for one query's B; the pair kernel's two-query B,
+    // 128 heads wide, has 2 * kLbo)
+    __device__ __forceinline__ void store(unsigned char* qb, float* wsm, int lbo = score_wgmma::kLbo) const {
+        const int r = lane_in_head();
+        float amax[kSlots];
+        head_maxima(amax);
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) {
             const int h = head(j), e = query_scale_exponent(amax[j]);
@@ -218,6 +229,26 @@ struct QueryStaging {
                 *reinterpret_cast<uint4*>(row + lbo) =  // chunk 2r + 1: dims 4r + 1 and 4r + 3
                     make_uint4(scaled_half2_bits(x[0].y, x[0].w, sc), scaled_half2_bits(x[1].y, x[1].w, sc),
                                scaled_half2_bits(x[2].y, x[2].w, sc), scaled_half2_bits(x[3].y, x[3].w, sc));
+            }
+            if (r == 0) wsm[h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
+        }
+    }
+
+    __device__ __forceinline__ void store_chunked(unsigned char* qb, float* wsm, int lbo) const {
+        static_assert(kDim == 128, "the chunked order's lanes hold dims 32qd + 4r .. + 3");
+        const int r = lane_in_head();
+        float amax[kSlots];
+        head_maxima(amax);
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) {
+            const int h = head(j), e = query_scale_exponent(amax[j]);
+            const Pow2Scale sc = pow2_scale(e);
+#pragma unroll
+            for (int qd = 0; qd < 4; ++qd) {  // dims 32qd + 4r .. + 3: half r % 2 of chunk 4qd + r / 2
+                const float4 x = v[j][qd];
+                *reinterpret_cast<uint2*>(qb + (4 * qd + r / 2) * lbo + (h / 8) * score_wgmma::kCoreBytes + (h % 8) * 16 +
+                                          (r % 2) * 8) =
+                    make_uint2(scaled_half2_bits(x.x, x.z, sc), scaled_half2_bits(x.y, x.w, sc));
             }
             if (r == 0) wsm[h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
         }
