@@ -222,7 +222,7 @@ struct QueryStaging {
             const Pow2Scale sc = pow2_scale(e);
             if (r < kLanes) {
                 unsigned char* row = qb + (2 * r) * lbo + (h / 8) * score_wgmma::kCoreBytes + (h % 8) * 16;
-                const float4 *x = v[j];
+                const float4* x = v[j];
                 *reinterpret_cast<uint4*>(row) =  // chunk 2r: dims 4r and 4r + 2 of each quarter
                     make_uint4(scaled_half2_bits(x[0].x, x[0].z, sc), scaled_half2_bits(x[1].x, x[1].z, sc),
                                scaled_half2_bits(x[2].x, x[2].z, sc), scaled_half2_bits(x[3].x, x[3].z, sc));
