@@ -101,7 +101,8 @@ INSTANCES = {
     "probe_wgmma.cu": ["wgmma_rate_kernel<128>"] + [f"wgmma_overlap_kernel<{m}>" for m in range(6)] + [
         f"wgmma_tile_kernel<{s}>" for s in (1, 2)],  # scripts/probe_ceiling.py only
     "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>",
-                       "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>", "topk_rank_kernel<256>", "topk_final_kernel<1024, 8192>",
+                       "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>",
+                       "topk_rank_kernel<256, false>", "topk_rank_kernel<256, true>", "topk_final_kernel<1024, 8192>",
                        "topk_row_kernel<256, 4096, 16>", "topk_row_kernel<256, 4096, 0>",
                        "topk_row_kernel<128, 1024, 16>", "block_sort_kernel<1024>", "block_sort_kernel<256>"],
 }

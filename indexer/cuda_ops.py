@@ -213,7 +213,10 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         if exact:  # the tensor-core kernels count the histogram in their epilogue
             hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
         filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
-        rank_k = _kernel("select_fast.cu", "topk_rank_kernel<256>", device_id)
+        all_pairs = geometry.rank_all_pairs(rows)
+        rank_k = _kernel("select_fast.cu", f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>", device_id)
+        rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
+                     else geometry.rank_ctas_per_row(prob.top_k))
         final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
         chunks = geometry.select_fast_chunks(sl.ld, per)
 
@@ -257,10 +260,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         filter_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand,
                                         i32(cap)))
         # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
-        # is selected from its scores by one of them); many rows: every row's candidates
-        # sorted by one CTA (see geometry.rank_select). One launch either way.
+        # is selected from its scores by one of them; the fewest rows compare every pair,
+        # see geometry.rank_all_pairs); many rows: every row's candidates sorted by one CTA
+        # (see geometry.rank_select). One launch either way.
         if geometry.rank_select(nr, prob.top_k, dev):
-            rank_k((nr, geometry.rank_ctas_per_row(prob.top_k)), (256,),
+            rank_k((nr, rank_ctas), (256,),
                    (scores_ws, ld, lens, i32(prob.max_len), count, cand, i32(cap), i32(prob.top_k),
                     block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
                     indices[r0:r1], scores[r0:r1] if scores is not None else 0))

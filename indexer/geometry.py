@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -31,6 +31,26 @@ def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
     0.364, decode-128K (128 rows, k = 512) 0.225 vs 0.222; decode-1M's runs of 32 rows rank
     in 7.5-8 us against ~31 for a sort."""
     return rows * rank_ctas_per_row(top_k) <= 8 * (dev or H200).sm_count
+
+
+#: runs of at most this many rows rank by comparing every pair of a row's candidates
+#: (kernels/select_fast.cu: topk_rank_kernel<256, true>), the SMs' worth of CTAs shared out
+RANK_ALL_PAIRS_ROWS = 4
+
+
+def rank_all_pairs(rows: int) -> bool:
+    """Whether a ranked run compares every pair of a row's candidates (cnt^2 compares a row,
+    spread over every SM; no shared-memory layout by key bins first) rather than ranking
+    within fine key bins (G = rank_ctas_per_row CTAs a row): for runs of very few rows,
+    where the bins' three barrier-separated phases are the row's critical path and most of
+    the GPU would idle. Batch 1 (decode-latency, ~1,500 candidates a row): see
+    docs/performance.md v25."""
+    return rows <= RANK_ALL_PAIRS_ROWS
+
+
+def rank_all_pairs_ctas_per_row(rows: int, dev: "Device | None" = None) -> int:
+    """CTAs per row of the all-pairs rank: one a SM over the run."""
+    return max(1, (dev or H200).sm_count // max(1, rows))
 
 
 def rank_ctas_per_row(top_k: int) -> int:

@@ -179,9 +179,22 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     }
 }
 
-// grid (rows, G), kThreads threads: the CTAs of a row rank its candidates, CTA y those at
-// buffer positions [kThreads * g, kThreads * (g + 1)) for g = y, y + G, ... (one a thread).
-// Every CTA first lays all of the row's candidates out in shared memory by fine key bin:
+// grid (rows, G), kThreads threads: the CTAs of a row rank its candidates. Keys are unique
+// (the index is part of them), so a candidate's rank (how many of the row's candidates
+// order before it) is its output slot, whatever order the atomics gave the buffer; every
+// CTA ranks by buffer position, the same in all of them, so each candidate is ranked
+// exactly once. CTA 0 of a row writes the -1 / -inf padding. A row with more than kRankMax
+// candidates (a plateau of ties at the k-th key, never seen on random rows) is taken whole
+// by its CTA 0 with the exact radix select over its scores (select_row.cuh), so a run that
+// ranks needs no topk_final_kernel launch. Two ways to count a rank:
+// kAllPairs (runs of very few rows, many CTAs a row): warp w of CTA y ranks the candidates
+// at buffer positions g * kWarps + w, g = y, y + G, ..., each against every candidate of
+// the row, its lanes taking every 32nd: cnt^2 compares a row in all, spread over the
+// whole GPU, and no shared-memory layout before them (a batch-1 call's ~1,500 candidates:
+// ~50 compares a lane a candidate).
+// Otherwise (fine key bins; more rows, G = 2 x top_k / kThreads CTAs a row): CTA y ranks
+// the candidates at buffer positions [kThreads * g, kThreads * (g + 1)) for g = y, y + G,
+// ... (one a thread). Every CTA first lays all of the row's candidates out in shared memory by fine key bin:
 // the keys' span [kmin, kmax] cut into at most kRankBins power-of-two-wide bins
 // ((key >> s) - (kmin >> s), the top one clamped), a count, a scan from the highest bin
 // down, a scatter of buffer positions. A candidate's rank is where its bin starts plus the
@@ -189,14 +202,8 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
 // few candidates, where comparing every pair (the 11-bit histogram bins are too coarse:
 // decode's ~1,500 candidates of a row fall into 2-3 of them) cost O(count^2). Equal keys
 // share a bin at any width: a plateau of m ties costs m compares a candidate (m <=
-// kRankMax). Keys are unique (the index is part of them), so the ranks are a permutation
-// and slot rank < top_k of the output gets the candidate, whatever order the atomics give
-// inside a bin; every CTA ranks by buffer position, the same in all of them, so each
-// candidate is ranked exactly once. CTA 0 of a row writes the -1 / -inf padding. A row with
-// more than kRankMax candidates (a plateau of ties at the k-th key, never seen on random
-// rows) is taken whole by its CTA 0 with the exact radix select over its scores
-// (select_row.cuh), so a run that ranks needs no topk_final_kernel launch.
-template <int kThreads>
+// kRankMax).
+template <int kThreads, bool kAllPairs>
 __global__ void __launch_bounds__(kThreads, 4)  // 4 CTAs per SM (47 KB of shared memory each)
 topk_rank_kernel(const float* __restrict__ scores, long long ld,
                  const int* __restrict__ valid_lens, int max_len, const u32* __restrict__ count,
@@ -216,11 +223,15 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
     // together, before any of them is known (slots past the count hold stale values and are
     // never used; cap >= kFirst): one round trip where the count waited for the length and
     // the candidates for the count.
-    constexpr int kFirst = 4 * kThreads;
+    // All-pairs ranking reads twice as many at once: a batch-1 row's ~1,500 candidates in
+    // that one round trip.
+    constexpr int kFirstPer = kAllPairs ? 8 : 4;
+    constexpr int kFirst = kFirstPer * kThreads;
+    constexpr int kWarps = kThreads / 32;
     const u64* src = cand + (long long)row * cap;
-    u64 first[4];
+    u64 first[kFirstPer];
 #pragma unroll
-    for (int q = 0; q < 4; ++q)  // volatile: issued here, not sunk below the count's tests
+    for (int q = 0; q < kFirstPer; ++q)  // volatile: issued here, not sunk below the count's tests
         asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(first[q]) : "l"(src + q * kThreads + tid));
     const u32 count_row = count[row];
     const int n = visible_len(valid_lens, row, max_len);
@@ -237,21 +248,23 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
     const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
     if (blockIdx.y == 0)
         for (int i = (int)m + tid; i < top_k; i += kThreads) write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, oi, os);
-    if (blockIdx.y * kThreads >= cnt) return;
-    if (tid == 0) {
-        s_min = ~0u;
-        s_max = 0u;
+    if (blockIdx.y * (kAllPairs ? kWarps : kThreads) >= cnt) return;  // nothing to rank here
+    if constexpr (!kAllPairs) {
+        if (tid == 0) {
+            s_min = ~0u;
+            s_max = 0u;
+        }
+        for (int i = tid; i < kRankBins; i += kThreads) bin_pos[i] = 0u;
+        __syncthreads();
     }
-    for (int i = tid; i < kRankBins; i += kThreads) bin_pos[i] = 0u;
-    __syncthreads();
-    // ---- the candidates into shared memory, and their key span
+    // ---- the candidates into shared memory, and (fine bins) their key span
     u32 kmin = ~0u, kmax = 0u;
-    for (u32 base = 0; base < cnt; base += kFirst) {  // 4 loads in flight per thread
-        u64 x[4];
+    for (u32 base = 0; base < cnt; base += kFirst) {  // kFirstPer loads in flight per thread
+        u64 x[kFirstPer];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) x[q] = base == 0 ? first[q] : src[min(base + q * kThreads + tid, cnt - 1u)];
+        for (int q = 0; q < kFirstPer; ++q) x[q] = base == 0 ? first[q] : src[min(base + q * kThreads + tid, cnt - 1u)];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < kFirstPer; ++q) {
             const u32 i = base + q * kThreads + tid;
             if (i < cnt) {
                 kmin = min(kmin, candidate_key(x[q]));
@@ -259,6 +272,19 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
                 c[i] = x[q];
             }
         }
+    }
+    if constexpr (kAllPairs) {
+        __syncthreads();
+        const int warp = tid >> 5, lane = tid & 31;
+        for (u32 me = blockIdx.y * kWarps + warp; me < cnt; me += gridDim.y * kWarps) {
+            const u64 mine = c[me];
+            u32 before = 0u;  // this lane's share of the candidates ordering before it
+#pragma unroll 4
+            for (u32 j = lane; j < cnt; j += 32) before += c[j] > mine;
+            const u32 rank = __reduce_add_sync(FULL_MASK, before);
+            if (lane == 0 && rank < (u32)top_k) write_slot(rank, mine, true, bt_row, E, num_blocks, physical, oi, os);
+        }
+        return;
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {

@@ -40,7 +40,8 @@ def main() -> None:
          geometry.score_ws_launch(1, 64, 128, 262_144).grid[0] // geometry.H200.sm_count),
         ("select_fast.cu", "topk_row_kernel<256, 4096, 16>", 256, 0, None),
         ("select_fast.cu", "topk_row_kernel<128, 1024, 16>", 128, 0, None),
-        ("select_fast.cu", "topk_rank_kernel<256>", 256, 0, None),
+        ("select_fast.cu", "topk_rank_kernel<256, false>", 256, 0, None),
+        ("select_fast.cu", "topk_rank_kernel<256, true>", 256, 0, None),
         ("select_fast.cu", "topk_filter_kernel<256, 16>", 256, 0, None),
     ]
     print(f"{'kernel':36s} {'regs':>5s} {'static B':>9s} {'dynamic B':>10s} {'fit/SM':>7s} {'launched/SM':>12s}")

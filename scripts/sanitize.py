@@ -110,6 +110,16 @@ def cases():
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, validate=False, physical=True,
                         _fast_kernel="ws")
     ran += 1
+    # batch 1 ranks every pair of its candidates: random scores, then a plateau of exact
+    # zeros (3,000 tied candidates)
+    p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[30000], top_k=1024)
+    cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
+    p = testing.random_problem(rng, T=1, H=8, D=64, E=64, lens=[3000], top_k=1024)
+    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(
+        np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32))
+    p.q = -np.abs(p.q) - np.float32(0.1)
+    cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
+    ran += 2
     # validation off, bad inputs, both paths
     p = bad_inputs(rng, H=8, D=64, top_k=64)
     for precision in ("exact", "fast"):

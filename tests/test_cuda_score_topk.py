@@ -163,6 +163,30 @@ def test_candidate_buffer_overflow_falls_back_exactly(precision):
     testing.check_topk(p, idx, sc, tol=TOL[precision])
 
 
+@pytest.mark.parametrize("length", [20_000, 4_097, 4_096, 1_500, 300])
+def test_all_pairs_rank_takes_plateaus_and_overflow_at_batch_1(length):
+    # batch 1 ranks by comparing every pair of candidates: a plateau of exactly-zero scores
+    # (every entry a candidate) must still give the lowest indices, whether the candidates
+    # fit the rank's 4,096 (4,096 and below), not (4,097: the row's radix select) or
+    # overflow the buffer (20,000)
+    from indexer import cuda_ops, geometry
+
+    assert geometry.rank_all_pairs(1)
+    cp = arrays.cupy()
+    rng = np.random.default_rng(length)
+    p = testing.random_problem(rng, T=1, H=8, D=64, E=64, lens=[length], top_k=1024)
+    keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32)
+    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
+    p.q = -np.abs(p.q) - np.float32(0.1)
+    p.w = np.abs(p.w) + np.float32(0.1)
+    out = cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
+    idx, sc = out[0].get(), out[1].get()
+    m = min(length, 1024)
+    np.testing.assert_array_equal(idx[0, :m], np.arange(m, dtype=np.int32))
+    assert np.all(idx[0, m:] == -1)
+    testing.check_topk(p, idx, sc, tol=TOL["fast"])
+
+
 @PRECISIONS
 def test_many_rows_and_ragged_lengths(precision):
     rng = np.random.default_rng(18)
@@ -268,8 +292,9 @@ def test_many_long_rows_use_the_wide_select_chunks(precision):
 
 @pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS + ("random",))
 def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
-    # the multi-CTA select orders a run's candidates either by rank counting (few rows) or
-    # by one CTA sorting each row (many rows): both routes, forced, give the same bits
+    # the multi-CTA select orders a run's candidates by rank counting, within fine key bins
+    # (few rows) or over every pair (the fewest rows), or by one CTA sorting each row (many
+    # rows): the three routes, forced, give the same bits
     from indexer import cuda_ops, geometry
 
     cp = arrays.cupy()
@@ -280,10 +305,13 @@ def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
         p = testing.adversarial_problem(kind, rng, H=64, D=128, E=64)
     args = [cp.asarray(a) for a in p.arrays()]
     out = {}
-    for route in (True, False):
-        monkeypatch.setattr(geometry, "rank_select", lambda *a, route=route: route)
-        out[route] = cuda_ops.score_topk(*args, p.top_k, return_scores=True, physical=True, _select="multi")
-    np.testing.assert_array_equal(out[True][0].get(), out[False][0].get())
-    assert out[True][1].get().tobytes() == out[False][1].get().tobytes()
+    for ranked, all_pairs in ((True, True), (True, False), (False, False)):
+        monkeypatch.setattr(geometry, "rank_select", lambda *a, r=ranked: r)
+        monkeypatch.setattr(geometry, "rank_all_pairs", lambda *a, r=all_pairs: r)
+        out[ranked, all_pairs] = cuda_ops.score_topk(*args, p.top_k, return_scores=True, physical=True,
+                                                     _select="multi")
+    for route in ((True, False), (False, False)):
+        np.testing.assert_array_equal(out[True, True][0].get(), out[route][0].get())
+        assert out[True, True][1].get().tobytes() == out[route][1].get().tobytes()
     logical = cuda_ops.score_topk(*args, p.top_k, return_scores=True, _select="multi")
     testing.check_topk(p, logical[0].get(), logical[1].get(), tol=testing.TOL_FAST)

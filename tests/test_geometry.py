@@ -147,6 +147,15 @@ def test_candidates_are_ranked_only_when_the_rank_grid_fits_two_waves():
     assert not geometry.rank_select(256, 1024) and not geometry.rank_select(67, 4096)
 
 
+def test_only_the_fewest_rows_rank_every_pair_over_every_sm():
+    # batch 1 (decode-latency) compares all pairs of its ~1,500 candidates on every SM;
+    # decode-1M's runs of 32 rows keep the key-bin layout (cnt^2 a row would cost more)
+    assert geometry.rank_all_pairs(1) and geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_ROWS)
+    assert not geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_ROWS + 1) and not geometry.rank_all_pairs(32)
+    assert geometry.rank_all_pairs_ctas_per_row(1) == geometry.H200.sm_count
+    assert geometry.rank_all_pairs_ctas_per_row(4) == geometry.H200.sm_count // 4
+
+
 
 @pytest.mark.parametrize("H,D,E,ok", [(64, 128, 64, True), (7, 128, 16, True), (64, 64, 64, False),
                                       (64, 96, 64, False), (64, 128, 48, False), (65, 128, 64, False)])
