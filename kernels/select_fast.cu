@@ -274,14 +274,22 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
         }
     }
     if constexpr (kAllPairs) {
+        // zero keys up to a whole 128 (no candidate has key 0, so none orders before any):
+        // the compare loop below then runs without bounds tests, four loads in flight a lane
+        const u32 padded = (cnt + 127u) & ~127u;  // <= kRankMax
+        for (u32 i = cnt + tid; i < padded; i += kThreads) c[i] = 0ull;
         __syncthreads();
         const int warp = tid >> 5, lane = tid & 31;
         for (u32 me = blockIdx.y * kWarps + warp; me < cnt; me += gridDim.y * kWarps) {
             const u64 mine = c[me];
-            u32 before = 0u;  // this lane's share of the candidates ordering before it
-#pragma unroll 4
-            for (u32 j = lane; j < cnt; j += 32) before += c[j] > mine;
-            const u32 rank = __reduce_add_sync(FULL_MASK, before);
+            u32 b0 = 0u, b1 = 0u, b2 = 0u, b3 = 0u;  // this lane's candidates ordering before it
+            for (u32 j = lane; j < padded; j += 128) {
+                b0 += c[j] > mine;
+                b1 += c[j + 32] > mine;
+                b2 += c[j + 64] > mine;
+                b3 += c[j + 96] > mine;
+            }
+            const u32 rank = __reduce_add_sync(FULL_MASK, (b0 + b1) + (b2 + b3));
             if (lane == 0 && rank < (u32)top_k) write_slot(rank, mine, true, bt_row, E, num_blocks, physical, oi, os);
         }
         return;
