@@ -24,7 +24,8 @@ RANK_GROUP = 256
 
 def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
     """Whether a run's candidates are ranked (topk_rank_kernel: several CTAs per row, each
-    candidate compared within its fine key bin) rather than sorted (one CTA per row): when
+    candidate compared within its fine key bin, or with every other candidate of its row
+    for the fewest rows: rank_all_pairs) rather than sorted (one CTA per row): when
     the rank grid fits in two waves (4 CTAs per SM). Measured on the H200 (graph, whole
     call, rank vs sort): decode-ragged (64 rows, k = 1024) 0.458 vs 0.478 ms, decode-E256
     0.216 vs 0.221, prefill-chunk 41.36 vs 42.18, mtp-2 (128 rows, k = 1024) 0.365 vs

@@ -20,6 +20,21 @@ def pair_of_problems(seed, **kw):
     return a, b
 
 
+def warmed_stream_case(seed, upload, make_out, synchronize):
+    """The stream tests' start: two problems of one small shape (T 3, k 50), the first's
+    arrays uploaded (`upload(p)`: the inputs a test refills in place on a busy stream) and
+    the second's (the refill), the reference answer for the second, an out= buffer
+    (`make_out(T, k)`), and one warm-up call into it (kernels compiled, the memory pool
+    filled), then `synchronize()`. Returns (p, inputs, refill, expected, out)."""
+    p, p2 = pair_of_problems(seed, T=3, H=16, D=64, E=32, lens=700, top_k=50)
+    x, new = upload(p), upload(p2)
+    expected = indexer.score_topk(*new, p2.top_k, return_scores=True)
+    out = make_out(3, 50)
+    indexer.score_topk(*x, p.top_k, return_scores=True, validate=False, out=out)  # warm-up
+    synchronize()
+    return p, x, new, expected, out
+
+
 def check_threads(problems, device_of):
     """Thread i scores problems[i] (a list) on GPU device_of(i), on its own non-blocking
     stream with its own workspace, into out= buffers; every result meets the reference's

@@ -8,7 +8,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import check_threads, pair_of_problems, requires_gpu
+from tests.gpu import check_threads, pair_of_problems, requires_gpu, warmed_stream_case
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -287,12 +287,7 @@ def test_the_call_runs_on_the_stream_it_is_given(kind):
     # the stream first sleeps, then overwrites the inputs; a call on any other stream would
     # read the old inputs (the stream is non-blocking: no implicit ordering with the null stream)
     cp = arrays.cupy()
-    p, p2 = pair_of_problems(41, T=3, H=16, D=64, E=32, lens=700, top_k=50)
-    dev, new = on_device(p), on_device(p2)
-    expected = indexer.score_topk(*new, p2.top_k, return_scores=True)
-    out = empty_out(3, 50)
-    indexer.score_topk(*dev, p.top_k, return_scores=True, validate=False, out=out)  # warm-up
-    cp.cuda.Device().synchronize()
+    p, dev, new, expected, out = warmed_stream_case(41, on_device, empty_out, cp.cuda.Device().synchronize)
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         spin(cp)

@@ -6,7 +6,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import pair_of_problems, requires_gpu
+from tests.gpu import pair_of_problems, requires_gpu, warmed_stream_case
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 torch = pytest.importorskip("torch")
@@ -61,12 +61,7 @@ def _sleep_then_refill(x, new):
 
 
 def test_the_call_runs_on_torchs_current_stream():
-    p, p2 = pair_of_problems(52, T=3, H=16, D=64, E=32, lens=700, top_k=50)
-    x, new = tensors(p), tensors(p2)
-    expected = indexer.score_topk(*new, p2.top_k, return_scores=True)
-    out = empty_out(3, 50)
-    indexer.score_topk(*x, p.top_k, return_scores=True, validate=False, out=out)  # warm-up
-    torch.cuda.synchronize()
+    p, x, new, expected, out = warmed_stream_case(52, tensors, empty_out, torch.cuda.synchronize)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -89,12 +84,7 @@ def test_the_call_runs_on_torchs_current_stream():
 @pytest.mark.parametrize("kind", ["torch", "int", "cupy"])
 def test_the_call_runs_on_the_stream_it_is_given(kind):
     cp = arrays.cupy()
-    p, p2 = pair_of_problems(53, T=3, H=16, D=64, E=32, lens=700, top_k=50)
-    x, new = tensors(p), tensors(p2)
-    expected = indexer.score_topk(*new, p2.top_k, return_scores=True)
-    out = empty_out(3, 50)
-    indexer.score_topk(*x, p.top_k, return_scores=True, validate=False, out=out)  # warm-up
-    torch.cuda.synchronize()
+    p, x, new, expected, out = warmed_stream_case(53, tensors, empty_out, torch.cuda.synchronize)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         _sleep_then_refill(x, new)
