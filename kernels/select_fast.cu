@@ -194,17 +194,17 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
 // ~50 compares a lane a candidate).
 // Otherwise (fine key bins; more rows, G = 2 x top_k / kThreads CTAs a row): CTA y ranks
 // the candidates at buffer positions [kThreads * g, kThreads * (g + 1)) for g = y, y + G,
-// ... (one a thread). Every CTA first lays all of the row's candidates out in shared memory by fine key bin:
-// the keys' span [kmin, kmax] cut into at most kRankBins power-of-two-wide bins
-// ((key >> s) - (kmin >> s), the top one clamped), a count, a scan from the highest bin
-// down, a scatter of buffer positions. A candidate's rank is where its bin starts plus the
+// ... (one a thread). Every CTA first lays all of the row's candidates out in shared
+// memory by fine key bin: the keys' span [kmin, kmax] cut into at most kRankBins
+// power-of-two-wide bins ((key >> s) - (kmin >> s), the top one clamped), a count, a scan
+// from the highest bin down, a scatter of buffer positions. A candidate's rank is where its bin starts plus the
 // candidates of its own bin that order before it: on rows of distinct scores a bin holds a
 // few candidates, where comparing every pair (the 11-bit histogram bins are too coarse:
 // decode's ~1,500 candidates of a row fall into 2-3 of them) cost O(count^2). Equal keys
 // share a bin at any width: a plateau of m ties costs m compares a candidate (m <=
 // kRankMax).
 template <int kThreads, bool kAllPairs>
-__global__ void __launch_bounds__(kThreads, 4)  // 4 CTAs per SM (47 KB of shared memory each)
+__global__ void __launch_bounds__(kThreads, 4)  // 4 CTAs per SM (47 KB of shared memory each; 34 all-pairs)
 topk_rank_kernel(const float* __restrict__ scores, long long ld,
                  const int* __restrict__ valid_lens, int max_len, const u32* __restrict__ count,
                  const u64* __restrict__ cand, int cap, int top_k, const int* __restrict__ block_table, int L, int E,
