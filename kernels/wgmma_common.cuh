@@ -204,39 +204,41 @@ struct QueryStaging {
             for (int j = 0; j < kSlots; ++j) amax[j] = fmaxf(amax[j], __shfl_xor_sync(FULL_MASK, amax[j], off));
     }
 
-    // lbo: bytes between K chunks (kLbo for one query's B; the pair kernel's two-query B,
-    // 128 heads wide, has 2 * kLbo)
-    __device__ __forceinline__ void store(unsigned char* qb, float* wsm, int lbo = score_wgmma::kLbo) const {
+    // Each of my heads in fp16 (scaled by 2^e, e = query_scale_exponent of its maximum):
+    // store_head(j, h, sc, r) writes slot j's values (head h, lane r of its group) into B,
+    // and the group's lane 0 its weight, w * 2^(8 - e), into wsm[h].
+    template <typename StoreHead>
+    __device__ __forceinline__ void store_heads(float* wsm, StoreHead store_head) const {
         const int r = lane_in_head();
         float amax[kSlots];
         head_maxima(amax);
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) {
             const int h = head(j), e = query_scale_exponent(amax[j]);
-            const Pow2Scale sc = pow2_scale(e);
-            if (r < kLanes) {
-                unsigned char* row = qb + (2 * r) * lbo + (h / 8) * score_wgmma::kCoreBytes + (h % 8) * 16;
-                const float4* x = v[j];
-                *reinterpret_cast<uint4*>(row) =  // chunk 2r: dims 4r and 4r + 2 of each quarter
-                    make_uint4(scaled_half2_bits(x[0].x, x[0].z, sc), scaled_half2_bits(x[1].x, x[1].z, sc),
-                               scaled_half2_bits(x[2].x, x[2].z, sc), scaled_half2_bits(x[3].x, x[3].z, sc));
-                *reinterpret_cast<uint4*>(row + lbo) =  // chunk 2r + 1: dims 4r + 1 and 4r + 3
-                    make_uint4(scaled_half2_bits(x[0].y, x[0].w, sc), scaled_half2_bits(x[1].y, x[1].w, sc),
-                               scaled_half2_bits(x[2].y, x[2].w, sc), scaled_half2_bits(x[3].y, x[3].w, sc));
-            }
+            store_head(j, h, pow2_scale(e), r);
             if (r == 0) wsm[h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
         }
     }
 
+    // lbo: bytes between K chunks (kLbo for one query's B; the pair kernel's two-query B,
+    // 128 heads wide, has 2 * kLbo)
+    __device__ __forceinline__ void store(unsigned char* qb, float* wsm, int lbo = score_wgmma::kLbo) const {
+        store_heads(wsm, [&](int j, int h, Pow2Scale sc, int r) {
+            if (r >= kLanes) return;
+            unsigned char* row = qb + (2 * r) * lbo + (h / 8) * score_wgmma::kCoreBytes + (h % 8) * 16;
+            const float4* x = v[j];
+            *reinterpret_cast<uint4*>(row) =  // chunk 2r: dims 4r and 4r + 2 of each quarter
+                make_uint4(scaled_half2_bits(x[0].x, x[0].z, sc), scaled_half2_bits(x[1].x, x[1].z, sc),
+                           scaled_half2_bits(x[2].x, x[2].z, sc), scaled_half2_bits(x[3].x, x[3].z, sc));
+            *reinterpret_cast<uint4*>(row + lbo) =  // chunk 2r + 1: dims 4r + 1 and 4r + 3
+                make_uint4(scaled_half2_bits(x[0].y, x[0].w, sc), scaled_half2_bits(x[1].y, x[1].w, sc),
+                           scaled_half2_bits(x[2].y, x[2].w, sc), scaled_half2_bits(x[3].y, x[3].w, sc));
+        });
+    }
+
     __device__ __forceinline__ void store_chunked(unsigned char* qb, float* wsm, int lbo) const {
         static_assert(kDim == 128, "the chunked order's lanes hold dims 32qd + 4r .. + 3");
-        const int r = lane_in_head();
-        float amax[kSlots];
-        head_maxima(amax);
-#pragma unroll
-        for (int j = 0; j < kSlots; ++j) {
-            const int h = head(j), e = query_scale_exponent(amax[j]);
-            const Pow2Scale sc = pow2_scale(e);
+        store_heads(wsm, [&](int j, int h, Pow2Scale sc, int r) {
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {  // dims 32qd + 4r .. + 3: half r % 2 of chunk 4qd + r / 2
                 const float4 x = v[j][qd];
@@ -244,8 +246,7 @@ struct QueryStaging {
                                           (r % 2) * 8) =
                     make_uint2(scaled_half2_bits(x.x, x.z, sc), scaled_half2_bits(x.y, x.w, sc));
             }
-            if (r == 0) wsm[h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
-        }
+        });
     }
 };
 
