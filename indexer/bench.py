@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import arrays, nvfp4
+from .workspace import Workspace
 
 # CuPy, PyTorch and indexer.cuda_ops are imported inside the functions that need them:
 # this module imports, and its layout arithmetic runs, without a GPU.
@@ -353,6 +354,10 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
     cp, cuda_ops, torch = mods
     ms, extra, graph_ms = None, 0.0, None
     if path in KERNEL_PATHS:
+        # one workspace a path, as an engine replaying decode steps from graphs holds one:
+        # scratch memory that stays its own, and the select's counters zero at rest
+        ws = Workspace()
+
         def fn(x, _p=path.split("-")[0], _only=path.endswith("-score"),
                _k="mma" if "-mma" in path else "wgmma-single" if "-single" in path else "ws" if "-ws" in path
                else "wgmma" if "-wgmma" in path else "auto"):
@@ -361,7 +366,7 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
             return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
                                        x["block_table"], x["valid_lens"], case.top_k, precision=_p,
                                        validate=False, _score_only=_only, _fast_kernel=_k,
-                                       _cu_seqlens=x.get("cu_seqlens"))
+                                       _cu_seqlens=x.get("cu_seqlens"), workspace=ws)
         # extra device memory: everything one call allocates beyond its output
         pool = cp.cuda.MemoryPool()
         with cp.cuda.using_allocator(pool.malloc):

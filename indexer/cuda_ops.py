@@ -173,17 +173,30 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         sl = geometry.score_mma_launch(rows, prob.H, prob.D, prob.max_len, dev)
     assert sl.ld == ld
     bins, cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
+    # the select's counters: histogram, candidate count and rank arrivals of every row. With
+    # a workspace they sit in its "zeroed" part, which every complete call leaves zero (the
+    # rank / final kernel clears each row's counters after reading them), so a call fills
+    # them only when the workspace says they may not be (see indexer/workspace.py);
+    # without one they come from the call's allocation and the first run fills them.
+    counters_bytes = 0 if row_select else rows * (bins + 2) * 4
+    at_rest = workspace is not None and counters_bytes > 0
     ws = _carve({
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
-        "counters": 0 if row_select else rows * (bins + 1) * 4,  # histogram, candidate count
+        "counters": 0 if at_rest else counters_bytes,
         "cand": 0 if row_select else rows * cap * 8,             # candidate (key, index) pairs
     }, workspace=workspace)
     scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
-    counters = ws["counters"].view(cp.uint32)
+    if at_rest:
+        counters, counters_zero = workspace.zeroed(counters_bytes)
+        workspace.mark_zeroed(False)  # until this call's last launch is enqueued
+    else:
+        counters, counters_zero = ws["counters"], False
+    counters = counters.view(cp.uint32)
     hist = counters[: rows * bins]                  # [rows, bins]
-    count = counters[rows * bins:]                  # [rows]
+    count = counters[rows * bins: rows * (bins + 1)]  # [rows]
+    arrived = counters[rows * (bins + 1):]          # [rows]: rank CTAs done reading a count
     cand = ws["cand"].view(cp.uint64)
     ld = np.int64(sl.ld)
 
@@ -223,8 +236,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     for r0 in range(0, prob.T, rows):
         r1 = min(prob.T, r0 + rows)
         nr = r1 - r0
-        if not row_select:
-            counters.fill(0)
+        if not (row_select or score_only or counters_zero):
+            counters.fill(0)  # then each run's select leaves them zero for the next
+            counters_zero = True
         lens = valid_lens[r0:r1]
         if exact:
             query = (q[r0:r1], w[r0:r1])
@@ -248,7 +262,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 (*query, keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
                  *sched_args, scores_ws, ld, *(() if exact else (0 if row_select else hist,))),
                 shared_mem=sl.smem)
-        if score_only:
+        if score_only:  # counted into the histogram, never selected: the counters stay dirty
+            counters_zero = False
             continue
         if row_select:
             row_k((nr,), (row_threads,), (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
@@ -265,12 +280,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         # (see geometry.rank_select). One launch either way.
         if geometry.rank_select(nr, prob.top_k, dev):
             rank_k((nr, rank_ctas), (256,),
-                   (scores_ws, ld, lens, i32(prob.max_len), count, cand, i32(cap), i32(prob.top_k),
+                   (scores_ws, ld, lens, i32(prob.max_len), hist, count, arrived, cand, i32(cap), i32(prob.top_k),
                     block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
                     indices[r0:r1], scores[r0:r1] if scores is not None else 0))
         else:
-            final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), count, cand,
+            final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand,
                                      i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
                                      i32(1 if physical else 0), indices[r0:r1],
                                      scores[r0:r1] if scores is not None else 0),
                     shared_mem=8 * cap)
+    if at_rest:
+        workspace.mark_zeroed(counters_zero)

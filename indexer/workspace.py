@@ -27,6 +27,14 @@ Rules:
   concurrent calls on different streams need one workspace each.
 * Keep the workspace alive as long as any graph that uses it.
 * The NumPy backend accepts a workspace and ignores it (it has no device memory).
+
+Beside its scratch buffer the workspace keeps the select's counters (per-row histograms and
+candidate counts) in a part of their own that is zero between calls: each call's last
+kernel clears what its first ones counted, so a call on a workspace launches no fill of
+them (a memset node less in a captured graph). The workspace records whether that part is
+known to be zero: a call that stopped between its launches (an exception), or counted
+without selecting (the benchmark's scoring-only calls), leaves it marked dirty, and the
+next call fills it first.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ __all__ = ["Workspace", "check_workspace"]
 
 # buffers grow in whole MiB: calls whose shapes differ a little do not each reallocate
 _GRANULE = 1 << 20
+# the zeroed part (8 KB of counters a row) in 64 KiB steps: a batch-1 call's 8 KB would
+# otherwise hold a whole MiB
+_ZEROED_GRANULE = 1 << 16
 
 
 class Workspace:
@@ -54,6 +65,7 @@ class Workspace:
     def __init__(self):
         self._buffers = {}  # (device id, part) -> CuPy uint8 array, 1-D
         self._lock = threading.Lock()  # growth from several threads replaces a buffer once
+        self._zero_at_rest = {}  # device id -> whether its "zeroed" part is all zero now
 
     @property
     def nbytes(self) -> int:
@@ -80,7 +92,7 @@ class Workspace:
         with cp.cuda.Device(device if device is not None else cp.cuda.runtime.getDevice()):  # gpu-only
             self.buffer(int(nbytes))
 
-    def buffer(self, nbytes: int, part: str = "launch"):  # gpu-only
+    def buffer(self, nbytes: int, part: str = "launch", granule: int = _GRANULE):  # gpu-only
         """A uint8 CuPy array of ``nbytes`` bytes: the start of this workspace's ``part``
         buffer on the current CuPy device, grown first if it is smaller. Used by the CUDA
         backend; the contents are scratch (overwritten by every call)."""
@@ -92,12 +104,35 @@ class Workspace:
                 buf = self._buffers.get(key)
                 if buf is None or buf.nbytes < nbytes:
                     _refuse_during_capture(cp, nbytes, 0 if buf is None else int(buf.nbytes))
-                    size = max(_GRANULE, -(-nbytes // _GRANULE) * _GRANULE)
+                    size = max(granule, -(-nbytes // granule) * granule)
                     # drop the old buffer before allocating: the pool can reuse its memory
                     buf = self._buffers.pop(key, None)
                     del buf
                     self._buffers[key] = buf = cp.empty(size, dtype=cp.uint8)
         return buf[:nbytes]
+
+    def zeroed(self, nbytes: int):  # gpu-only
+        """(a uint8 CuPy array of ``nbytes`` bytes, whether it is all zero now): the start
+        of this workspace's "zeroed" part on the current device, for the select's counters,
+        which every complete call leaves zero (see the module docstring). Grown if smaller
+        (a new buffer, zero-filled); the caller marks it dirty with ``mark_zeroed(False)``
+        before its first launch and clean again after its last."""
+        cp = arrays.cupy()
+        dev = int(cp.cuda.runtime.getDevice())
+        key = (dev, "zeroed")
+        held = self._buffers.get(key)
+        if held is None or held.nbytes < nbytes:
+            self.buffer(nbytes, part="zeroed", granule=_ZEROED_GRANULE)  # growth rules as for scratch
+            with self._lock:
+                self._buffers[key].fill(0)
+                self._zero_at_rest[dev] = True
+        return self._buffers[key][:nbytes], self._zero_at_rest.get(dev, False)
+
+    def mark_zeroed(self, clean: bool) -> None:  # gpu-only
+        """Record whether the current device's "zeroed" part is all zero once the work
+        enqueued so far has run."""
+        cp = arrays.cupy()
+        self._zero_at_rest[int(cp.cuda.runtime.getDevice())] = bool(clean)
 
     def __repr__(self):
         where = sorted({d for d, _ in self._buffers})

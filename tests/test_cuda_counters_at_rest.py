@@ -1,0 +1,143 @@
+"""The select's counters on a Workspace are zero at rest: every complete call leaves its
+histogram, candidate counts and rank arrivals zero, so the next call launches no fill; a
+call that stops between launches, or counts without selecting, marks them dirty and the
+next call fills them. Checked on every select route (all-pairs rank, binned rank, the
+one-CTA sort, the overflow fallback), across call shapes, in CUDA graphs, and after an
+interrupted call."""
+
+import numpy as np
+import pytest
+
+import indexer
+from indexer import arrays, testing
+from tests.gpu import pair_of_problems, requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+
+def on_device(p):
+    cp = arrays.cupy()
+    return [cp.asarray(a) for a in p.arrays()]
+
+
+def plateau(p, rng):
+    """Every score of p exactly 0 (keys >= 0, queries < 0, weights > 0): every entry ties."""
+    keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (p.q.shape[2],))).astype(np.float32)
+    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
+    p.q = -np.abs(p.q) - np.float32(0.1)
+    p.w = np.abs(p.w) + np.float32(0.1)
+    return p
+
+
+def shapes(rng):
+    """One problem per select route of the multi-CTA select."""
+    batch1 = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)  # all pairs
+    few = testing.random_problem(rng, T=6, H=64, D=128, E=64, lens=[9000, 0, 5000, 4097, 7000, 100], top_k=300)
+    overflow = plateau(testing.random_problem(rng, T=5, H=8, D=64, E=64, lens=[20_000, 9_000, 6_000, 3_000, 300],
+                                              top_k=100), rng)  # fallback, sort, ranks of ties
+    many = testing.random_problem(rng, T=200, H=16, D=64, E=64, lens=rng.integers(4097, 6000, size=200),
+                                  top_k=1024)  # 200 rows x 8 rank CTAs: one CTA a row sorts instead
+    return [batch1, few, overflow, many]
+
+
+def zeroed_part(ws):
+    cp = arrays.cupy()
+    return ws._buffers[(int(cp.cuda.runtime.getDevice()), "zeroed")]
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+def test_counters_are_zero_after_every_call_of_every_route_and_shape(precision):
+    from indexer import cuda_ops  # imports CuPy
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(71)
+    problems = shapes(rng)
+    ws = indexer.Workspace()
+    for p in problems + problems[::-1]:
+        idx, sc = cuda_ops.score_topk(*on_device(p), p.top_k, precision=precision, return_scores=True,
+                                      workspace=ws, _select="multi")
+        testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST if precision == "fast" else testing.TOL_EXACT)
+        assert int(cp.count_nonzero(zeroed_part(ws))) == 0
+        assert ws.zeroed(8)[1]
+
+
+def test_a_scoring_only_call_leaves_them_dirty_and_the_next_call_fills_them():
+    from indexer import cuda_ops  # imports CuPy
+
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(72), T=2, H=64, D=128, E=64, lens=[20_000, 7000], top_k=512)
+    dev = on_device(p)
+    ws = indexer.Workspace()
+    cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi")
+    cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi", _score_only=True)
+    assert not ws.zeroed(8)[1]
+    assert int(cp.count_nonzero(zeroed_part(ws))) > 0  # the histogram counted
+    idx, sc = cuda_ops.score_topk(*dev, p.top_k, return_scores=True, workspace=ws, _select="multi")
+    testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
+    assert ws.zeroed(8)[1] and int(cp.count_nonzero(zeroed_part(ws))) == 0
+
+
+def test_a_call_interrupted_between_launches_is_repaired_by_the_next(monkeypatch):
+    from indexer import cuda_ops  # imports CuPy
+
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(73), T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)
+    dev = on_device(p)
+    ws = indexer.Workspace()
+    cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi")  # compiles every kernel first
+    real = cuda_ops._kernel
+
+    def broken(source, name, *a, **kw):
+        kernel = real(source, name, *a, **kw)
+        if not name.startswith("topk_rank_kernel"):
+            return kernel
+
+        def launch(*args, **kwargs):
+            raise RuntimeError("interrupted")  # after the scoring and filter kernels have counted
+        return launch
+
+    monkeypatch.setattr(cuda_ops, "_kernel", broken)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi")
+    monkeypatch.setattr(cuda_ops, "_kernel", real)
+    cp.cuda.Device().synchronize()
+    assert not ws.zeroed(8)[1]
+    assert int(cp.count_nonzero(zeroed_part(ws))) > 0
+    idx, sc = cuda_ops.score_topk(*dev, p.top_k, return_scores=True, workspace=ws, _select="multi")
+    testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
+    assert int(cp.count_nonzero(zeroed_part(ws))) == 0
+
+
+def test_graphs_of_two_shapes_on_one_workspace_replay_in_any_order():
+    cp = arrays.cupy()
+    rng = np.random.default_rng(74)
+    pa, pa2 = pair_of_problems(75, T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)
+    pb, pb2 = pair_of_problems(76, T=6, H=64, D=128, E=64, lens=[9000, 0, 5000, 4097, 7000, 100], top_k=300)
+    ws = indexer.Workspace()
+    stream = cp.cuda.Stream(non_blocking=True)
+    graphs = {}
+    with stream:
+        calls = {}
+        for name, (p, p2) in {"a": (pa, pa2), "b": (pb, pb2)}.items():
+            dev, out = on_device(p), (cp.empty((p.q.shape[0], p.top_k), cp.int32),
+                                      cp.empty((p.q.shape[0], p.top_k), cp.float32))
+            calls[name] = (dev, out, p, p2)
+            # warm-up of both shapes before either capture: compiles, and sizes the
+            # workspace for both (a capture before the other shape grew it would be stale)
+            indexer.score_topk(*dev, p.top_k, return_scores=True, validate=False, out=out, workspace=ws)
+        stream.synchronize()
+        for name, (dev, out, p, p2) in calls.items():
+            stream.begin_capture()
+            try:
+                indexer.score_topk(*dev, p.top_k, return_scores=True, validate=False, out=out, workspace=ws)
+            finally:
+                graphs[name] = (stream.end_capture(), dev, out, p, p2)
+        for name in "abbaab":
+            graph, dev, out, p, p2 = graphs[name]
+            use = p2 if rng.random() < 0.5 else p
+            for d, x in zip(dev, use.arrays()):
+                d.set(x)  # pageable host copies: synchronous, before the replay
+            graph.launch(stream)
+            stream.synchronize()
+            testing.check_topk(use, out[0].get(), out[1].get(), tol=testing.TOL_FAST)
+            assert int(cp.count_nonzero(zeroed_part(ws))) == 0
