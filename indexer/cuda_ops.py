@@ -177,9 +177,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # a workspace they sit in its "zeroed" part, which every complete call leaves zero (the
     # rank / final kernel clears each row's counters after reading them), so a call fills
     # them only when the workspace says they may not be (see indexer/workspace.py);
-    # without one they come from the call's allocation and the first run fills them.
+    # without one they come from the call's allocation and the first run fills them. A
+    # scoring-only call (the benchmark's) counts into scratch counters it never clears, so
+    # that the zeroed part stays zero for any graph captured on it.
     counters_bytes = 0 if row_select else rows * (bins + 2) * 4
-    at_rest = workspace is not None and counters_bytes > 0
+    at_rest = workspace is not None and counters_bytes > 0 and not score_only
     ws = _carve({
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
@@ -191,8 +193,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     if at_rest:
         counters, counters_zero = workspace.zeroed(counters_bytes)
         workspace.mark_zeroed(False)  # until this call's last launch is enqueued
-    else:
-        counters, counters_zero = ws["counters"], False
+    else:  # filled before the first run; a scoring-only call's are never read
+        counters, counters_zero = ws["counters"], score_only
     counters = counters.view(cp.uint32)
     hist = counters[: rows * bins]                  # [rows, bins]
     count = counters[rows * bins: rows * (bins + 1)]  # [rows]
@@ -233,61 +235,68 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
         chunks = geometry.select_fast_chunks(sl.ld, per)
 
-    for r0 in range(0, prob.T, rows):
-        r1 = min(prob.T, r0 + rows)
-        nr = r1 - r0
-        if not (row_select or score_only or counters_zero):
-            counters.fill(0)  # then each run's select leaves them zero for the next
-            counters_zero = True
-        lens = valid_lens[r0:r1]
-        if exact:
-            query = (q[r0:r1], w[r0:r1])
-        elif use_ws or use_pairs:  # staged by the scoring kernel itself
-            query = (q[r0:r1], w[r0:r1], i32(prob.H))
-        else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
-            # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
-            prep_k((nr, heads // 16), (256,), (q[r0:r1], w[r0:r1], i32(prob.H), q16, w_scaled))
-            query = (q16, w_scaled)
-        if use_pairs:  # row pairs of one sequence share each key tile (one wave, balanced)
-            grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
-        elif not exact and use_ws:  # one CTA per SM, balanced
-            grid, sched_args = sl.grid, (i32(nr), *shape_args)
-        elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
-            grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
-        elif not exact and use_wgmma:
-            grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))
-        else:
-            grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
-        score_k(grid, sl.block,
-                (*query, keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
-                 *sched_args, scores_ws, ld, *(() if exact else (0 if row_select else hist,))),
-                shared_mem=sl.smem)
-        if score_only:  # counted into the histogram, never selected: the counters stay dirty
-            counters_zero = False
-            continue
-        if row_select:
-            row_k((nr,), (row_threads,), (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
-                                  i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                                  indices[r0:r1], scores[r0:r1] if scores is not None else 0))
-            continue
-        if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
-            hist_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
-        filter_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand,
-                                        i32(cap)))
-        # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
-        # is selected from its scores by one of them; the fewest rows compare every pair,
-        # see geometry.rank_all_pairs); many rows: every row's candidates sorted by one CTA
-        # (see geometry.rank_select). One launch either way.
-        if geometry.rank_select(nr, prob.top_k, dev):
-            rank_k((nr, rank_ctas), (256,),
-                   (scores_ws, ld, lens, i32(prob.max_len), hist, count, arrived, cand, i32(cap), i32(prob.top_k),
-                    block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                    indices[r0:r1], scores[r0:r1] if scores is not None else 0))
-        else:
-            final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand,
-                                     i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
-                                     i32(1 if physical else 0), indices[r0:r1],
-                                     scores[r0:r1] if scores is not None else 0),
-                    shared_mem=8 * cap)
+    try:
+        for r0 in range(0, prob.T, rows):
+            r1 = min(prob.T, r0 + rows)
+            nr = r1 - r0
+            if not (row_select or counters_zero):
+                counters.fill(0)  # then each run's select leaves them zero for the next
+                counters_zero = True
+            lens = valid_lens[r0:r1]
+            if exact:
+                query = (q[r0:r1], w[r0:r1])
+            elif use_ws or use_pairs:  # staged by the scoring kernel itself
+                query = (q[r0:r1], w[r0:r1], i32(prob.H))
+            else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
+                # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
+                prep_k((nr, heads // 16), (256,), (q[r0:r1], w[r0:r1], i32(prob.H), q16, w_scaled))
+                query = (q16, w_scaled)
+            if use_pairs:  # row pairs of one sequence share each key tile (one wave, balanced)
+                grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
+            elif not exact and use_ws:  # one CTA per SM, balanced
+                grid, sched_args = sl.grid, (i32(nr), *shape_args)
+            elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
+                grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
+            elif not exact and use_wgmma:
+                grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))
+            else:
+                grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
+            score_k(grid, sl.block,
+                    (*query, keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
+                     *sched_args, scores_ws, ld, *(() if exact else (0 if row_select else hist,))),
+                    shared_mem=sl.smem)
+            if score_only:  # counted into the histogram, never selected
+                continue
+            if row_select:
+                row_k((nr,), (row_threads,), (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
+                                      i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                                      indices[r0:r1], scores[r0:r1] if scores is not None else 0))
+                continue
+            if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
+                hist_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
+            filter_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand,
+                                            i32(cap)))
+            # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
+            # is selected from its scores by one of them; the fewest rows compare every pair,
+            # see geometry.rank_all_pairs); many rows: every row's candidates sorted by one CTA
+            # (see geometry.rank_select). One launch either way.
+            if geometry.rank_select(nr, prob.top_k, dev):
+                rank_k((nr, rank_ctas), (256,),
+                       (scores_ws, ld, lens, i32(prob.max_len), hist, count, arrived, cand, i32(cap), i32(prob.top_k),
+                        block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                        indices[r0:r1], scores[r0:r1] if scores is not None else 0))
+            else:
+                final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand,
+                                         i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
+                                         i32(1 if physical else 0), indices[r0:r1],
+                                         scores[r0:r1] if scores is not None else 0),
+                        shared_mem=8 * cap)
+    except BaseException:
+        if at_rest:  # stopped between its launches: clear what the launched kernels counted
+            try:
+                counters.fill(0)
+            except Exception:  # the stream is unusable; the workspace stays marked dirty
+                pass
+        raise
     if at_rest:
-        workspace.mark_zeroed(counters_zero)
+        workspace.mark_zeroed(True)

@@ -31,10 +31,10 @@ Rules:
 Beside its scratch buffer the workspace keeps the select's counters (per-row histograms and
 candidate counts) in a part of their own that is zero between calls: each call's last
 kernel clears what its first ones counted, so a call on a workspace launches no fill of
-them (a memset node less in a captured graph). The workspace records whether that part is
-known to be zero: a call that stopped between its launches (an exception), or counted
-without selecting (the benchmark's scoring-only calls), leaves it marked dirty, and the
-next call fills it first.
+them (a memset node less in a captured graph). A call that stops between its launches (an
+exception, Ctrl-C) clears what it counted on its stream before it raises, so graphs captured
+earlier on the workspace stay right; it also leaves the part marked dirty, and the next call
+fills it first. The benchmark's scoring-only calls count into scratch memory instead.
 """
 
 from __future__ import annotations

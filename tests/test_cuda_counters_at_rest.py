@@ -1,7 +1,7 @@
 """The select's counters on a Workspace are zero at rest: every complete call leaves its
 histogram, candidate counts and rank arrivals zero, so the next call launches no fill; a
-call that stops between launches, or counts without selecting, marks them dirty and the
-next call fills them. Checked on every select route (all-pairs rank, binned rank, the
+call that stops between launches clears them on its stream before it raises (and marks
+them dirty, so the next call fills them too); a scoring-only call counts elsewhere. Checked on every select route (all-pairs rank, binned rank, the
 one-CTA sort, the overflow fallback), across call shapes, in CUDA graphs, and after an
 interrupted call."""
 
@@ -61,7 +61,7 @@ def test_counters_are_zero_after_every_call_of_every_route_and_shape(precision):
         assert ws.zeroed(8)[1]
 
 
-def test_a_scoring_only_call_leaves_them_dirty_and_the_next_call_fills_them():
+def test_a_scoring_only_call_leaves_them_zero():
     from indexer import cuda_ops  # imports CuPy
 
     cp = arrays.cupy()
@@ -69,43 +69,59 @@ def test_a_scoring_only_call_leaves_them_dirty_and_the_next_call_fills_them():
     dev = on_device(p)
     ws = indexer.Workspace()
     cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi")
-    cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi", _score_only=True)
-    assert not ws.zeroed(8)[1]
-    assert int(cp.count_nonzero(zeroed_part(ws))) > 0  # the histogram counted
+    cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi", _score_only=True)  # counts elsewhere
+    assert ws.zeroed(8)[1]
+    assert int(cp.count_nonzero(zeroed_part(ws))) == 0
     idx, sc = cuda_ops.score_topk(*dev, p.top_k, return_scores=True, workspace=ws, _select="multi")
     testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
     assert ws.zeroed(8)[1] and int(cp.count_nonzero(zeroed_part(ws))) == 0
 
 
-def test_a_call_interrupted_between_launches_is_repaired_by_the_next(monkeypatch):
+def test_a_call_interrupted_between_launches_clears_what_it_counted(monkeypatch):
+    """The interrupted call's counts are cleared on its stream before it raises, so a graph
+    captured earlier (with no fill of its own) still replays right after it."""
     from indexer import cuda_ops  # imports CuPy
 
     cp = arrays.cupy()
-    p = testing.random_problem(np.random.default_rng(73), T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)
+    p, p2 = pair_of_problems(73, T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)
     dev = on_device(p)
+    out = (cp.empty((1, p.top_k), cp.int32), cp.empty((1, p.top_k), cp.float32))
     ws = indexer.Workspace()
-    cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi")  # compiles every kernel first
-    real = cuda_ops._kernel
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        cuda_ops.score_topk(*dev, p.top_k, return_scores=True, out=out, workspace=ws)  # compiles, sizes
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            cuda_ops.score_topk(*dev, p.top_k, return_scores=True, out=out, workspace=ws)
+        finally:
+            graph = stream.end_capture()
+        real = cuda_ops._kernel
 
-    def broken(source, name, *a, **kw):
-        kernel = real(source, name, *a, **kw)
-        if not name.startswith("topk_rank_kernel"):
-            return kernel
+        def broken(source, name, *a, **kw):
+            kernel = real(source, name, *a, **kw)
+            if not name.startswith("topk_rank_kernel"):
+                return kernel
 
-        def launch(*args, **kwargs):
-            raise RuntimeError("interrupted")  # after the scoring and filter kernels have counted
-        return launch
+            def launch(*args, **kwargs):
+                raise RuntimeError("interrupted")  # after the scoring and filter kernels have counted
+            return launch
 
-    monkeypatch.setattr(cuda_ops, "_kernel", broken)
-    with pytest.raises(RuntimeError, match="interrupted"):
-        cuda_ops.score_topk(*dev, p.top_k, workspace=ws, _select="multi")
-    monkeypatch.setattr(cuda_ops, "_kernel", real)
-    cp.cuda.Device().synchronize()
-    assert not ws.zeroed(8)[1]
-    assert int(cp.count_nonzero(zeroed_part(ws))) > 0
-    idx, sc = cuda_ops.score_topk(*dev, p.top_k, return_scores=True, workspace=ws, _select="multi")
-    testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
-    assert int(cp.count_nonzero(zeroed_part(ws))) == 0
+        monkeypatch.setattr(cuda_ops, "_kernel", broken)
+        with pytest.raises(RuntimeError, match="interrupted"):
+            cuda_ops.score_topk(*dev, p.top_k, workspace=ws)
+        monkeypatch.setattr(cuda_ops, "_kernel", real)
+        stream.synchronize()
+        assert int(cp.count_nonzero(zeroed_part(ws))) == 0
+        assert not ws.zeroed(8)[1]  # still marked dirty: the next eager call fills them anyway
+        for d, x in zip(dev, p2.arrays()):
+            d.set(x)
+        graph.launch(stream)
+        stream.synchronize()
+        testing.check_topk(p2, out[0].get(), out[1].get(), tol=testing.TOL_FAST)
+        idx, sc = cuda_ops.score_topk(*dev, p2.top_k, return_scores=True, workspace=ws)
+        testing.check_topk(p2, idx.get(), sc.get(), tol=testing.TOL_FAST)
+        assert ws.zeroed(8)[1] and int(cp.count_nonzero(zeroed_part(ws))) == 0
 
 
 def test_graphs_of_two_shapes_on_one_workspace_replay_in_any_order():
