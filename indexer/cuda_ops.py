@@ -14,6 +14,7 @@ import cupy as cp
 import numpy as np
 
 from . import _jit, arrays, geometry, outbuf, streams, validate as _validate
+from .launch import after_previous
 
 __all__ = ["score_topk", "device_facts"]
 
@@ -268,29 +269,30 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             if score_only:  # counted into the histogram, never selected
                 continue
             if row_select:
-                row_k((nr,), (row_threads,), (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
-                                      i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                                      indices[r0:r1], scores[r0:r1] if scores is not None else 0))
+                after_previous(row_k, device_id, (nr,), (row_threads,),
+                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
+                                i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                                indices[r0:r1], scores[r0:r1] if scores is not None else 0))
                 continue
             if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
-                hist_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
-            filter_k((chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand,
-                                            i32(cap)))
+                after_previous(hist_k, device_id, (chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
+            after_previous(filter_k, device_id, (chunks, nr), (256,),
+                           (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand, i32(cap)))
             # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
             # is selected from its scores by one of them; the fewest rows compare every pair,
             # see geometry.rank_all_pairs); many rows: every row's candidates sorted by one CTA
             # (see geometry.rank_select). One launch either way.
             if geometry.rank_select(nr, prob.top_k, dev):
-                rank_k((nr, rank_ctas), (256,),
-                       (scores_ws, ld, lens, i32(prob.max_len), hist, count, arrived, cand, i32(cap), i32(prob.top_k),
-                        block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                        indices[r0:r1], scores[r0:r1] if scores is not None else 0))
+                after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
+                               (scores_ws, ld, lens, i32(prob.max_len), hist, count, arrived, cand, i32(cap),
+                                i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
+                                i32(1 if physical else 0), indices[r0:r1], scores[r0:r1] if scores is not None else 0))
             else:
-                final_k((nr,), (1024,), (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand,
-                                         i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
-                                         i32(1 if physical else 0), indices[r0:r1],
-                                         scores[r0:r1] if scores is not None else 0),
-                        shared_mem=8 * cap)
+                after_previous(final_k, device_id, (nr,), (1024,),
+                               (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(prob.top_k),
+                                block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                                indices[r0:r1], scores[r0:r1] if scores is not None else 0),
+                               shared_mem=8 * cap)
     except BaseException:
         if at_rest:  # stopped between its launches: clear what the launched kernels counted
             try:

@@ -11,6 +11,27 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 
 // ---------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+; indexer/launch.py). A select kernel launched with
+// it may start while the kernel before it on the stream is still running: its CTAs are
+// placed and their parameters read under the previous kernel's tail. Every CTA of such a
+// kernel waits, as its first statement (before any early exit: a grid whose CTAs all left
+// without waiting could end before its predecessor), until the previous grid has finished
+// and its writes are visible. A kernel that is followed by one lets it be placed as soon as
+// all of its own CTAs have started. Both are no-ops for ordinary launches and before sm_90.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void let_next_grid_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// ---------------------------------------------------------------------------
 // NVFP4 element and scale decoding
 // ---------------------------------------------------------------------------
 

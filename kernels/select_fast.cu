@@ -62,6 +62,8 @@ __global__ void __launch_bounds__(kThreads)
 topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                       u32* __restrict__ hist)  // [rows, kBins], zeroed
 {
+    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
+    let_next_grid_start();
     using namespace select_fast;
     __shared__ u32 h[kBins];
     const int row = blockIdx.y;
@@ -155,6 +157,8 @@ __global__ void __launch_bounds__(kThreads)
 topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                    const u32* __restrict__ hist, int top_k, u32* __restrict__ count, u64* __restrict__ cand, int cap)
 {
+    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
+    let_next_grid_start();
     using namespace select_fast;
     static_assert(kThreads == 256, "threshold_bin splits the 2048 bins over 256 threads");
     __shared__ u32 s_taken, s_base, s_bin;
@@ -238,6 +242,7 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
                  const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                  int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
+    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
     using namespace select_fast;
     constexpr int kPer = kRankBins / kThreads;
     static_assert(kPer * kThreads == kRankBins, "whole bins a thread");
@@ -372,6 +377,7 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
                   const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                   int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
+    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];
     u64* buf = reinterpret_cast<u64*>(smem_raw);  // kCap
     const int row = blockIdx.x, tid = threadIdx.x;
@@ -409,6 +415,7 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
                 int top_k, const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                 int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
+    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
     __shared__ u64 cand[kMaxK];
     const int row = blockIdx.x;
     const int n = visible_len(valid_lens, row, max_len);

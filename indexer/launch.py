@@ -1,0 +1,118 @@
+"""Kernel launches that overlap the previous kernel's tail (programmatic dependent launch).
+
+A call's select kernels each read what the kernel before them on the stream wrote. Launched
+the ordinary way, each starts only after its predecessor has ended and the GPU has placed
+the new grid's CTAs: about a microsecond a launch at batch 1, where the whole call takes
+~28 us. Launched with CUDA's programmatic-stream-serialization attribute (sm_90+, CUDA
+driver 12.3+ for CUDA graphs), the grid may be placed as soon as every CTA of its
+predecessor has started (``let_next_grid_start`` in the kernels); each of its CTAs then
+waits, as its first statement, for the predecessor to finish (``wait_for_previous_grid``,
+kernels/common.cuh), so the results are the same bits either way. Stream capture records
+the attribute as a programmatic edge of the graph.
+
+CuPy launches through ``cuLaunchKernel``, which takes no attributes, so ``after_previous``
+calls the driver's ``cuLaunchKernelEx`` itself (ctypes, on the ``CUfunction`` CuPy compiled
+and the current CuPy stream), with the arguments laid out as CuPy lays them out: device
+arrays as pointers, NumPy scalars as their C type, Python ints as 64-bit integers. Where the
+driver or the device lacks the feature, or ``INDEXER_PDL=0`` is set, it is an ordinary
+CuPy launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import numpy as np
+
+from . import arrays
+
+__all__ = ["after_previous", "enabled"]
+
+# cuda.h: CUlaunchAttributeID
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_MIN_DRIVER = 12030  # stream capture of the attribute into graphs
+
+
+class _AttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("programmatic", ctypes.c_int)]
+
+
+class _Attr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _AttrValue)]
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_Attr)), ("num_attrs", ctypes.c_uint)]
+
+
+@functools.cache
+def _driver():  # gpu-only
+    """libcuda's cuLaunchKernelEx and cuGetErrorString, or None where it has no such entry
+    point or is older than _MIN_DRIVER."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
+        launch = lib.cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    version = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value < _MIN_DRIVER:
+        return None
+    launch.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    launch.restype = ctypes.c_int
+    return launch, lib.cuGetErrorString
+
+
+@functools.cache
+def _device_ok(device_id: int) -> bool:  # gpu-only
+    cp = arrays.cupy()
+    return int(cp.cuda.Device(device_id).compute_capability) >= 90
+
+
+def enabled(device_id: int) -> bool:  # gpu-only
+    """Whether launches on this device may overlap their predecessor (see the module doc)."""
+    return os.environ.get("INDEXER_PDL", "1") != "0" and _device_ok(device_id) and _driver() is not None
+
+
+def _c_argument(x):
+    """A ctypes value holding ``x`` as CuPy would pass it to a kernel."""
+    if arrays.is_cupy(x):
+        return ctypes.c_void_p(x.data.ptr)
+    if x is None:
+        return ctypes.c_void_p(0)
+    if isinstance(x, np.generic):
+        return np.ctypeslib.as_ctypes_type(x.dtype)(x.item())
+    if isinstance(x, bool):
+        raise TypeError("kernel argument: pass a NumPy bool_ or int, not a Python bool")
+    if isinstance(x, int):
+        return ctypes.c_int64(x)
+    if isinstance(x, float):
+        return ctypes.c_double(x)
+    raise TypeError(f"kernel argument of type {type(x).__name__}: expected a CuPy array or a scalar")
+
+
+def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-only
+    """Launch CuPy ``RawKernel`` ``kernel`` like ``kernel(grid, block, args, shared_mem=...)``
+    on the current stream, allowed to start under the previous kernel's tail (the kernel
+    must call ``wait_for_previous_grid()`` first). ``grid`` and ``block``: tuples of up to 3."""
+    if not enabled(device_id):
+        kernel(grid, block, args, shared_mem=shared_mem)
+        return
+    launch, error_string = _driver()
+    cp = arrays.cupy()
+    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+    attr = _Attr(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value.programmatic = 1
+    config = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(shared_mem),
+                     ctypes.c_void_p(cp.cuda.get_current_stream().ptr), ctypes.pointer(attr), 1)
+    values = [_c_argument(a) for a in args]
+    params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
+                                                        for v in values])
+    rc = launch(ctypes.byref(config), ctypes.c_void_p(kernel.kernel.ptr), params, None)
+    if rc != 0:
+        text = ctypes.c_char_p()
+        error_string(rc, ctypes.byref(text))
+        raise RuntimeError(f"cuLaunchKernelEx of {kernel.name}: CUDA error {rc} "
+                           f"({(text.value or b'?').decode()})")
