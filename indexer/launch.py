@@ -1,14 +1,13 @@
 """Kernel launches that overlap the previous kernel's tail (programmatic dependent launch).
 
 A call's select kernels each read what the kernel before them on the stream wrote. Launched
-the ordinary way, each starts only after its predecessor has ended and the GPU has placed
-the new grid's CTAs: about a microsecond a launch at batch 1, where the whole call takes
-~28 us. Launched with CUDA's programmatic-stream-serialization attribute (sm_90+, CUDA
-driver 12.3+ for CUDA graphs), the grid may be placed as soon as every CTA of its
-predecessor has started (``let_next_grid_start`` in the kernels); each of its CTAs then
-waits, as its first statement, for the predecessor to finish (``wait_for_previous_grid``,
-kernels/common.cuh), so the results are the same bits either way. Stream capture records
-the attribute as a programmatic edge of the graph.
+the ordinary way, each starts only after its predecessor's end has been signalled and the
+new launch processed. Launched with CUDA's programmatic-stream-serialization attribute
+(sm_90+; CUDA driver 12.3+ for CUDA graphs), its CTAs are placed as soon as every CTA of the
+predecessor has exited, and each waits, as its first statement, for the predecessor's
+writes to be visible (``wait_for_previous_grid``, kernels/common.cuh): the same bits either
+way, ~0.75 us less a call at batch 1 (two such edges; measured in CUDA graphs on the H200,
+see docs/performance.md v26). Stream capture records the attribute as a programmatic edge.
 
 CuPy launches through ``cuLaunchKernel``, which takes no attributes, so ``after_previous``
 calls the driver's ``cuLaunchKernelEx`` itself (ctypes, on the ``CUfunction`` CuPy compiled

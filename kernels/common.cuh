@@ -12,22 +12,17 @@ typedef unsigned long long u64;
 
 // ---------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90+; indexer/launch.py). A select kernel launched with
-// it may start while the kernel before it on the stream is still running: its CTAs are
-// placed and their parameters read under the previous kernel's tail. Every CTA of such a
-// kernel waits, as its first statement (before any early exit: a grid whose CTAs all left
-// without waiting could end before its predecessor), until the previous grid has finished
-// and its writes are visible. A kernel that is followed by one lets it be placed as soon as
-// all of its own CTAs have started. Both are no-ops for ordinary launches and before sm_90.
-// ---------------------------------------------------------------------------
+// it is placed while the kernel before it on the stream is still ending: its CTAs start as
+// soon as every CTA of the previous grid has exited, without waiting for the grid's end to
+// be signalled and a new launch to be processed. Every CTA of such a kernel waits, as its
+// first statement (before any early exit: a grid whose CTAs all left without waiting could
+// end before its predecessor), until the previous grid has finished and its writes are
+// visible. A no-op for ordinary launches and before sm_90. (Letting the next grid be placed
+// earlier still, by `griddepcontrol.launch_dependents` at the start of the scoring and
+// filter kernels, made batch 1 slower: its CTAs waited on SMs the running grid was using.)
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void let_next_grid_start() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
 #endif
 }
 

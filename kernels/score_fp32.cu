@@ -33,7 +33,6 @@ score_fp32_kernel(const float* __restrict__ q,            // [T, H, D]
                   float* __restrict__ scores,             // [T, ld] workspace
                   long long ld)
 {
-    let_next_grid_start();  // the select after this kernel may be placed now (common.cuh)
     using namespace score_fp32;
     constexpr int kThreads = 32 * kHeadGroups;
     constexpr int kHpad = 8 * kHeadGroups;

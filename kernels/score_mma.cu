@@ -106,7 +106,6 @@ score_mma_kernel(const unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 
                  long long ld,
                  u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
 {
-    let_next_grid_start();  // the select after this kernel may be placed now (common.cuh)
     using namespace score_mma;
     using Ring = KeyRing<kDim>;
     static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 256, "D must be a multiple of 32 in [32, 256]");

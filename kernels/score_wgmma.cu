@@ -147,7 +147,6 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
                    long long ld,
                    u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
 {
-    let_next_grid_start();  // the select after this kernel may be placed now (common.cuh)
     using namespace score_wgmma;
     using Smem = WgmmaSmem<kDim>;
     static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 128, "D must be a multiple of 32 in [32, 128]");
@@ -401,7 +400,6 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
                          long long ld,
                          u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
 {
-    let_next_grid_start();  // the select after this kernel may be placed now (common.cuh)
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
     constexpr int kTiles = kTile;

@@ -292,7 +292,6 @@ score_ws_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged
                 long long ld,
                 u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
 {
-    let_next_grid_start();  // the select after this kernel may be placed now (common.cuh)
     using namespace score_ws;
     static_assert(kDim == score_ws::kDim, "the warp-specialised kernel is written for D = 128");
     extern __shared__ __align__(1024) unsigned char smem[];

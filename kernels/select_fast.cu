@@ -63,7 +63,6 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
                       u32* __restrict__ hist)  // [rows, kBins], zeroed
 {
     wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
-    let_next_grid_start();
     using namespace select_fast;
     __shared__ u32 h[kBins];
     const int row = blockIdx.y;
@@ -158,7 +157,6 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
                    const u32* __restrict__ hist, int top_k, u32* __restrict__ count, u64* __restrict__ cand, int cap)
 {
     wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
-    let_next_grid_start();
     using namespace select_fast;
     static_assert(kThreads == 256, "threshold_bin splits the 2048 bins over 256 threads");
     __shared__ u32 s_taken, s_base, s_bin;

@@ -96,21 +96,18 @@ def test_a_call_interrupted_between_launches_clears_what_it_counted(monkeypatch)
             cuda_ops.score_topk(*dev, p.top_k, return_scores=True, validate=False, out=out, workspace=ws)
         finally:
             graph = stream.end_capture()
-        real = cuda_ops._kernel
+        rank = cuda_ops._kernel("select_fast.cu", "topk_rank_kernel<256, true>", cp.cuda.Device().id)
+        real = cuda_ops.after_previous
 
-        def broken(source, name, *a, **kw):
-            kernel = real(source, name, *a, **kw)
-            if not name.startswith("topk_rank_kernel"):
-                return kernel
+        def broken(kernel, *args, **kwargs):
+            if kernel is rank:  # after the scoring and filter kernels have counted
+                raise RuntimeError("interrupted")
+            return real(kernel, *args, **kwargs)
 
-            def launch(*args, **kwargs):
-                raise RuntimeError("interrupted")  # after the scoring and filter kernels have counted
-            return launch
-
-        monkeypatch.setattr(cuda_ops, "_kernel", broken)
+        monkeypatch.setattr(cuda_ops, "after_previous", broken)
         with pytest.raises(RuntimeError, match="interrupted"):
             cuda_ops.score_topk(*dev, p.top_k, workspace=ws)
-        monkeypatch.setattr(cuda_ops, "_kernel", real)
+        monkeypatch.setattr(cuda_ops, "after_previous", real)
         stream.synchronize()
         assert int(cp.count_nonzero(zeroed_part(ws))) == 0
         assert not ws.zeroed(8)[1]  # still marked dirty: the next eager call fills them anyway
