@@ -423,7 +423,7 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
 }
 
 // The block sort alone: out[0, sort_size(n)) = in[0, n) and zero padding, sorted descending,
-// with the final kernel's 1024 threads or the row kernel's 256 (dynamic shared memory: 8
+// with the final kernel's 1024 threads or the row kernels' 256 or 128 (dynamic shared memory: 8
 // bytes per key). For the tests, which check it against NumPy.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) block_sort_kernel(const u64* __restrict__ in, int n, u64* __restrict__ out)
