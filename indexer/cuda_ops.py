@@ -174,32 +174,32 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         sl = geometry.score_mma_launch(rows, prob.H, prob.D, prob.max_len, dev)
     assert sl.ld == ld
     bins, cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
-    # the select's counters: histogram, candidate count and rank arrivals of every row. With
-    # a workspace they sit in its "zeroed" part, which every complete call leaves zero (the
-    # rank / final kernel clears each row's counters after reading them), so a call fills
-    # them only when the workspace says they may not be (see indexer/workspace.py);
-    # without one they come from the call's allocation and the first run fills them. A
-    # scoring-only call (the benchmark's) counts into scratch counters it never clears, so
-    # that the zeroed part stays zero for any graph captured on it.
-    counters_bytes = 0 if row_select else rows * (bins + 2) * 4
-    at_rest = workspace is not None and counters_bytes > 0 and not score_only
+    # the select's counters: a histogram and a candidate count a row. The counts are cleared
+    # by the kernel before the filter (the scoring kernel; the exact path's histogram
+    # kernel), so they are scratch. The histograms: with a workspace they sit in its
+    # "zeroed" part, which every complete call leaves zero (the rank / final kernel clears
+    # each row's), so a call fills them only when the workspace says they may not be (see
+    # indexer/workspace.py); without one they come from the call's allocation and the first
+    # run fills them. A scoring-only call (the benchmark's) counts into scratch it never
+    # clears, so that the zeroed part stays zero for any graph captured on it.
+    hist_bytes = 0 if row_select else rows * bins * 4
+    at_rest = workspace is not None and hist_bytes > 0 and not score_only
     ws = _carve({
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
-        "counters": 0 if at_rest else counters_bytes,
+        "hist": 0 if at_rest else hist_bytes,
+        "count": 0 if row_select else rows * 4,
         "cand": 0 if row_select else rows * cap * 8,             # candidate (key, index) pairs
     }, workspace=workspace)
     scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
     if at_rest:
-        counters, counters_zero = workspace.zeroed(counters_bytes)
+        hist, hist_zero = workspace.zeroed(hist_bytes)
         workspace.mark_zeroed(False)  # until this call's last launch is enqueued
     else:  # filled before the first run; a scoring-only call's are never read
-        counters, counters_zero = ws["counters"], score_only
-    counters = counters.view(cp.uint32)
-    hist = counters[: rows * bins]                  # [rows, bins]
-    count = counters[rows * bins: rows * (bins + 1)]  # [rows]
-    arrived = counters[rows * (bins + 1):]          # [rows]: rank CTAs done reading a count
+        hist, hist_zero = ws["hist"], score_only
+    hist = hist.view(cp.uint32)                     # [rows, bins]
+    count = ws["count"].view(cp.uint32)             # [rows]
     cand = ws["cand"].view(cp.uint64)
     ld = np.int64(sl.ld)
 
@@ -240,9 +240,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         for r0 in range(0, prob.T, rows):
             r1 = min(prob.T, r0 + rows)
             nr = r1 - r0
-            if not (row_select or counters_zero):
-                counters.fill(0)  # then each run's select leaves them zero for the next
-                counters_zero = True
+            if not (row_select or hist_zero):
+                hist.fill(0)  # then each run's select leaves them zero for the next
+                hist_zero = True
             lens = valid_lens[r0:r1]
             if exact:
                 query = (q[r0:r1], w[r0:r1])
@@ -264,7 +264,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
             score_k(grid, sl.block,
                     (*query, keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
-                     *sched_args, scores_ws, ld, *(() if exact else (0 if row_select else hist,))),
+                     *sched_args, scores_ws, ld, *(() if exact else (0, 0) if row_select else (hist, count))),
                     shared_mem=sl.smem)
             if score_only:  # counted into the histogram, never selected
                 continue
@@ -275,7 +275,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                                 indices[r0:r1], scores[r0:r1] if scores is not None else 0))
                 continue
             if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
-                after_previous(hist_k, device_id, (chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist))
+                after_previous(hist_k, device_id, (chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, count))
             after_previous(filter_k, device_id, (chunks, nr), (256,),
                            (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand, i32(cap)))
             # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
@@ -284,7 +284,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             # (see geometry.rank_select). One launch either way.
             if geometry.rank_select(nr, prob.top_k, dev):
                 after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
-                               (scores_ws, ld, lens, i32(prob.max_len), hist, count, arrived, cand, i32(cap),
+                               (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(cap),
                                 i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
                                 i32(1 if physical else 0), indices[r0:r1], scores[r0:r1] if scores is not None else 0))
             else:
@@ -296,7 +296,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     except BaseException:
         if at_rest:  # stopped between its launches: clear what the launched kernels counted
             try:
-                counters.fill(0)
+                hist.fill(0)
             except Exception:  # the stream is unusable; the workspace stays marked dirty
                 pass
         raise

@@ -318,9 +318,8 @@ DEFAULT_WORKSPACE_BYTES = 64 << 20
 def workspace_row_bytes(ld: int, query_bytes: int = 0, row_select: bool = False) -> int:
     """Workspace bytes per query row: the score row, ``query_bytes`` of staged query (the
     fast path's fp16 copy and scaled weights) and, for the multi-CTA select, the histogram,
-    counters (count and rank arrivals) and candidate buffer (``row_select``: one CTA per row
-    needs none of them)."""
-    select = 0 if row_select else 4 * (HIST_BINS + 2) + 8 * CANDIDATE_CAP
+    candidate count and candidate buffer (``row_select``: one CTA per row needs none of them)."""
+    select = 0 if row_select else 4 * (HIST_BINS + 1) + 8 * CANDIDATE_CAP
     return 4 * ld + query_bytes + select
 
 

@@ -28,8 +28,8 @@ Rules:
 * Keep the workspace alive as long as any graph that uses it.
 * The NumPy backend accepts a workspace and ignores it (it has no device memory).
 
-Beside its scratch buffer the workspace keeps the select's counters (per-row histograms and
-candidate counts) in a part of their own that is zero between calls: each call's last
+Beside its scratch buffer the workspace keeps the select's per-row histograms (of score
+bits) in a part of their own that is zero between calls: each call's last
 kernel clears what its first ones counted, so a call on a workspace launches no fill of
 them (a memset node less in a captured graph). A call that stops between its launches (an
 exception, Ctrl-C) clears what it counted on its stream before it raises, so graphs captured
@@ -48,7 +48,7 @@ __all__ = ["Workspace", "check_workspace"]
 
 # buffers grow in whole MiB: calls whose shapes differ a little do not each reallocate
 _GRANULE = 1 << 20
-# the zeroed part (8 KB of counters a row) in 64 KiB steps: a batch-1 call's 8 KB would
+# the zeroed part (an 8 KB histogram a row) in 64 KiB steps: a batch-1 call's 8 KB would
 # otherwise hold a whole MiB
 _ZEROED_GRANULE = 1 << 16
 
@@ -113,7 +113,7 @@ class Workspace:
 
     def zeroed(self, nbytes: int):  # gpu-only
         """(a uint8 CuPy array of ``nbytes`` bytes, whether it is all zero now): the start
-        of this workspace's "zeroed" part on the current device, for the select's counters,
+        of this workspace's "zeroed" part on the current device, for the select's histograms,
         which every complete call leaves zero (see the module docstring). Grown if smaller
         (a new buffer, zero-filled); the caller marks it dirty with ``mark_zeroed(False)``
         before its first launch and clean again after its last."""

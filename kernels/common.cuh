@@ -26,6 +26,16 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+// The select's per-row candidate counts (the filter's append cursors) start each call at
+// zero: the kernel before the filter (the scoring kernel; the histogram kernel on the exact
+// path), which starts after the previous call's select has ended and ends before this
+// call's filter starts, clears them in one CTA. The histograms are cleared by the select's
+// last kernel instead (topk_rank_kernel / topk_final_kernel): see indexer/workspace.py.
+__device__ __forceinline__ void clear_candidate_counts(u32* __restrict__ count, int rows) {
+    if (count != nullptr && blockIdx.x == 0 && blockIdx.y == 0)
+        for (int i = threadIdx.x; i < rows; i += blockDim.x) count[i] = 0u;
+}
+
 // ---------------------------------------------------------------------------
 // NVFP4 element and scale decoding
 // ---------------------------------------------------------------------------

@@ -104,8 +104,10 @@ score_mma_kernel(const unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 
                  int L, int tiles_per_cta,
                  float* __restrict__ scores,              // [T, ld] workspace
                  long long ld,
-                 u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
+                 u32* __restrict__ hist,                  // [T, kHistBins] or nullptr
+                 u32* __restrict__ count)                 // [T] candidate counts, cleared here, or nullptr
 {
+    clear_candidate_counts(count, gridDim.x);  // grid (T, chunks)
     using namespace score_mma;
     using Ring = KeyRing<kDim>;
     static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 256, "D must be a multiple of 32 in [32, 256]");

@@ -145,8 +145,10 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
                    int T, int P, int E, int e_shift, int L, int tiles_per_cta, int balanced,
                    float* __restrict__ scores,              // [T, ld] workspace
                    long long ld,
-                   u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
+                   u32* __restrict__ hist,                  // [T, kHistBins] or nullptr
+                   u32* __restrict__ count)                 // [T] candidate counts, cleared here, or nullptr
 {
+    clear_candidate_counts(count, T);
     using namespace score_wgmma;
     using Smem = WgmmaSmem<kDim>;
     static_assert(kDim % 32 == 0 && kDim >= 32 && kDim <= 128, "D must be a multiple of 32 in [32, 128]");
@@ -398,8 +400,10 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
                          int T, int P, int E, int e_shift, int L,
                          float* __restrict__ scores,              // [T, ld] workspace
                          long long ld,
-                         u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
+                         u32* __restrict__ hist,                  // [T, kHistBins] or nullptr
+                         u32* __restrict__ count)                 // [T] candidate counts, cleared here, or nullptr
 {
+    clear_candidate_counts(count, T);
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
     constexpr int kTiles = kTile;

@@ -290,8 +290,10 @@ score_ws_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged
                 int T, int P, int E, int e_shift, int L,
                 float* __restrict__ scores,              // [T, ld] workspace
                 long long ld,
-                u32* __restrict__ hist)                  // [T, kHistBins] or nullptr
+                u32* __restrict__ hist,                  // [T, kHistBins] or nullptr
+                u32* __restrict__ count)                 // [T] candidate counts, cleared here, or nullptr
 {
+    clear_candidate_counts(count, T);
     using namespace score_ws;
     static_assert(kDim == score_ws::kDim, "the warp-specialised kernel is written for D = 128");
     extern __shared__ __align__(1024) unsigned char smem[];

@@ -60,9 +60,11 @@ __device__ __forceinline__ void load_chunk(const float* __restrict__ r, int star
 template <int kThreads, int kPerThread>
 __global__ void __launch_bounds__(kThreads)
 topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
-                      u32* __restrict__ hist)  // [rows, kBins], zeroed
+                      u32* __restrict__ hist,  // [rows, kBins], zero at rest
+                      u32* __restrict__ count)  // [rows] candidate counts, cleared here
 {
     wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
+    clear_candidate_counts(count, gridDim.y);
     using namespace select_fast;
     __shared__ u32 h[kBins];
     const int row = blockIdx.y;
@@ -121,31 +123,15 @@ __device__ __forceinline__ u32 threshold_bin(const u32* __restrict__ h, int top_
     return *s_bin;
 }
 
-// The select's counters (a row's histogram, candidate count and the rank CTAs' arrivals)
-// are zero at rest: the scoring and filter kernels only add to them, and the kernel that
-// reads a row's count last (rank or final) clears the row's counters for the next call, so
-// that a call on a Workspace needs no fill before it (indexer/workspace.py: `zeroed`).
-// Called by every thread of every CTA of the row (G = gridDim.y CTAs), after each thread's
-// read of count[row] (it has a barrier): CTA 0 clears the histogram row (the filter that
-// read it has finished), the last CTA to arrive clears the count and the arrivals.
+// A row's histogram is zero at rest: the scoring kernels and the histogram kernel only add
+// to it, and the select's last kernel for the row (rank or final) clears it in its CTA 0
+// (the filter that read it has ended: that kernel waited for it), so a call on a Workspace
+// needs no fill before it (indexer/workspace.py: `zeroed`). The candidate counts are
+// cleared by the kernel before the filter instead (clear_candidate_counts, common.cuh).
 template <int kThreads>
-__device__ __forceinline__ void release_row_counters(int row, u32* __restrict__ hist_row, u32* __restrict__ count,
-                                                     u32* __restrict__ arrived) {
-    __syncthreads();  // every thread of this CTA has read count[row]
+__device__ __forceinline__ void clear_row_histogram(u32* __restrict__ hist_row) {
     if (blockIdx.y == 0)
         for (int i = threadIdx.x; i < select_fast::kBins; i += kThreads) hist_row[i] = 0u;
-    if (threadIdx.x == 0) {
-        bool last = gridDim.y == 1;
-        if (!last) {
-            __threadfence();  // this CTA's reads of the count before its arrival
-            last = atomicAdd(&arrived[row], 1u) == gridDim.y - 1u;
-            __threadfence();  // every CTA's arrival (and so its reads) before the clearing
-        }
-        if (last) {
-            count[row] = 0u;
-            arrived[row] = 0u;
-        }
-    }
 }
 
 // grid (chunks, rows): append every entry whose key bin is >= b* (threshold_bin of the row's
@@ -235,8 +221,8 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
 template <int kThreads, bool kAllPairs>
 __global__ void __launch_bounds__(kThreads, 4)  // 4 CTAs per SM (47 KB of shared memory each; 34 all-pairs)
 topk_rank_kernel(const float* __restrict__ scores, long long ld,
-                 const int* __restrict__ valid_lens, int max_len, u32* __restrict__ hist, u32* __restrict__ count,
-                 u32* __restrict__ arrived, const u64* __restrict__ cand, int cap, int top_k,
+                 const int* __restrict__ valid_lens, int max_len, u32* __restrict__ hist,
+                 const u32* __restrict__ count, const u64* __restrict__ cand, int cap, int top_k,
                  const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                  int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
@@ -267,7 +253,7 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
     const u32 count_row = count[row];
     const int n = visible_len(valid_lens, row, max_len);
     const u32 cnt = n > 0 ? count_row : 0u;
-    release_row_counters<kThreads>(row, hist + (long long)row * kBins, count, arrived);
+    clear_row_histogram<kThreads>(hist + (long long)row * kBins);
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
@@ -371,7 +357,7 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
 template <int kThreads, int kCap>
 __global__ void __launch_bounds__(kThreads)
 topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
-                  u32* __restrict__ hist, u32* __restrict__ count, const u64* __restrict__ cand, int top_k,
+                  u32* __restrict__ hist, const u32* __restrict__ count, const u64* __restrict__ cand, int top_k,
                   const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                   int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
@@ -381,7 +367,7 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     const int row = blockIdx.x, tid = threadIdx.x;
     const int n = visible_len(valid_lens, row, max_len);
     const u32 cnt = n > 0 ? count[row] : 0u;
-    release_row_counters<kThreads>(row, hist + (long long)row * select_fast::kBins, count, nullptr);  // one CTA a row
+    clear_row_histogram<kThreads>(hist + (long long)row * select_fast::kBins);  // one CTA a row
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;

@@ -1,9 +1,10 @@
-"""The select's counters on a Workspace are zero at rest: every complete call leaves its
-histogram, candidate counts and rank arrivals zero, so the next call launches no fill; a
-call that stops between launches clears them on its stream before it raises (and marks
-them dirty, so the next call fills them too); a scoring-only call counts elsewhere. Checked on every select route (all-pairs rank, binned rank, the
-one-CTA sort, the overflow fallback), across call shapes, in CUDA graphs, and after an
-interrupted call."""
+"""The select's histograms on a Workspace are zero at rest: every complete call leaves them
+zero (the candidate counts are cleared by each call's scoring kernel instead), so the next
+call launches no fill; a call that stops between launches clears them on its stream before
+it raises (and marks them dirty, so the next call fills them too); a scoring-only call
+counts elsewhere. Checked on every select route (all-pairs rank, binned rank, the one-CTA
+sort, the overflow fallback), across call shapes, in CUDA graphs, and after an interrupted
+call."""
 
 import numpy as np
 import pytest
