@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 
 import numpy as np
 
@@ -47,6 +48,15 @@ class _Config(ctypes.Structure):
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_Attr)), ("num_attrs", ctypes.c_uint)]
 
 
+def _programmatic_attribute():
+    attr = _Attr(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value.programmatic = 1
+    return ctypes.pointer(attr)
+
+
+_PROGRAMMATIC = _programmatic_attribute()  # read-only, shared by every launch
+
+
 @functools.cache
 def _driver():  # gpu-only
     """libcuda's cuLaunchKernelEx and cuGetErrorString, or None where it has no such entry
@@ -59,7 +69,7 @@ def _driver():  # gpu-only
     version = ctypes.c_int(0)
     if lib.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value < _MIN_DRIVER:
         return None
-    launch.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    launch.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     launch.restype = ctypes.c_int
     return launch, lib.cuGetErrorString
 
@@ -75,21 +85,58 @@ def enabled(device_id: int) -> bool:  # gpu-only
     return os.environ.get("INDEXER_PDL", "1") != "0" and _device_ok(device_id) and _driver() is not None
 
 
-def _c_argument(x):
-    """A ctypes value holding ``x`` as CuPy would pass it to a kernel."""
+# each kernel argument in an 8-byte slot: the struct code of the C type CuPy passes for a
+# NumPy scalar of each type (little-endian, a 4-byte value padded to its slot)
+_SLOT_CODES = {np.int32: "i4x", np.uint32: "I4x", np.int64: "q", np.uint64: "Q", np.float32: "f4x",
+               np.float64: "d"}
+
+
+def _argument_slot(x):
+    """(struct code, value) of ``x`` as CuPy would pass it to a kernel: device arrays as
+    pointers, NumPy scalars as their C type, Python ints as 64-bit integers."""
+    code = _SLOT_CODES.get(type(x))
+    if code is not None:
+        return code, x.item()
     if arrays.is_cupy(x):
-        return ctypes.c_void_p(x.data.ptr)
+        return "Q", x.data.ptr
     if x is None:
-        return ctypes.c_void_p(0)
+        return "Q", 0
     if isinstance(x, np.generic):
-        return np.ctypeslib.as_ctypes_type(x.dtype)(x.item())
+        raise TypeError(f"kernel argument of dtype {x.dtype}: expected a 32/64-bit integer or float")
     if isinstance(x, bool):
         raise TypeError("kernel argument: pass a NumPy bool_ or int, not a Python bool")
     if isinstance(x, int):
-        return ctypes.c_int64(x)
+        return "q", x
     if isinstance(x, float):
-        return ctypes.c_double(x)
+        return "d", x
     raise TypeError(f"kernel argument of type {type(x).__name__}: expected a CuPy array or a scalar")
+
+
+def _pack_arguments(args):
+    """(buffer, address of its pointer array): ``cuLaunchKernelEx``'s ``kernelParams`` in
+    one buffer, n pointers followed by the n arguments' 8-byte slots that they address,
+    written by one ``struct.pack_into``. An eager call pays this for each select launch
+    (a few microseconds), so it avoids a ctypes object per argument."""
+    n = max(1, len(args))
+    buf = ctypes.create_string_buffer(16 * n)
+    base = ctypes.addressof(buf)
+    codes, values = [f"<{n}Q"], list(range(base + 8 * n, base + 16 * n, 8))
+    for x in args:
+        code, value = _argument_slot(x)
+        codes.append(code)
+        values.append(value)
+    struct.pack_into("".join(codes), buf, 0, *values)
+    return buf, base
+
+
+_FUNCTIONS = {}  # (id(kernel), device id) -> (kernel, its CUfunction): _jit keeps kernels for good
+
+
+def _function_pointer(kernel, device_id):  # gpu-only
+    held = _FUNCTIONS.get((id(kernel), device_id))
+    if held is None or held[0] is not kernel:
+        held = _FUNCTIONS[(id(kernel), device_id)] = (kernel, kernel.kernel.ptr)
+    return held[1]
 
 
 def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-only
@@ -102,14 +149,10 @@ def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-o
     launch, error_string = _driver()
     cp = arrays.cupy()
     grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
-    attr = _Attr(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value.programmatic = 1
     config = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(shared_mem),
-                     ctypes.c_void_p(cp.cuda.get_current_stream().ptr), ctypes.pointer(attr), 1)
-    values = [_c_argument(a) for a in args]
-    params = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
-                                                        for v in values])
-    rc = launch(ctypes.byref(config), ctypes.c_void_p(kernel.kernel.ptr), params, None)
+                     cp.cuda.get_current_stream().ptr, _PROGRAMMATIC, 1)
+    buf, params = _pack_arguments(args)  # buf: the storage params point into, alive until the launch
+    rc = launch(ctypes.byref(config), _function_pointer(kernel, device_id), params, None)
     if rc != 0:
         text = ctypes.c_char_p()
         error_string(rc, ctypes.byref(text))

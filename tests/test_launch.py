@@ -1,7 +1,9 @@
 """indexer.launch's argument layout, without a GPU: each kernel argument becomes the C
-value CuPy would pass (NumPy scalars by their dtype, Python ints as 64-bit integers)."""
+value CuPy would pass (NumPy scalars by their dtype, Python ints as 64-bit integers), each
+in an 8-byte slot of one buffer, after the pointer array that addresses the slots."""
 
 import ctypes
+import struct
 
 import numpy as np
 import pytest
@@ -9,25 +11,30 @@ import pytest
 from indexer import launch
 
 
-@pytest.mark.parametrize("value,ctype,expected", [
-    (np.int32(-7), ctypes.c_int32, -7),
-    (np.int64(1 << 40), ctypes.c_int64, 1 << 40),
-    (np.uint32(3_000_000_000), ctypes.c_uint32, 3_000_000_000),
-    (np.float32(0.1), ctypes.c_float, float(np.float32(0.1))),
-    (0, ctypes.c_int64, 0),  # a null pointer argument, as the launches pass it
-    (None, ctypes.c_void_p, None),
+@pytest.mark.parametrize("value,fmt,expected", [
+    (np.int32(-7), "<i", -7),
+    (np.int64(1 << 40), "<q", 1 << 40),
+    (np.uint32(3_000_000_000), "<I", 3_000_000_000),
+    (np.float32(0.1), "<f", float(np.float32(0.1))),
+    (np.float64(-2.5), "<d", -2.5),
+    (0, "<q", 0),  # a null pointer argument, as the launches pass it
+    (None, "<Q", 0),
 ])
-def test_arguments_take_the_c_type_cupy_would_pass(value, ctype, expected):
-    c = launch._c_argument(value)
-    assert ctypes.sizeof(c) == ctypes.sizeof(ctype)
-    assert type(c).__name__ == ctype.__name__ or isinstance(c, ctype)
-    assert c.value == expected
+def test_arguments_take_the_c_type_cupy_would_pass(value, fmt, expected):
+    buf, address = launch._pack_arguments([np.int32(11), value, np.int64(-1)])
+    assert address == ctypes.addressof(buf)
+    params = struct.unpack("<3Q", ctypes.string_at(address, 24))  # the pointer array: slots after it
+    assert params == (address + 24, address + 32, address + 40)
+    raw = ctypes.string_at(params[1], struct.calcsize(fmt))
+    assert struct.unpack(fmt, raw)[0] == expected
+    assert struct.unpack("<i", ctypes.string_at(params[0], 4))[0] == 11
+    assert struct.unpack("<q", ctypes.string_at(params[2], 8))[0] == -1
 
 
-@pytest.mark.parametrize("bad", [True, "3", [1]])
+@pytest.mark.parametrize("bad", [True, "3", [1], np.int8(1), np.complex64(1)])
 def test_other_arguments_are_refused_by_name(bad):
     with pytest.raises(TypeError, match="kernel argument"):
-        launch._c_argument(bad)
+        launch._pack_arguments([bad])
 
 
 def test_the_config_struct_has_the_drivers_layout():
@@ -36,3 +43,4 @@ def test_the_config_struct_has_the_drivers_layout():
     assert ctypes.sizeof(launch._Attr) == 72
     assert launch._Config.stream.offset == 32 and launch._Config.attrs.offset == 40
     assert ctypes.sizeof(launch._Config) == 56
+    assert launch._PROGRAMMATIC.contents.id == 6 and launch._PROGRAMMATIC.contents.value.programmatic == 1
