@@ -8,6 +8,8 @@ predecessor has exited, and each waits, as its first statement, for the predeces
 writes to be visible (``wait_for_previous_grid``, kernels/common.cuh): the same bits either
 way, ~0.75 us less a call at batch 1 (two such edges; measured in CUDA graphs on the H200,
 see docs/performance.md v26). Stream capture records the attribute as a programmatic edge.
+It is used only while the stream is being captured: eager calls are bound by Python's
+launch overhead, and this launch path costs more of it than CuPy's.
 
 CuPy launches through ``cuLaunchKernel``, which takes no attributes, so ``after_previous``
 calls the driver's ``cuLaunchKernelEx`` itself (ctypes, on the ``CUfunction`` CuPy compiled
@@ -141,16 +143,21 @@ def _function_pointer(kernel, device_id):  # gpu-only
 
 def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-only
     """Launch CuPy ``RawKernel`` ``kernel`` like ``kernel(grid, block, args, shared_mem=...)``
-    on the current stream, allowed to start under the previous kernel's tail (the kernel
-    must call ``wait_for_previous_grid()`` first). ``grid`` and ``block``: tuples of up to 3."""
-    if not enabled(device_id):
+    on the current stream; while the stream is being captured into a CUDA graph, allowed to
+    start under the previous kernel's tail (the kernel must call ``wait_for_previous_grid()``
+    first). ``grid`` and ``block``: tuples of up to 3."""
+    cp = arrays.cupy()
+    stream = cp.cuda.get_current_stream()
+    # only into CUDA graphs: there the launch is paid once, at capture; an eager call is
+    # bound by Python's launch overhead, where the ctypes path costs ~40 us a launch more
+    # than CuPy's (measured on the H200's host) and the overlap gains nothing
+    if not (stream.is_capturing() and enabled(device_id)):
         kernel(grid, block, args, shared_mem=shared_mem)
         return
     launch, error_string = _driver()
-    cp = arrays.cupy()
     grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
     config = _Config((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), int(shared_mem),
-                     cp.cuda.get_current_stream().ptr, _PROGRAMMATIC, 1)
+                     stream.ptr, _PROGRAMMATIC, 1)
     buf, params = _pack_arguments(args)  # buf: the storage params point into, alive until the launch
     rc = launch(ctypes.byref(config), _function_pointer(kernel, device_id), params, None)
     if rc != 0:
