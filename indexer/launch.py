@@ -141,6 +141,13 @@ def _function_pointer(kernel, device_id):  # gpu-only
     return held[1]
 
 
+def _capturing(stream) -> bool:  # gpu-only
+    try:
+        return bool(stream.is_capturing())
+    except Exception:  # noqa: BLE001  (a query illegal here: the ordinary launch reports what is wrong)
+        return False
+
+
 def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-only
     """Launch CuPy ``RawKernel`` ``kernel`` like ``kernel(grid, block, args, shared_mem=...)``
     on the current stream; while the stream is being captured into a CUDA graph, allowed to
@@ -151,7 +158,7 @@ def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-o
     # only into CUDA graphs: there the launch is paid once, at capture; an eager call is
     # bound by Python's launch overhead, where the ctypes path costs ~40 us a launch more
     # than CuPy's (measured on the H200's host) and the overlap gains nothing
-    if not (stream.is_capturing() and enabled(device_id)):
+    if not (_capturing(stream) and enabled(device_id)):
         kernel(grid, block, args, shared_mem=shared_mem)
         return
     launch, error_string = _driver()
