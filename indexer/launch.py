@@ -158,7 +158,8 @@ def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-o
     # only into CUDA graphs: there the launch is paid once, at capture; an eager call is
     # bound by Python's launch overhead, where the ctypes path costs ~40 us a launch more
     # than CuPy's (measured on the H200's host) and the overlap gains nothing
-    if not (_capturing(stream) and enabled(device_id)):
+    # (enabled first: it loads the driver entry point at the first eager call, not mid-capture)
+    if not (enabled(device_id) and _capturing(stream)):
         kernel(grid, block, args, shared_mem=shared_mem)
         return
     launch, error_string = _driver()

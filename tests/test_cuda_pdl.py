@@ -90,7 +90,7 @@ def test_eager_calls_launch_the_ordinary_way(monkeypatch):
     monkeypatch.setenv("INDEXER_PDL", "1")
     cuda_ops.score_topk(*dev, p.top_k)  # compiles
     used = []
-    monkeypatch.setattr(launch, "_driver", lambda: used.append(1) or None)
+    monkeypatch.setattr(launch, "_driver", lambda: (lambda *args: used.append(args) or 0, None))
     idx, sc = cuda_ops.score_topk(*dev, p.top_k, return_scores=True)
-    assert not used
+    assert not used  # no cuLaunchKernelEx: CuPy launched every kernel
     testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
