@@ -193,7 +193,7 @@ def path_numbers(ms: float, extra_mb: float, counts: dict, floor_s: float) -> di
 def format_line(case_name: str, path: str, line: dict, torch_ms: float | None) -> str:
     """One aligned table line; the speed-up column is empty for torch-composed itself."""
     speed = f"{torch_ms / line['ms']:.1f}x" if torch_ms and path != "torch-composed" else ""
-    return (f"{case_name:15s} {path:20s} {line['ms']:9.3f} {line['x_floor']:8.2f} {line['tflops']:8.1f} "
+    return (f"{case_name:15s} {path:20s} {line['ms']:9.4f} {line['x_floor']:8.2f} {line['tflops']:8.1f} "
             f"{line['gbs']:8.0f} {line['extra_mb']:9.1f} {speed:>8s}")
 
 
@@ -443,7 +443,7 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
         for path, line in row["paths"].items():
             line["vs_torch"] = torch_ms / line["ms"] if torch_ms else None
             echo(format_line(case.name, path, line, torch_ms))
-        echo(f"{case.name:15s} {'floor':20s} {row['floor_ms']:9.3f}")
+        echo(f"{case.name:15s} {'floor':20s} {row['floor_ms']:9.4f}")
         results["cases"].append(row)
         del sets
         free_device_memory(cp)

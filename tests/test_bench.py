@@ -176,7 +176,7 @@ def test_path_numbers_and_format_line():
     line = bench.path_numbers(2.0, 1.5, counts, 1e-3)
     assert line == {"ms": 2.0, "x_floor": 2.0, "tflops": 1000.0, "gbs": 2000.0, "extra_mb": 1.5}
     text = bench.format_line("decode-128K", "fast (graph)", line, 20.0)
-    assert text == (f"{'decode-128K':15s} {'fast (graph)':20s} {2.0:9.3f} {2.0:8.2f} {1000.0:8.1f} "
+    assert text == (f"{'decode-128K':15s} {'fast (graph)':20s} {2.0:9.4f} {2.0:8.2f} {1000.0:8.1f} "
                     f"{2000.0:8.0f} {1.5:9.1f} {'10.0x':>8s}")
     assert text.endswith("   10.0x")
     assert bench.format_line("x", "torch-composed", line, 2.0).endswith(" " * 8)
@@ -256,7 +256,7 @@ def test_run_rows_lines_progress_and_json(fake_device, tmp_path):
     assert fast["gbs"] == pytest.approx(counts["bytes"] / 0.5e-3 / 1e9)
     assert row["paths"]["fast (graph)"]["ms"] == 0.4 and row["paths"]["fast (graph)"]["vs_torch"] == 25.0
     assert row["paths"]["torch-composed"]["vs_torch"] == 1.0
-    assert lines[5] == f"{'decode-128K':15s} {'floor':20s} {floor * 1e3:9.3f}"
+    assert lines[5] == f"{'decode-128K':15s} {'floor':20s} {floor * 1e3:9.4f}"
 
 
 def test_run_prints_by_default_and_no_torch_means_no_speedup(fake_device, capsys):
