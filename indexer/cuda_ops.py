@@ -183,7 +183,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # run fills them. A scoring-only call (the benchmark's) counts into scratch it never
     # clears, so that the zeroed part stays zero for any graph captured on it.
     hist_bytes = 0 if row_select else rows * bins * 4
-    at_rest = workspace is not None and hist_bytes > 0 and not score_only
+    zeroed = workspace.zeroed(hist_bytes) if workspace is not None and hist_bytes > 0 and not score_only else None
+    at_rest = zeroed is not None  # None also while capturing before the part exists (see Workspace.zeroed)
     ws = _carve({
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
@@ -194,7 +195,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     }, workspace=workspace)
     scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
     if at_rest:
-        hist, hist_zero = workspace.zeroed(hist_bytes)
+        hist, hist_zero = zeroed
         workspace.mark_zeroed(False)  # until this call's last launch is enqueued
     else:  # filled before the first run; a scoring-only call's are never read
         hist, hist_zero = ws["hist"], score_only

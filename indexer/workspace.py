@@ -116,12 +116,16 @@ class Workspace:
         of this workspace's "zeroed" part on the current device, for the select's histograms,
         which every complete call leaves zero (see the module docstring). Grown if smaller
         (a new buffer, zero-filled); the caller marks it dirty with ``mark_zeroed(False)``
-        before its first launch and clean again after its last."""
+        before its first launch and clean again after its last. None where it would have to
+        grow while the stream is capturing (a capture right after ``reserve``, before any
+        call): the caller then keeps its histograms in scratch, filled each call."""
         cp = arrays.cupy()
         dev = int(cp.cuda.runtime.getDevice())
         key = (dev, "zeroed")
         held = self._buffers.get(key)
         if held is None or held.nbytes < nbytes:
+            if _capture_state(cp)[0]:
+                return None
             self.buffer(nbytes, part="zeroed", granule=_ZEROED_GRANULE)  # growth rules as for scratch
             with self._lock:
                 self._buffers[key].fill(0)
@@ -139,16 +143,21 @@ class Workspace:
         return f"Workspace(nbytes={self.nbytes}, devices={where})"
 
 
+def _capture_state(cp):  # gpu-only
+    """(whether the current stream is capturing a CUDA graph, a note on why when unsure):
+    a failed query counts as capturing (an invalidated capture, or a query illegal during
+    one)."""
+    try:
+        return bool(cp.cuda.get_current_stream().is_capturing()), ""
+    except Exception as exc:  # noqa: BLE001
+        return True, f" (capture state: {exc})"
+
+
 def _refuse_during_capture(cp, nbytes, held):  # gpu-only
     """RuntimeError when the current stream is capturing a CUDA graph: an allocation there
     would be pool memory the graph keeps using after the call (the hazard a workspace
     exists to avoid), or fail outright."""
-    stream = cp.cuda.get_current_stream()
-    try:
-        capturing = bool(stream.is_capturing())
-        reason = ""
-    except Exception as exc:  # noqa: BLE001  (an invalidated capture, or a query illegal during one)
-        capturing, reason = True, f" (capture state: {exc})"
+    capturing, reason = _capture_state(cp)
     if capturing:
         raise RuntimeError(
             f"workspace: this call needs {nbytes} bytes, the workspace holds {held} on this device, and it "

@@ -155,3 +155,29 @@ def test_graphs_of_two_shapes_on_one_workspace_replay_in_any_order():
             stream.synchronize()
             testing.check_topk(use, out[0].get(), out[1].get(), tol=testing.TOL_FAST)
             assert int(cp.count_nonzero(zeroed_part(ws))) == 0
+
+
+def test_a_capture_right_after_reserve_keeps_its_histograms_in_scratch():
+    """No call before the capture: the at-rest part would have to grow mid-capture, so the
+    call keeps its histograms in the reserved scratch (a fill in the graph) instead."""
+    cp = arrays.cupy()
+    p, p2 = pair_of_problems(77, T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)
+    dev = on_device(p)
+    out = (cp.empty((1, p.top_k), cp.int32), cp.empty((1, p.top_k), cp.float32))
+    indexer.score_topk(*dev, p.top_k, return_scores=True, out=out, workspace=indexer.Workspace())  # compiles
+    ws = indexer.Workspace()
+    ws.reserve(64 << 20)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            indexer.score_topk(*dev, p.top_k, return_scores=True, validate=False, out=out, workspace=ws)
+        finally:
+            graph = stream.end_capture()
+        assert (cp.cuda.runtime.getDevice(), "zeroed") not in ws._buffers
+        for use in (p2, p, p2):
+            for d, x in zip(dev, use.arrays()):
+                d.set(x)
+            graph.launch(stream)
+            stream.synchronize()
+            testing.check_topk(use, out[0].get(), out[1].get(), tol=testing.TOL_FAST)
