@@ -16,8 +16,8 @@ the addresses a graph captures stay valid and private to the graph:
 
 Rules:
 
-* The workspace holds one buffer per device (plus a small one per device for the
-  per-token block table of ``score_topk_ragged``). A call that needs more bytes than the
+* The workspace holds one buffer per device (plus small ones per device: the per-token
+  block table of ``score_topk_ragged``, and the select's histograms kept zero at rest). A call that needs more bytes than the
   buffer holds reallocates it (grows); it never shrinks. Growing replaces the buffer, so a
   graph captured earlier with the smaller buffer must not be replayed after a larger call:
   size the workspace first (one call with the largest shapes, or ``reserve``), then capture.
