@@ -54,18 +54,26 @@ def problems(draw):
 
 
 @pytest.mark.parametrize("precision", ["fast", "exact"])
-def test_gpu_paths_match_the_reference(precision):
+@pytest.mark.parametrize("shared_workspace", [False, True])
+def test_gpu_paths_match_the_reference(precision, shared_workspace):
+    # shared_workspace: one Workspace for every example (shapes, routes and twists in any
+    # order), its at-rest histograms checked zero after each call
+    import indexer
+
     cp = arrays.cupy()
+    ws = indexer.Workspace() if shared_workspace else None
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
               suppress_health_check=list(HealthCheck))
     @given(problems())
     def check(p):
         dev = [cp.asarray(a) for a in p.arrays()]
-        from indexer import score_topk
-
-        idx, sc = score_topk(*dev, p.top_k, backend="cuda", precision=precision, return_scores=True)
+        idx, sc = indexer.score_topk(*dev, p.top_k, backend="cuda", precision=precision, return_scores=True,
+                                     workspace=ws)
         testing.check_topk(p, idx.get(), sc.get(), tol=TOL[precision])
+        at_rest = ws._buffers.get((cp.cuda.runtime.getDevice(), "zeroed")) if ws is not None else None
+        if at_rest is not None:
+            assert int(cp.count_nonzero(at_rest)) == 0
 
     check()
 
