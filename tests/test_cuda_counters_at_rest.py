@@ -181,3 +181,23 @@ def test_a_capture_right_after_reserve_keeps_its_histograms_in_scratch():
             graph.launch(stream)
             stream.synchronize()
             testing.check_topk(use, out[0].get(), out[1].get(), tol=testing.TOL_FAST)
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+def test_runs_of_one_row_reuse_the_histograms_each_run_leaves_zero(precision):
+    """workspace_budget=1: one row a run, so every run after the first counts into the
+    histogram rows the run before cleared; the bits match one run of all rows."""
+    from indexer import cuda_ops  # imports CuPy
+
+    cp = arrays.cupy()
+    for p in shapes(np.random.default_rng(78))[1:3]:  # several rows: the few-rows and plateau shapes
+        dev = on_device(p)
+        ws = indexer.Workspace()
+        whole = cuda_ops.score_topk(*dev, p.top_k, precision=precision, return_scores=True, _select="multi")
+        runs = cuda_ops.score_topk(*dev, p.top_k, precision=precision, return_scores=True, _select="multi",
+                                   workspace=ws, workspace_budget=1)
+        np.testing.assert_array_equal(whole[0].get(), runs[0].get())
+        assert whole[1].get().tobytes() == runs[1].get().tobytes()
+        testing.check_topk(p, runs[0].get(), runs[1].get(),
+                           tol=testing.TOL_FAST if precision == "fast" else testing.TOL_EXACT)
+        assert int(cp.count_nonzero(zeroed_part(ws))) == 0
