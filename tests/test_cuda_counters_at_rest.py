@@ -47,7 +47,7 @@ def zeroed_part(ws):
 
 
 @pytest.mark.parametrize("precision", ["fast", "exact"])
-def test_counters_are_zero_after_every_call_of_every_route_and_shape(precision):
+def test_histograms_are_zero_after_every_call_of_every_route_and_shape(precision):
     from indexer import cuda_ops  # imports CuPy
 
     cp = arrays.cupy()
