@@ -120,6 +120,38 @@ def cases():
     p.q = -np.abs(p.q) - np.float32(0.1)
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
     ran += 2
+    # on a workspace (histograms zero at rest) and replayed from CUDA graphs, where the
+    # select kernels are launched to overlap their predecessor: batch 1, a few rows, and
+    # prefill-like causal rows (pair scoring, then the short-row select)
+    import indexer
+    ws = indexer.Workspace()
+    stream = cp.cuda.Stream(non_blocking=True)
+    few = testing.random_problem(rng, T=5, H=64, D=128, E=64, lens=[9000, 0, 4097, 7000, 100], top_k=300)
+    batch1 = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[30000], top_k=1024)
+    cu = np.array([0, 300], np.int32)
+    causal = [cp.asarray(a) for a in (rng.standard_normal((300, 64, 128)).astype(np.float32),
+                                      rng.standard_normal((300, 64)).astype(np.float32), *pool, table[:1],
+                                      cu, indexer.causal_lens(cu, ratio=4, context_lens=[100]))]
+    calls = []
+    for p in (few, batch1):
+        x, out = [cp.asarray(a) for a in p.arrays()], cp.empty((p.q.shape[0], p.top_k), cp.int32)
+        calls.append(lambda x=x, out=out, k=p.top_k: score_topk(*x, k, backend="cuda", validate=False, out=out,
+                                                                 workspace=ws))
+    out = cp.empty((300, 64), cp.int32)
+    calls.append(lambda: score_topk_ragged(*causal, 64, backend="cuda", validate=False, out=out, workspace=ws))
+    with stream:  # inputs and outputs allocated above: the captures allocate nothing
+        for call in calls:
+            call()  # eager, and sizes the workspace
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                call()
+            finally:
+                graph = stream.end_capture()
+            graph.launch(stream)
+            graph.launch(stream)
+            stream.synchronize()
+            ran += 3
     # validation off, bad inputs, both paths
     p = bad_inputs(rng, H=8, D=64, top_k=64)
     for precision in ("exact", "fast"):
