@@ -28,7 +28,7 @@ import struct
 
 import numpy as np
 
-from . import arrays
+from . import arrays, streams
 
 __all__ = ["after_previous", "enabled"]
 
@@ -141,13 +141,6 @@ def _function_pointer(kernel, device_id):  # gpu-only
     return held[1]
 
 
-def _capturing(stream) -> bool:  # gpu-only
-    try:
-        return bool(stream.is_capturing())
-    except Exception:  # noqa: BLE001  (a query illegal here: the ordinary launch reports what is wrong)
-        return False
-
-
 def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-only
     """Launch CuPy ``RawKernel`` ``kernel`` like ``kernel(grid, block, args, shared_mem=...)``
     on the current stream; while the stream is being captured into a CUDA graph, allowed to
@@ -157,9 +150,10 @@ def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-o
     stream = cp.cuda.get_current_stream()
     # only into CUDA graphs: there the launch is paid once, at capture; an eager call is
     # bound by Python's launch overhead, where the ctypes path costs ~40 us a launch more
-    # than CuPy's (measured on the H200's host) and the overlap gains nothing
-    # (enabled first: it loads the driver entry point at the first eager call, not mid-capture)
-    if not (enabled(device_id) and _capturing(stream)):
+    # than CuPy's (measured on the H200's host) and the overlap gains nothing. `enabled`
+    # first: it loads the driver entry point at the first eager call, not mid-capture; a
+    # failed capture-state query takes the ordinary launch, which reports what is wrong.
+    if not (enabled(device_id) and streams.capture_state(stream)[0]):
         kernel(grid, block, args, shared_mem=shared_mem)
         return
     launch, error_string = _driver()

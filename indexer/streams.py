@@ -20,7 +20,16 @@ import warnings
 
 from . import arrays
 
-__all__ = ["check_stream", "device_of", "resolve", "using"]
+__all__ = ["capture_state", "check_stream", "device_of", "resolve", "using"]
+
+
+def capture_state(stream):  # gpu-only
+    """(whether CuPy stream ``stream`` is capturing a CUDA graph, None; or None, the error
+    when the query itself failed: an invalidated capture, or a query illegal during one)."""
+    try:
+        return bool(stream.is_capturing()), None
+    except Exception as exc:  # noqa: BLE001
+        return None, exc
 
 
 def _module(x) -> str:

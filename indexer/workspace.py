@@ -42,7 +42,7 @@ from __future__ import annotations
 import numbers
 import threading
 
-from . import arrays
+from . import arrays, streams
 
 __all__ = ["Workspace", "check_workspace"]
 
@@ -124,7 +124,7 @@ class Workspace:
         key = (dev, "zeroed")
         held = self._buffers.get(key)
         if held is None or held.nbytes < nbytes:
-            if _capture_state(cp)[0]:
+            if streams.capture_state(cp.cuda.get_current_stream())[0] is not False:
                 return None
             self.buffer(nbytes, part="zeroed", granule=_ZEROED_GRANULE)  # growth rules as for scratch
             with self._lock:
@@ -143,22 +143,13 @@ class Workspace:
         return f"Workspace(nbytes={self.nbytes}, devices={where})"
 
 
-def _capture_state(cp):  # gpu-only
-    """(whether the current stream is capturing a CUDA graph, a note on why when unsure):
-    a failed query counts as capturing (an invalidated capture, or a query illegal during
-    one)."""
-    try:
-        return bool(cp.cuda.get_current_stream().is_capturing()), ""
-    except Exception as exc:  # noqa: BLE001
-        return True, f" (capture state: {exc})"
-
-
 def _refuse_during_capture(cp, nbytes, held):  # gpu-only
     """RuntimeError when the current stream is capturing a CUDA graph: an allocation there
     would be pool memory the graph keeps using after the call (the hazard a workspace
     exists to avoid), or fail outright."""
-    capturing, reason = _capture_state(cp)
-    if capturing:
+    capturing, error = streams.capture_state(cp.cuda.get_current_stream())
+    reason = f" (capture state: {error})" if error is not None else ""
+    if capturing is not False:
         raise RuntimeError(
             f"workspace: this call needs {nbytes} bytes, the workspace holds {held} on this device, and it "
             f"cannot grow while the stream is capturing a CUDA graph{reason}; make one call with the same "

@@ -44,3 +44,27 @@ def test_the_config_struct_has_the_drivers_layout():
     assert launch._Config.stream.offset == 32 and launch._Config.attrs.offset == 40
     assert ctypes.sizeof(launch._Config) == 56
     assert launch._PROGRAMMATIC.contents.id == 6 and launch._PROGRAMMATIC.contents.value.programmatic == 1
+
+
+class _Stream:
+    def __init__(self, answer):
+        self.answer = answer
+
+    def is_capturing(self):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize("answer,expected", [(True, (True, None)), (False, (False, None)), (1, (True, None))])
+def test_capture_state_reports_the_streams_answer(answer, expected):
+    from indexer import streams
+
+    assert streams.capture_state(_Stream(answer)) == expected
+
+
+def test_a_failed_capture_query_is_reported_not_raised():
+    from indexer import streams
+
+    err = RuntimeError("capture invalidated")
+    assert streams.capture_state(_Stream(err)) == (None, err)
