@@ -26,6 +26,17 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+// Lets the select kernel after this one (launched with programmatic dependent launch) be
+// placed once every CTA of this grid has called it or exited: the first call in a CTA
+// counts. Called at a CTA's last tile, before its histogram flush, so that the next grid's
+// placement overlaps the slowest CTAs' flushes, not the scoring itself (a trigger at the
+// start of the kernels made batch 1 slower, docs/performance.md v26).
+__device__ __forceinline__ void let_next_grid_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 // The select's per-row candidate counts (the filter's append cursors) start each call at
 // zero: the kernel before the filter (the scoring kernel; the histogram kernel on the exact
 // path), which starts after the previous call's select has ended and ends before this

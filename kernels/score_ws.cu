@@ -272,6 +272,7 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
         tile(k, 0);
         if (g0 + k + 1 < g1) tile(k + 1, 1);
     }
+    let_next_grid_start();  // the filter may be placed while the last CTAs flush (common.cuh)
     if (t >= 0 && count_keys) flush_histogram();
 }
 
