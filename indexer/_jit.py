@@ -100,6 +100,7 @@ INSTANCES = {
     "score_ws.cu": ["score_ws_kernel<128>"],
     "probe_wgmma.cu": ["wgmma_rate_kernel<128>"] + [f"wgmma_overlap_kernel<{m}>" for m in range(6)] + [
         f"wgmma_tile_kernel<{s}>" for s in (1, 2)],  # scripts/probe_ceiling.py only
+    "check_values.cu": ["check_values_kernel"],
     "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>",
                        "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>",
                        "topk_rank_kernel<256, false>", "topk_rank_kernel<256, true>", "topk_final_kernel<1024, 8192>",

@@ -11,7 +11,7 @@ the device machine.
 import json
 import sys
 
-GPU_ONLY = {"indexer/cuda_ops.py"}
+GPU_ONLY = {"indexer/cuda_ops.py", "indexer/device_checks.py"}
 
 
 def main(path, threshold):
