@@ -42,8 +42,14 @@ def gpu_available() -> bool:
     return cupy() is not None
 
 
+@functools.lru_cache(maxsize=64)
+def _is_cupy_type(t) -> bool:
+    return t.__module__.split(".")[0] == "cupy"
+
+
 def is_cupy(x) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy"
+    # by type, cached: every call checks each of its ~7 inputs several times
+    return _is_cupy_type(type(x))
 
 
 def is_device_array(x) -> bool:

@@ -97,8 +97,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
 
 
 def _carve(nbytes_by_name, workspace=None):
-    """One device allocation cut into 256-byte aligned uint8 views, one per name: a call
-    costs a single allocation from CuPy's pool however many buffers it needs. With an
+    """One device allocation cut into 256-byte aligned uint8 views, one per name (None for
+    0 bytes): a call costs a single allocation from CuPy's pool however many buffers it needs. With an
     ``indexer.Workspace`` the views are cut from its buffer for the current device instead
     (grown if too small), so the call takes nothing from the pool (CUDA-graph safe)."""
     offsets, total = {}, 0
@@ -109,7 +109,10 @@ def _carve(nbytes_by_name, workspace=None):
         buf = cp.empty(max(total, 1), dtype=cp.uint8)
     else:
         buf = workspace.buffer(max(total, 1))
-    return {name: buf[off: off + nbytes_by_name[name]] for name, off in offsets.items()}
+    # None for an empty part: a view costs ~2 us of host time, and the parts a call's path
+    # does not use are empty
+    return {name: buf[off: off + nbytes_by_name[name]] if nbytes_by_name[name] else None
+            for name, off in offsets.items()}
 
 
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
@@ -199,9 +202,10 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         workspace.mark_zeroed(False)  # until this call's last launch is enqueued
     else:  # filled before the first run; a scoring-only call's are never read
         hist, hist_zero = ws["hist"], score_only
-    hist = hist.view(cp.uint32)                     # [rows, bins]
-    count = ws["count"].view(cp.uint32)             # [rows]
-    cand = ws["cand"].view(cp.uint64)
+    if not row_select:  # one CTA a row selects from the scores alone
+        hist = hist.view(cp.uint32)                 # [rows, bins]
+        count = ws["count"].view(cp.uint32)         # [rows]
+        cand = ws["cand"].view(cp.uint64)
     ld = np.int64(sl.ld)
 
     if exact:
@@ -241,17 +245,20 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         for r0 in range(0, prob.T, rows):
             r1 = min(prob.T, r0 + rows)
             nr = r1 - r0
+            # the run's rows of the per-row arrays: the arrays themselves when one run takes
+            # every row (a slice costs ~2 us of host time, and a call makes up to eight)
+            run = (lambda x: x) if nr == prob.T else (lambda x: x[r0:r1])  # noqa: B023
             if not (row_select or hist_zero):
                 hist.fill(0)  # then each run's select leaves them zero for the next
                 hist_zero = True
-            lens = valid_lens[r0:r1]
+            lens = run(valid_lens)
             if exact:
-                query = (q[r0:r1], w[r0:r1])
+                query = (run(q), run(w))
             elif use_ws or use_pairs:  # staged by the scoring kernel itself
-                query = (q[r0:r1], w[r0:r1], i32(prob.H))
+                query = (run(q), run(w), i32(prob.H))
             else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
                 # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
-                prep_k((nr, heads // 16), (256,), (q[r0:r1], w[r0:r1], i32(prob.H), q16, w_scaled))
+                prep_k((nr, heads // 16), (256,), (run(q), run(w), i32(prob.H), q16, w_scaled))
                 query = (q16, w_scaled)
             if use_pairs:  # row pairs of one sequence share each key tile (one wave, balanced)
                 grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
@@ -264,16 +271,16 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             else:
                 grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
             score_k(grid, sl.block,
-                    (*query, keys_fp4, key_scale, key_gscale, block_table[r0:r1], lens,
+                    (*query, keys_fp4, key_scale, key_gscale, run(block_table), lens,
                      *sched_args, scores_ws, ld, *(() if exact else (0, 0) if row_select else (hist, count))),
                     shared_mem=sl.smem)
             if score_only:  # counted into the histogram, never selected
                 continue
             if row_select:
                 after_previous(row_k, device_id, (nr,), (row_threads,),
-                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), block_table[r0:r1],
+                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), run(block_table),
                                 i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                                indices[r0:r1], scores[r0:r1] if scores is not None else 0))
+                                run(indices), run(scores) if scores is not None else 0))
                 continue
             if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
                 after_previous(hist_k, device_id, (chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, count))
@@ -286,13 +293,13 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             if geometry.rank_select(nr, prob.top_k, dev):
                 after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
                                (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(cap),
-                                i32(prob.top_k), block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P),
-                                i32(1 if physical else 0), indices[r0:r1], scores[r0:r1] if scores is not None else 0))
+                                i32(prob.top_k), run(block_table), i32(prob.L), i32(prob.E), i32(prob.P),
+                                i32(1 if physical else 0), run(indices), run(scores) if scores is not None else 0))
             else:
                 after_previous(final_k, device_id, (nr,), (1024,),
                                (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(prob.top_k),
-                                block_table[r0:r1], i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                                indices[r0:r1], scores[r0:r1] if scores is not None else 0),
+                                run(block_table), i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                                run(indices), run(scores) if scores is not None else 0),
                                shared_mem=8 * cap)
     except BaseException:
         if at_rest:  # stopped between its launches: clear what the launched kernels counted

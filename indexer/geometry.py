@@ -4,6 +4,7 @@ shared memory and template arguments. No CUDA here, so every choice is unit-test
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
@@ -103,6 +104,7 @@ def tiles_per_row(max_len: int) -> int:
     return max(1, -(-max_len // TILE_ENTRIES))
 
 
+@functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch
 def score_fp32_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
                       ctas_per_sm: int = 8) -> ScoreLaunch:
     """Geometry of ``score_fp32_kernel``: one CTA per (query, run of tiles).
@@ -132,6 +134,7 @@ def mma_head_blocks(H: int) -> int:
     return max(2, head_groups(H))
 
 
+@functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch
 def score_mma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
                      ctas_per_sm: int = 3) -> ScoreLaunch:
     """Geometry of ``score_mma_kernel``: 4 warps, 128 entries per CTA iteration, one CTA per
@@ -178,6 +181,7 @@ def wgmma_smem_bytes(D: int) -> int:
             + _WGMMA_STAGES * 8 + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4)
 
 
+@functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch
 def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
                        ctas_per_sm: int = 3, E: int = 64) -> ScoreLaunch:
     """Geometry of ``score_wgmma_kernel``: one warpgroup, 128 entries per CTA iteration
@@ -219,6 +223,7 @@ def wgmma_pairs_smem_bytes(D: int) -> int:
             + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4 + MAX_PAIR_ROWS // 8)
 
 
+@functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch
 def score_wgmma_pairs_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64,
                              ctas_per_sm: int = 3) -> ScoreLaunch:
     """Geometry of ``score_wgmma_pairs_kernel``: row pairs of one sequence share each key
@@ -261,6 +266,7 @@ def ws_smem_bytes(D: int = 128) -> int:
             + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + MAX_BALANCED_ROWS * 4 + 32 * 4)
 
 
+@functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch
 def score_ws_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
     """Geometry of ``score_ws_kernel``: CTAs of two warpgroups (a producer that decodes key
     tiles into shared memory, a consumer that runs the MMAs and the epilogue), two per SM,
