@@ -98,9 +98,10 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
 
 def _carve(nbytes_by_name, workspace=None):
     """One device allocation cut into 256-byte aligned uint8 views, one per name (None for
-    0 bytes): a call costs a single allocation from CuPy's pool however many buffers it needs. With an
-    ``indexer.Workspace`` the views are cut from its buffer for the current device instead
-    (grown if too small), so the call takes nothing from the pool (CUDA-graph safe)."""
+    0 bytes): a call costs a single allocation from CuPy's pool however many buffers it
+    needs. With an ``indexer.Workspace`` the views are cut from its buffer for the current
+    device instead (grown if too small), so the call takes nothing from the pool (CUDA-graph
+    safe)."""
     offsets, total = {}, 0
     for name, nbytes in nbytes_by_name.items():
         offsets[name] = total

@@ -77,7 +77,6 @@ def _driver():  # gpu-only
 
 
 @functools.cache
-@functools.cache  # a device's compute capability does not change; every launch asks
 def _device_ok(device_id: int) -> bool:  # gpu-only
     cp = arrays.cupy()
     return int(cp.cuda.Device(device_id).compute_capability) >= 90
