@@ -18,9 +18,10 @@ Rules:
 
 * The workspace holds one buffer per device (plus small ones per device: the per-token
   block table of ``score_topk_ragged``, and the select's histograms kept zero at rest). A
-  call that needs more bytes than the buffer holds reallocates it (grows); it never shrinks. Growing replaces the buffer, so a
-  graph captured earlier with the smaller buffer must not be replayed after a larger call:
-  size the workspace first (one call with the largest shapes, or ``reserve``), then capture.
+  call that needs more bytes than the buffer holds reallocates it (grows); it never
+  shrinks. Growing replaces the buffer, so a graph captured earlier with the smaller buffer
+  must not be replayed after a larger call: size the workspace first (one call with the
+  largest shapes, or ``reserve``), then capture.
 * Growing is refused while the current stream is capturing (RuntimeError): make one call
   with the same shapes, or ``reserve`` the bytes, before the capture.
 * Calls that share a workspace must be ordered (one stream, or events between streams):
