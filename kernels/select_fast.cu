@@ -45,7 +45,9 @@ __device__ __forceinline__ void load_chunk(const float* __restrict__ r, int star
     const int last = (n - 1) >> 2;
 #pragma unroll
     for (int q = 0; q < kPer / 4; ++q) {
-        const float4 x = r4[min((start >> 2) + q * kThreads + (int)threadIdx.x, last)];
+        // ld.global.cg, not the read-only path: an ordinary load stays above the barriers
+        // that follow (the compiler moved read-only ones below them, a second round trip)
+        const float4 x = __ldcg(r4 + min((start >> 2) + q * kThreads + (int)threadIdx.x, last));
         v[4 * q] = x.x;
         v[4 * q + 1] = x.y;
         v[4 * q + 2] = x.z;
@@ -103,16 +105,54 @@ __device__ __forceinline__ u32 descending_bins(const u32* h, u32 (&own)[kPer], u
     return block_exclusive_scan<kThreads>(sum, scratch, total);
 }
 
-// The bin b* of a row's histogram h that holds its k-th best key, or 0 when the row has at
-// most k selectable entries (then every non-NaN entry is a candidate). All kThreads (256)
-// threads of the CTA call it (it has barriers) and get the same value.
+// A thread's eight bins of a row's histogram, as two 16-byte loads (issued by load_bins,
+// read by threshold_bin, so that a caller can put other loads in flight between the two)
+struct RowBins {
+    uint4 lo, hi;  // bins 2040 - 8 tid .. 2047 - 8 tid, ascending
+};
+
 template <int kThreads>
-__device__ __forceinline__ u32 threshold_bin(const u32* __restrict__ h, int top_k, u32* scratch, u32* s_bin) {
+__device__ __forceinline__ RowBins load_bins(const u32* __restrict__ h) {
+    static_assert(select_fast::kBins / kThreads == 8, "two 16-byte loads of bins a thread");
+    const uint4* h4 = reinterpret_cast<const uint4*>(h + select_fast::kBins - 8 * ((int)threadIdx.x + 1));
+    return RowBins{h4[0], h4[1]};
+}
+
+// The bin b* of a row's histogram (bins: load_bins) that holds its k-th best key, or 0
+// when the row has at most k selectable entries (then every non-NaN entry is a candidate).
+// All kThreads (256) threads of the CTA call it and get the same value; it has two
+// barriers, the first before any thread returns. Thread tid holds bins 2047 - 8 tid - j, j = 0
+// .. 7 (two 16-byte loads), a warp scans its threads' sums by shuffles, and every thread
+// adds the warp totals before its own from shared memory: one barrier where a block-wide
+// scan takes three (the filter, a few microseconds of latency-bound CTAs, runs this in every
+// CTA of a row).
+template <int kThreads>
+__device__ __forceinline__ u32 threshold_bin(const RowBins& bins, int top_k, u32* scratch, u32* s_bin) {
     using namespace select_fast;
     constexpr int kPer = kBins / kThreads;
-    const int tid = threadIdx.x;
-    u32 mine[kPer], total;
-    u32 above = descending_bins<kThreads, kBins>(h, mine, scratch, &total);  // ends with a barrier
+    static_assert(kPer == 8 && kThreads / 32 <= 32, "two 16-byte loads of bins a thread");
+    constexpr int kWarps = kThreads / 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint4 lo = bins.lo, hi = bins.hi;
+    const u32 mine[kPer] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};  // highest first
+    u32 sum = 0u;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) sum += mine[j];
+    u32 incl = sum;  // inclusive scan over the warp's lanes (lane 0: the highest bins)
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const u32 y = __shfl_up_sync(FULL_MASK, incl, off);
+        if (lane >= off) incl += y;
+    }
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    u32 above = incl - sum, total = 0u;  // entries in the bins above mine; in all bins
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) {
+        const u32 t = scratch[v];
+        above += v < warp ? t : 0u;
+        total += t;
+    }
     if (total <= (u32)top_k) return 0u;  // the same in every thread
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -157,7 +197,8 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     const int lane = threadIdx.x & 31;
     float v[kPerThread];
     load_chunk<kThreads>(r, start, n, v);
-    const u32 bin = threshold_bin<kThreads>(hist + (long long)row * kBins, top_k, scratch, &s_bin);
+    const RowBins bins = load_bins<kThreads>(hist + (long long)row * kBins);  // in flight with the scores
+    const u32 bin = threshold_bin<kThreads>(bins, top_k, scratch, &s_bin);
     u32 takes = 0u;  // bit j: entry j of this thread is a candidate
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
@@ -170,7 +211,8 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     u32 warp_taken = __popc(takes);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) warp_taken += __shfl_xor_sync(FULL_MASK, warp_taken, off);
-    __syncthreads();  // s_taken = 0 visible
+    // s_taken = 0 is visible: threshold_bin's first barrier came after thread 0 set it, and
+    // its last one after every thread read the scratch it shares with nothing here
     u32 warp_base = 0u;
     if (lane == 0 && warp_taken) warp_base = atomicAdd(&s_taken, warp_taken);
     __syncthreads();
