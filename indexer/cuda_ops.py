@@ -59,8 +59,9 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     # one for tensors (so a torch.cuda.graph capture records it), or the one asked for
     with streams.using(stream, given) as run_on:
         q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = (arrays.to_cupy(x) for x in given)
+        cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens)
         prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
-                                          top_k, values=validate)
+                                          top_k, values=validate, cu_seqlens=cu_seqlens)
         _check_alignment("keys_fp4", keys_fp4, 16)
         if (prob.D // 16) % 4 == 0:  # scale rows then go by 4-byte copies (else byte loads)
             _check_alignment("key_scale", key_scale, 4)
@@ -80,7 +81,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
             _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
                     valid_lens, indices, scores, physical, workspace_budget, _score_only, _fast_kernel,
                     workspace=workspace, select=_select,
-                    cu_seqlens=None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens))
+                    cu_seqlens=cu_seqlens)
             if out is not None:
                 if host_result:
                     indices.get(stream=run_on, out=targets[0])
@@ -252,7 +253,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             if not (row_select or hist_zero):
                 hist.fill(0)  # then each run's select leaves them zero for the next
                 hist_zero = True
-            lens = run(valid_lens)
+            lens, table = run(valid_lens), run(block_table)  # each sliced once a run
             if exact:
                 query = (run(q), run(w))
             elif use_ws or use_pairs:  # staged by the scoring kernel itself
@@ -272,14 +273,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             else:
                 grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
             score_k(grid, sl.block,
-                    (*query, keys_fp4, key_scale, key_gscale, run(block_table), lens,
+                    (*query, keys_fp4, key_scale, key_gscale, table, lens,
                      *sched_args, scores_ws, ld, *(() if exact else (0, 0) if row_select else (hist, count))),
                     shared_mem=sl.smem)
             if score_only:  # counted into the histogram, never selected
                 continue
             if row_select:
                 after_previous(row_k, device_id, (nr,), (row_threads,),
-                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), run(block_table),
+                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), table,
                                 i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
                                 run(indices), run(scores) if scores is not None else 0))
                 continue
@@ -294,12 +295,12 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             if geometry.rank_select(nr, prob.top_k, dev):
                 after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
                                (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(cap),
-                                i32(prob.top_k), run(block_table), i32(prob.L), i32(prob.E), i32(prob.P),
+                                i32(prob.top_k), table, i32(prob.L), i32(prob.E), i32(prob.P),
                                 i32(1 if physical else 0), run(indices), run(scores) if scores is not None else 0))
             else:
                 after_previous(final_k, device_id, (nr,), (1024,),
                                (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(prob.top_k),
-                                run(block_table), i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                                table, i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
                                 run(indices), run(scores) if scores is not None else 0),
                                shared_mem=8 * cap)
     except BaseException:

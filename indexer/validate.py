@@ -77,12 +77,14 @@ def check_top_k(top_k) -> int:
 
 
 def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
-                     *, values: bool = True) -> Problem:
+                     *, values: bool = True, cu_seqlens=None) -> Problem:
     """Check the arguments of ``score_topk`` and return the problem's shape.
 
     ``values=False`` keeps the shape, dtype and device checks and skips the reductions
     over values (valid_lens range, block ids, global scales), which are the only ones
-    that synchronise with a device.
+    that synchronise with a device. ``cu_seqlens`` (int32 (B+1,), shape already checked by
+    ``check_cu_seqlens(..., values=False)``): the offsets of ``score_topk_ragged``, whose
+    values are then checked first, on device arrays in the same launch as the others.
     """
     top_k = check_top_k(top_k)
     args = {
@@ -128,7 +130,7 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
         raise ValueError(f"block_table: L * E = {L * E} entries per row exceeds the int32 range")
     prob = Problem(T=T, H=H, D=D, P=P, E=E, L=L, top_k=top_k)
     if values:
-        _check_values(prob, key_gscale, block_table, valid_lens)
+        _check_values(prob, key_gscale, block_table, valid_lens, cu_seqlens)
     return prob
 
 
@@ -138,13 +140,15 @@ def _device_failures(**arrays_and_sizes):  # gpu-only
     return device_checks.first_failures(**arrays_and_sizes)
 
 
-def _check_values(prob: Problem, key_gscale, block_table, valid_lens):
+def _check_values(prob: Problem, key_gscale, block_table, valid_lens, cu_seqlens=None):
     xp = arrays.module_of(valid_lens)
     if xp is not np:  # gpu-only: one launch and one read-back; the reductions below only word a failure
         failed = _device_failures(valid_lens=valid_lens, max_len=prob.max_len, key_gscale=key_gscale,
-                                  block_table=block_table, E=prob.E)
+                                  block_table=block_table, E=prob.E, cu_seqlens=cu_seqlens, T=prob.T)
         if not any(i is not None for i in failed):
             return
+    if cu_seqlens is not None:
+        _check_offsets(cu_seqlens, prob.T)
     lo, hi = int(valid_lens.min()), int(valid_lens.max())
     if lo < 0 or hi > prob.max_len:
         raise ValueError(
@@ -182,12 +186,18 @@ def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) 
     if _kind(cu_seqlens_q) != _kind(block_table):
         raise ValueError(f"cu_seqlens_q: expected the device of block_table ({_kind(block_table)}), got {_kind(cu_seqlens_q)}")
     if values:
-        xp = arrays.module_of(cu_seqlens_q)
-        if xp is not np and _device_failures(cu_seqlens=cu_seqlens_q, T=T)[3] is None:  # gpu-only
-            return B
-        first, last = int(cu_seqlens_q[0]), int(cu_seqlens_q[-1])
-        if first != 0 or last != T:
-            raise ValueError(f"cu_seqlens_q: expected offsets from 0 to T = {T}, got {first} .. {last}")
-        if B and bool(xp.any(cu_seqlens_q[1:] < cu_seqlens_q[:-1])):
-            raise ValueError("cu_seqlens_q: expected non-decreasing offsets")
+        if arrays.module_of(cu_seqlens_q) is not np and _device_failures(cu_seqlens=cu_seqlens_q, T=T)[3] is None:
+            return B  # gpu-only
+        _check_offsets(cu_seqlens_q, T)
     return B
+
+
+def _check_offsets(cu_seqlens_q, T: int):
+    """The values of ``cu_seqlens_q`` (shape checked): cu[0] == 0, cu[B] == T, never
+    decreasing (reductions: a host synchronisation on device arrays)."""
+    xp = arrays.module_of(cu_seqlens_q)
+    first, last = int(cu_seqlens_q[0]), int(cu_seqlens_q[-1])
+    if first != 0 or last != T:
+        raise ValueError(f"cu_seqlens_q: expected offsets from 0 to T = {T}, got {first} .. {last}")
+    if cu_seqlens_q.shape[0] > 1 and bool(xp.any(cu_seqlens_q[1:] < cu_seqlens_q[:-1])):
+        raise ValueError("cu_seqlens_q: expected non-decreasing offsets")

@@ -73,11 +73,11 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
     const int n = visible_len(valid_lens, row, max_len);
     const int start = blockIdx.x * kThreads * kPerThread;
     if (start >= n) return;
-    for (int i = threadIdx.x; i < kBins; i += kThreads) h[i] = 0u;
-    __syncthreads();
     const float* r = scores + (long long)row * ld;
     float v[kPerThread];
-    load_chunk<kThreads>(r, start, n, v);
+    load_chunk<kThreads>(r, start, n, v);  // in flight while the bins are cleared (loads stay above the barrier)
+    for (int i = threadIdx.x; i < kBins; i += kThreads) h[i] = 0u;
+    __syncthreads();
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
         const int i = chunk_entry<kThreads>(start, j);

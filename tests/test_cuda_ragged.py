@@ -42,6 +42,47 @@ def test_ragged_validate_false_with_malformed_offsets_stays_in_bounds():
     assert idx.shape == (5, 4)
 
 
+@pytest.mark.parametrize("offsets", [
+    [0, 3, 5],     # good
+    [1, 3, 5],     # does not start at 0
+    [0, 3, 4],     # does not end at T
+    [0, 6, 5],     # decreasing, past T
+])
+@pytest.mark.parametrize("bad_lens", [False, True])
+def test_ragged_checks_its_values_in_one_device_launch(monkeypatch, offsets, bad_lens):
+    """On device arrays a ragged call checks cu_seqlens_q with the other values in one launch
+    of the value-check kernel, and rejects what the NumPy backend rejects with the same
+    message (the offsets first when the lengths are bad too)."""
+    from indexer import device_checks
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(41)
+    args = list(grouped_problem(rng, [3, 2], H=8, D=64, E=16))
+    args[6] = np.array(offsets, dtype=np.int32)
+    if bad_lens:
+        args[7] = args[7].copy()
+        args[7][1] = 10_000
+    launches = []
+    real = device_checks.first_failures
+    monkeypatch.setattr(device_checks, "first_failures", lambda **kw: launches.append(kw) or real(**kw))
+
+    def outcome(fn):
+        try:
+            fn()
+            return "ok"
+        except ValueError as exc:
+            return str(exc)
+
+    host = outcome(lambda: indexer.score_topk_ragged(*args, 4, backend="numpy"))
+    assert not launches
+    dev = [cp.asarray(a) for a in args]
+    assert outcome(lambda: indexer.score_topk_ragged(*dev, 4)) == host
+    assert len(launches) == 1 and launches[0]["cu_seqlens"] is not None
+    assert (host == "ok") == (offsets == [0, 3, 5] and not bad_lens)
+    if offsets != [0, 3, 5]:
+        assert host.startswith("cu_seqlens_q")
+
+
 @pytest.mark.parametrize("counts,entries,top_k,lens", [
     ([2, 2, 2, 2], [3000] * 4, 100, None),     # multi-token decode: every pair shares
     ([3, 1, 4, 0, 5], [2000] * 5, 50, None),   # odd groups: pairs straddle sequences, a last row alone
