@@ -134,7 +134,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
-    use_ws = False
+    use_ws = use_wgmma = False
     # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
     # loads; a query view off that alignment takes the kernels that read it through the
     # staging kernel instead
