@@ -134,7 +134,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
-    use_ws = False
+    use_ws = use_wgmma = False
     # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
     # loads; a query view off that alignment takes the kernels that read it through the
     # staging kernel instead
@@ -272,10 +272,12 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))
             else:
                 grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
-            score_k(grid, sl.block,
-                    (*query, keys_fp4, key_scale, key_gscale, table, lens,
-                     *sched_args, scores_ws, ld, *(() if exact else (0, 0) if row_select else (hist, count))),
-                    shared_mem=sl.smem)
+            score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
+                          *sched_args, scores_ws, ld, *(() if exact else (0, 0) if row_select else (hist, count)))
+            if use_wgmma and not (use_ws or use_pairs):  # starts under the staging kernel (score_wgmma.cu)
+                after_previous(score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
+            else:
+                score_k(grid, sl.block, score_args, shared_mem=sl.smem)
             if score_only:  # counted into the histogram, never selected
                 continue
             if row_select:

@@ -86,6 +86,10 @@ prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int 
                   unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8]
                   float* __restrict__ w_scaled)      // [T, kHeads]
 {
+    // the wgmma scoring kernel after this one, launched programmatically in graphs, may be
+    // placed now: it schedules its tiles and starts its key copies, then waits for this grid
+    // before it copies the staged rows in (score_wgmma.cu)
+    let_next_grid_start();
     prep_query_row<kDim, kNBlocks>(q, w, H, q16, w_scaled);
 }
 

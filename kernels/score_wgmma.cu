@@ -56,7 +56,13 @@ __device__ __forceinline__ void score_segment(
     keys.row_shift = e_shift < 7 ? e_shift : 7;
     keys.copies = kTile >> keys.row_shift;
 
-    // ---- prologue: the query into the core-matrix layout, weights, histogram, first tiles
+    // ---- prologue: histogram, first tiles, then the query into the core-matrix layout and
+    // the weights. In a graph this kernel may start while prep_query_kernel runs (it is
+    // launched programmatically after it): everything before the wait touches nothing that
+    // kernel writes, and every kernel before it has ended (it was launched normally).
+    for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
+    keys.start(tid);
+    wait_for_previous_grid();  // q16 and w_scaled written (a no-op from the first segment on)
     {
         const unsigned short* qsrc = q16 + (long long)t * kHeads * kRowHalves;
         for (int i = tid; i < kHeads * (kDim / 8); i += kThreads) {
@@ -68,8 +74,6 @@ __device__ __forceinline__ void score_segment(
         if (tid < kHeads / 4) cp_async_16(wsm + 4 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
         cp_async_commit();
     }
-    for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
-    keys.start(tid);
     cp_async_wait<0>();
     fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
     __syncthreads();
