@@ -1,13 +1,18 @@
 """Kernel launches that overlap the previous kernel's tail (programmatic dependent launch).
 
-A call's select kernels each read what the kernel before them on the stream wrote. Launched
+A call's select kernels each read what the kernel before them on the stream wrote, and the
+single-query wgmma scoring kernel reads the query rows its staging kernel wrote. Launched
 the ordinary way, each starts only after its predecessor's end has been signalled and the
 new launch processed. Launched with CUDA's programmatic-stream-serialization attribute
 (sm_90+; CUDA driver 12.3+ for CUDA graphs), its CTAs are placed as soon as every CTA of the
-predecessor has exited, and each waits, as its first statement, for the predecessor's
-writes to be visible (``wait_for_previous_grid``, kernels/common.cuh): the same bits either
-way, ~0.75 us less a call at batch 1 (two such edges; measured in CUDA graphs on the H200,
-see docs/performance.md v26). Stream capture records the attribute as a programmatic edge.
+predecessor has exited or triggered (``let_next_grid_start``), and each waits for the
+predecessor's writes to be visible (``wait_for_previous_grid``, kernels/common.cuh) before
+it touches anything the predecessor writes: the select kernels as their first statement,
+the scoring kernel after scheduling its tiles and starting its key copies (its staging
+kernel triggers at its start). The same bits either way; ~0.75 us less a call at batch 1
+(two such edges, docs/performance.md v26), 1-2 us less a run of the decode cases' scoring
+(v28), measured in CUDA graphs on the H200. Stream capture records the attribute as a
+programmatic edge.
 It is used only while the stream is being captured: eager calls are bound by Python's
 launch overhead, and this launch path costs more of it than CuPy's.
 
@@ -145,7 +150,9 @@ def after_previous(kernel, device_id, grid, block, args, shared_mem=0):  # gpu-o
     """Launch CuPy ``RawKernel`` ``kernel`` like ``kernel(grid, block, args, shared_mem=...)``
     on the current stream; while the stream is being captured into a CUDA graph, allowed to
     start under the previous kernel's tail (the kernel must call ``wait_for_previous_grid()``
-    first). ``grid`` and ``block``: tuples of up to 3."""
+    before it reads or writes anything the previous kernel writes or reads, and the previous
+    kernel must have been launched the ordinary way if it does anything before that call).
+    ``grid`` and ``block``: tuples of up to 3."""
     cp = arrays.cupy()
     stream = cp.cuda.get_current_stream()
     # only into CUDA graphs: there the launch is paid once, at capture; an eager call is

@@ -1,5 +1,6 @@
-"""The select kernels captured into CUDA graphs with programmatic dependent launch
-(indexer/launch.py) give the same bits as ordinary launches, on every select route
+"""The select kernels (and the single-query wgmma scoring after its query staging) captured
+into CUDA graphs with programmatic dependent launch (indexer/launch.py) give the same bits
+as ordinary launches, on every select route
 (all-pairs rank, binned rank, the one-CTA sort, the overflow fallback, the short-row
 select, the exact path's histogram) and on the ragged pair path; eager calls launch the
 ordinary way."""
