@@ -44,11 +44,16 @@ def _check_alignment(name, x, nbytes):
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                precision="fast", return_scores=False, physical=False, validate=True,
-               workspace_budget=geometry.DEFAULT_WORKSPACE_BYTES, out=None, workspace=None, stream=None,
+               workspace_budget=None, out=None, workspace=None, stream=None,
                _score_only=False, _fast_kernel="auto", _select="auto", _cu_seqlens=None):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
     inputs (PyTorch tensors for PyTorch inputs), NumPy arrays when ``q`` came from the host,
-    or ``out`` itself when given (filled through zero-copy CuPy views)."""
+    or ``out`` itself when given (filled through zero-copy CuPy views). ``workspace_budget``
+    None: ``geometry.DEFAULT_WORKSPACE_BYTES``, or ``DEFAULT_RAGGED_WORKSPACE_BYTES`` for the
+    grouped calls (``_cu_seqlens``)."""
+    if workspace_budget is None:
+        workspace_budget = (geometry.DEFAULT_WORKSPACE_BYTES if _cu_seqlens is None
+                            else geometry.DEFAULT_RAGGED_WORKSPACE_BYTES)
     like = q
     names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
     given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)

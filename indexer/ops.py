@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from . import arrays, outbuf, ragged, reference, streams, validate as _validate
-from .workspace import check_workspace
+from .workspace import check_budget, check_workspace
 
 __all__ = ["score_topk", "score_topk_ragged", "BACKENDS", "PRECISIONS"]
 
@@ -27,7 +27,7 @@ def _pick_backend(backend: str, inputs) -> str:
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                backend="auto", precision="fast", return_scores=False, physical=False,
-               validate=True, out=None, workspace=None, stream=None, _cu_seqlens=None):
+               validate=True, out=None, workspace=None, stream=None, workspace_budget=None, _cu_seqlens=None):
     """Score every visible key of each query and return the top-k entries, highest first.
 
     ``I[t, s] = sum_h w[t, h] * max(0, q[t, h, :] . k[s, :])`` over the entries
@@ -67,6 +67,12 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         or an object with ``__cuda_stream__``: where the GPU work runs. None: PyTorch's
         current stream when the inputs are PyTorch tensors, else CuPy's current stream.
         The NumPy backend checks and ignores it.
+    workspace_budget : None or int: bytes of device scratch (scores, the select's buffers)
+        a GPU call may take; query rows are scored and selected in runs that fit it, and a
+        larger budget means fewer, larger runs (fewer launches and kernel tails). At least
+        one row a run whatever the budget. None: 64 MiB for ``score_topk``, 256 MiB for
+        ``score_topk_ragged`` (prefill-chunk: 3% faster than at 64 MiB, docs/performance.md
+        v28). The NumPy backend checks and ignores it.
 
     Returns
     -------
@@ -78,6 +84,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
     check_workspace(workspace)
+    check_budget(workspace_budget)
     streams.check_stream(stream)
     inputs = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
     chosen = _pick_backend(backend, inputs)
@@ -95,12 +102,12 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
 
     return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,  # gpu-only
                                physical=physical, validate=validate, out=out, workspace=workspace, stream=stream,
-                               _cu_seqlens=_cu_seqlens)
+                               workspace_budget=workspace_budget, _cu_seqlens=_cu_seqlens)
 
 
 def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k, *,
                       backend="auto", precision="fast", return_scores=False, physical=False, validate=True,
-                      out=None, workspace=None, stream=None):
+                      out=None, workspace=None, stream=None, workspace_budget=None):
     """``score_topk`` for query tokens grouped by sequence, as in varlen attention.
 
     The tokens of sequence b are rows ``cu_seqlens_q[b] : cu_seqlens_q[b+1]`` of ``q``,
@@ -115,17 +122,19 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
     block_table : int32 (B, L)       logical -> physical block, per sequence
     cu_seqlens_q : int32 (B+1,)      query row offsets: 0 = cu[0] <= cu[1] <= ... <= cu[B] = T
     valid_lens : int32 (T,)          entries visible to each query token
-    top_k, backend, precision, return_scores, physical, validate, out, workspace, stream :
+    top_k, backend, precision, return_scores, physical, validate, out, workspace, stream,
+    workspace_budget :
         as ``score_topk`` (``physical`` indices go through the token's sequence's block
         table; with a workspace the per-token block table is built in it too, so the call
-        allocates nothing on the GPU)
+        allocates nothing on the GPU; the budget's default here is 256 MiB)
 
     Returns the same as ``score_topk``: int32 (T, top_k) indices (and float32 scores).
     """
     check_workspace(workspace)
+    check_budget(workspace_budget)
     streams.check_stream(stream)
     kwargs = dict(backend=backend, precision=precision, return_scores=return_scores, physical=physical,
-                  validate=validate, out=out, workspace=workspace)
+                  validate=validate, out=out, workspace=workspace, workspace_budget=workspace_budget)
     args = (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k)
     if _pick_backend(backend, args[:-1]) == "cuda":  # gpu-only
         # the per-token table is built on the call's device and stream, like the launch

@@ -157,6 +157,18 @@ def _refuse_during_capture(cp, nbytes, held):  # gpu-only
             "shapes (or ws.reserve(nbytes)) before the capture")
 
 
+def check_budget(workspace_budget):
+    """``workspace_budget`` itself when it is None or a positive int (bytes); TypeError or
+    ValueError naming it otherwise."""
+    if workspace_budget is None:
+        return None
+    if not isinstance(workspace_budget, numbers.Integral) or isinstance(workspace_budget, bool):
+        raise TypeError(f"workspace_budget: expected an int (bytes) or None, got {type(workspace_budget).__name__}")
+    if workspace_budget <= 0:
+        raise ValueError(f"workspace_budget: expected a positive number of bytes, got {workspace_budget}")
+    return int(workspace_budget)
+
+
 def check_workspace(workspace):
     """``workspace`` itself when it is None or a ``Workspace``; TypeError naming it otherwise."""
     if workspace is not None and not isinstance(workspace, Workspace):

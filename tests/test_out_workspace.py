@@ -70,11 +70,12 @@ def test_out_ragged_and_key_pool(rng):
     w = rng.standard_normal((2, 8)).astype(np.float32)
     out = np.empty((2, 5), dtype=np.int32)
     ws = indexer.Workspace()
-    assert pool.score_topk(q, w, ["a", "b"], 5, out=out, workspace=ws) is out
-    np.testing.assert_array_equal(out, pool.score_topk(q, w, ["a", "b"], 5))
+    # the NumPy backend named: on a machine with a GPU, 'auto' would take the CUDA path
+    assert pool.score_topk(q, w, ["a", "b"], 5, out=out, workspace=ws, backend="numpy") is out
+    np.testing.assert_array_equal(out, pool.score_topk(q, w, ["a", "b"], 5, backend="numpy"))
     assert ws.nbytes == 0  # the NumPy backend takes no workspace memory
     cu = np.array([0, 2], dtype=np.int32)
-    assert pool.score_topk(q, w, ["a"], 5, cu_seqlens_q=cu, out=out) is out
+    assert pool.score_topk(q, w, ["a"], 5, cu_seqlens_q=cu, out=out, backend="numpy") is out
 
 
 def test_out_leaves_other_rows_alone_and_overwrites_every_entry(rng):
@@ -247,3 +248,31 @@ def test_ragged_with_no_sequences_is_refused(rng):
     with pytest.raises(ValueError, match="^(block_table|cu_seqlens_q)"):
         indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, empty, cu, p.valid_lens,
                                   p.top_k, backend="numpy", validate=False)
+
+
+# ----------------------------------------------------------------------------- workspace_budget=
+
+
+@pytest.mark.parametrize("bad,error,pattern", [
+    (1.5, TypeError, "^workspace_budget: expected an int"),
+    (True, TypeError, "^workspace_budget: expected an int"),
+    ("64M", TypeError, "^workspace_budget: expected an int"),
+    (0, ValueError, "^workspace_budget: expected a positive number of bytes, got 0"),
+    (-5, ValueError, "^workspace_budget: expected a positive number of bytes"),
+])
+def test_bad_workspace_budget_names_the_argument(rng, bad, error, pattern):
+    p = problem(rng)
+    with pytest.raises(error, match=pattern):
+        indexer.score_topk(*p.args(), backend="numpy", workspace_budget=bad)
+    cu = np.array([0, p.q.shape[0]], dtype=np.int32)
+    with pytest.raises(error, match=pattern):
+        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[:1], cu,
+                                  p.valid_lens, p.top_k, backend="numpy", workspace_budget=bad)
+
+
+def test_workspace_budget_on_the_numpy_backend_is_accepted_and_ignored(rng):
+    p = problem(rng)
+    for budget in (None, 1, np.int64(1 << 30)):
+        got = indexer.score_topk(*p.args(), backend="numpy", workspace_budget=budget)
+        np.testing.assert_array_equal(got, reference.score_topk(*p.args()))
+    assert workspace_mod.check_budget(np.int64(7)) == 7 and workspace_mod.check_budget(None) is None
