@@ -105,28 +105,26 @@ __device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f
 // `scratch` holds at least 32 u32 in shared memory. Returns the exclusive prefix,
 // and the block total in *total.
 // ---------------------------------------------------------------------------
+// The inclusive prefix sum of v over the lanes of a whole warp (lane 0 first).
+__device__ __forceinline__ u32 warp_inclusive_scan(u32 v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const u32 y = __shfl_up_sync(FULL_MASK, v, off);
+        if (lane >= off) v += y;
+    }
+    return v;
+}
+
 template <int kThreads>
 __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* scratch, u32* total) {
     static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
     constexpr int kWarps = kThreads / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 incl = v;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const u32 y = __shfl_up_sync(FULL_MASK, incl, off);
-        if (lane >= off) incl += y;
-    }
+    const u32 incl = warp_inclusive_scan(v);
     if (lane == 31) scratch[warp] = incl;
     __syncthreads();
-    if (warp == 0) {
-        u32 s = lane < kWarps ? scratch[lane] : 0u;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const u32 y = __shfl_up_sync(FULL_MASK, s, off);
-            if (lane >= off) s += y;
-        }
-        scratch[lane] = s;  // inclusive prefix of warp totals
-    }
+    if (warp == 0) scratch[lane] = warp_inclusive_scan(lane < kWarps ? scratch[lane] : 0u);  // of the warp totals
     __syncthreads();
     const u32 warp_base = warp ? scratch[warp - 1] : 0u;
     *total = scratch[kWarps - 1];

@@ -138,12 +138,7 @@ __device__ __forceinline__ u32 threshold_bin(const RowBins& bins, int top_k, u32
     u32 sum = 0u;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) sum += mine[j];
-    u32 incl = sum;  // inclusive scan over the warp's lanes (lane 0: the highest bins)
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        const u32 y = __shfl_up_sync(FULL_MASK, incl, off);
-        if (lane >= off) incl += y;
-    }
+    const u32 incl = warp_inclusive_scan(sum);  // over the warp's lanes (lane 0: the highest bins)
     if (lane == 31) scratch[warp] = incl;
     __syncthreads();
     u32 above = incl - sum, total = 0u;  // entries in the bins above mine; in all bins

@@ -13,6 +13,17 @@ def problem(rng, T=4, top_k=10):
     return testing.random_problem(rng, T=T, H=8, D=64, E=16, L=3, top_k=top_k)
 
 
+def both_calls_raise(p, error, pattern, **keyword):
+    """score_topk and score_topk_ragged (one sequence of all of p's rows) on the NumPy
+    backend both raise ``error`` matching ``pattern`` for the bad ``keyword``."""
+    with pytest.raises(error, match=pattern):
+        indexer.score_topk(*p.args(), backend="numpy", **keyword)
+    cu = np.array([0, p.q.shape[0]], dtype=np.int32)
+    with pytest.raises(error, match=pattern):
+        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[:1], cu,
+                                  p.valid_lens, p.top_k, backend="numpy", **keyword)
+
+
 def empty_out(p, scores=False):
     idx = np.full((p.q.shape[0], p.top_k), -7, dtype=np.int32)
     if not scores:
@@ -149,13 +160,7 @@ def test_workspace_on_the_numpy_backend_is_accepted_and_ignored(rng):
 
 @pytest.mark.parametrize("bad", ["ws", 123, object()])
 def test_bad_workspace_names_the_argument(rng, bad):
-    p = problem(rng)
-    with pytest.raises(TypeError, match="^workspace: expected an indexer.Workspace"):
-        indexer.score_topk(*p.args(), backend="numpy", workspace=bad)
-    cu = np.array([0, p.q.shape[0]], dtype=np.int32)
-    with pytest.raises(TypeError, match="^workspace"):
-        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[:1], cu,
-                                  p.valid_lens, p.top_k, backend="numpy", workspace=bad)
+    both_calls_raise(problem(rng), TypeError, "^workspace: expected an indexer.Workspace", workspace=bad)
 
 
 @pytest.mark.parametrize("nbytes,device,error,pattern", [
@@ -224,13 +229,7 @@ def test_check_stream_kinds():
     (1.0, TypeError, "^stream"),
 ])
 def test_bad_stream_names_the_argument(rng, bad, error, pattern):
-    p = problem(rng)
-    with pytest.raises(error, match=pattern):
-        indexer.score_topk(*p.args(), backend="numpy", stream=bad)
-    cu = np.array([0, p.q.shape[0]], dtype=np.int32)
-    with pytest.raises(error, match=pattern):
-        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[:1], cu,
-                                  p.valid_lens, p.top_k, backend="numpy", stream=bad)
+    both_calls_raise(problem(rng), error, pattern, stream=bad)
 
 
 def test_stream_on_the_numpy_backend_is_ignored(rng):
@@ -261,13 +260,7 @@ def test_ragged_with_no_sequences_is_refused(rng):
     (-5, ValueError, "^workspace_budget: expected a positive number of bytes"),
 ])
 def test_bad_workspace_budget_names_the_argument(rng, bad, error, pattern):
-    p = problem(rng)
-    with pytest.raises(error, match=pattern):
-        indexer.score_topk(*p.args(), backend="numpy", workspace_budget=bad)
-    cu = np.array([0, p.q.shape[0]], dtype=np.int32)
-    with pytest.raises(error, match=pattern):
-        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[:1], cu,
-                                  p.valid_lens, p.top_k, backend="numpy", workspace_budget=bad)
+    both_calls_raise(problem(rng), error, pattern, workspace_budget=bad)
 
 
 def test_workspace_budget_on_the_numpy_backend_is_accepted_and_ignored(rng):
