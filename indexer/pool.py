@@ -429,8 +429,8 @@ class KeyPool:
         whole sequence).
 
         q : float32 (T, H, D); w : float32 (T, H). Keyword arguments (backend, precision,
-        return_scores, physical, validate, out, workspace, stream, workspace_budget) go to the scoring
-        function. Returns int32 indices (T, top_k) (and float32 scores with
+        return_scores, physical, validate, out, workspace, stream, workspace_budget) go to
+        the scoring function. Returns int32 indices (T, top_k) (and float32 scores with
         ``return_scores``), or ``out`` itself when given.
 
         The block table and lengths are built from the host bookkeeping on every call (a

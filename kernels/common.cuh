@@ -100,12 +100,8 @@ __device__ __forceinline__ int visible_len(const int* __restrict__ valid_lens, i
 // ReLU that keeps NaN (fmaxf would turn NaN into 0 and select a broken entry).
 __device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
 
-// ---------------------------------------------------------------------------
-// Block-wide exclusive scan of one u32 per thread; all threads must call it.
-// `scratch` holds at least 32 u32 in shared memory. Returns the exclusive prefix,
-// and the block total in *total.
-// ---------------------------------------------------------------------------
-// The inclusive prefix sum of v over the lanes of a whole warp (lane 0 first).
+// The inclusive prefix sum of v over the lanes of a whole warp (lane 0 first); every lane
+// of the warp calls it.
 __device__ __forceinline__ u32 warp_inclusive_scan(u32 v) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -116,6 +112,11 @@ __device__ __forceinline__ u32 warp_inclusive_scan(u32 v) {
     return v;
 }
 
+// ---------------------------------------------------------------------------
+// Block-wide exclusive scan of one u32 per thread; all threads must call it.
+// `scratch` holds at least 32 u32 in shared memory. Returns the exclusive prefix,
+// and the block total in *total.
+// ---------------------------------------------------------------------------
 template <int kThreads>
 __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* scratch, u32* total) {
     static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
