@@ -30,9 +30,9 @@ Rules:
 * The NumPy backend accepts a workspace and ignores it (it has no device memory).
 
 Beside its scratch buffer the workspace keeps the select's per-row histograms (of score
-bits) in a part of their own that is zero between calls: each call's last
-kernel clears what its first ones counted, so a call on a workspace launches no fill of
-them (a memset node less in a captured graph). A call that stops between its launches (an
+bits) in a part of their own that is zero between calls: each call's last kernel clears
+what its first ones counted, so a call on a workspace launches no fill of them (a memset
+node less in a captured graph). A call that stops between its launches (an
 exception, Ctrl-C) clears what it counted on its stream before it raises, so graphs captured
 earlier on the workspace stay right; it also leaves the part marked dirty, and the next call
 fills it first. The benchmark's scoring-only calls count into scratch memory instead.
@@ -45,7 +45,7 @@ import threading
 
 from . import arrays, streams
 
-__all__ = ["Workspace", "check_workspace"]
+__all__ = ["Workspace", "check_budget", "check_workspace"]
 
 # buffers grow in whole MiB: calls whose shapes differ a little do not each reallocate
 _GRANULE = 1 << 20

@@ -11,26 +11,29 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 
 // ---------------------------------------------------------------------------
-// Programmatic dependent launch (sm_90+; indexer/launch.py). A select kernel launched with
-// it is placed while the kernel before it on the stream is still ending: its CTAs start as
-// soon as every CTA of the previous grid has exited, without waiting for the grid's end to
-// be signalled and a new launch to be processed. Every CTA of such a kernel waits, as its
-// first statement (before any early exit: a grid whose CTAs all left without waiting could
-// end before its predecessor), until the previous grid has finished and its writes are
-// visible. A no-op for ordinary launches and before sm_90. (Letting the next grid be placed
-// earlier still, by `griddepcontrol.launch_dependents` at the start of the scoring and
-// filter kernels, made batch 1 slower: its CTAs waited on SMs the running grid was using.)
+// Programmatic dependent launch (sm_90+; indexer/launch.py). A kernel launched with it is
+// placed while the kernel before it on the stream is still ending: its CTAs start as soon
+// as every CTA of the previous grid has exited or called let_next_grid_start, without
+// waiting for the grid's end to be signalled and a new launch to be processed. Every CTA of
+// such a kernel waits here until the previous grid has finished and its writes are
+// visible, before it touches anything that grid writes, and before any early exit (a grid
+// whose CTAs all left without waiting could end before its predecessor): the select
+// kernels as their first statement, the single-query wgmma scoring kernel once it has
+// scheduled its tiles and started its key copies. A no-op for ordinary launches and before
+// sm_90.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
-// Lets the select kernel after this one (launched with programmatic dependent launch) be
-// placed once every CTA of this grid has called it or exited: the first call in a CTA
-// counts. Called at a CTA's last tile, before its histogram flush, so that the next grid's
-// placement overlaps the slowest CTAs' flushes, not the scoring itself (a trigger at the
-// start of the kernels made batch 1 slower, docs/performance.md v26).
+// Lets the kernel after this one (launched with programmatic dependent launch) be placed
+// once every CTA of this grid has called it or exited: the first call in a CTA counts. The
+// warp-specialised scoring kernel calls it at a CTA's last tile, before its histogram
+// flush, so that the filter's placement overlaps the slowest CTAs' flushes, not the scoring
+// itself (a trigger at the start of the scoring and filter kernels made batch 1 slower: the
+// next grid's CTAs waited on SMs the running grid was using, docs/performance.md v26);
+// prep_query_kernel, short, calls it at its start (v28).
 __device__ __forceinline__ void let_next_grid_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");

@@ -121,11 +121,11 @@ __device__ __forceinline__ RowBins load_bins(const u32* __restrict__ h) {
 // The bin b* of a row's histogram (bins: load_bins) that holds its k-th best key, or 0
 // when the row has at most k selectable entries (then every non-NaN entry is a candidate).
 // All kThreads (256) threads of the CTA call it and get the same value; it has two
-// barriers, the first before any thread returns. Thread tid holds bins 2047 - 8 tid - j, j = 0
-// .. 7 (two 16-byte loads), a warp scans its threads' sums by shuffles, and every thread
-// adds the warp totals before its own from shared memory: one barrier where a block-wide
-// scan takes three (the filter, a few microseconds of latency-bound CTAs, runs this in every
-// CTA of a row).
+// barriers, the first before any thread returns. Thread tid holds bins 2047 - 8 tid - j,
+// j = 0 .. 7 (two 16-byte loads), a warp scans its threads' sums by shuffles, and every
+// thread adds the warp totals before its own from shared memory: one barrier where a
+// block-wide scan takes three (the filter, a few microseconds of latency-bound CTAs, runs
+// this in every CTA of a row).
 template <int kThreads>
 __device__ __forceinline__ u32 threshold_bin(const RowBins& bins, int top_k, u32* scratch, u32* s_bin) {
     using namespace select_fast;
