@@ -285,11 +285,13 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 score_k(grid, sl.block, score_args, shared_mem=sl.smem)
             if score_only:  # counted into the histogram, never selected
                 continue
+            # every select kernel ends with the same arguments: where its winners go, and the
+            # block table that turns them into physical ids
+            output_args = (table, i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
+                           run(indices), run(scores) if scores is not None else 0)
             if row_select:
                 after_previous(row_k, device_id, (nr,), (row_threads,),
-                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), table,
-                                i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                                run(indices), run(scores) if scores is not None else 0))
+                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), *output_args))
                 continue
             if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
                 after_previous(hist_k, device_id, (chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, count))
@@ -302,13 +304,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             if geometry.rank_select(nr, prob.top_k, dev):
                 after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
                                (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(cap),
-                                i32(prob.top_k), table, i32(prob.L), i32(prob.E), i32(prob.P),
-                                i32(1 if physical else 0), run(indices), run(scores) if scores is not None else 0))
+                                i32(prob.top_k), *output_args))
             else:
                 after_previous(final_k, device_id, (nr,), (1024,),
                                (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(prob.top_k),
-                                table, i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                                run(indices), run(scores) if scores is not None else 0),
+                                *output_args),
                                shared_mem=8 * cap)
     except BaseException:
         if at_rest:  # stopped between its launches: clear what the launched kernels counted
