@@ -122,66 +122,80 @@ def _carve(nbytes_by_name, workspace=None):
             for name, off in offsets.items()}
 
 
+# the Hopper scoring kernels' geometry and every kernel's source, by the name _scoring_kernel gives
+_WGMMA_LAUNCHES = {"ws": geometry.score_ws_launch, "pairs": geometry.score_wgmma_pairs_launch,
+                   "wgmma": geometry.score_wgmma_launch}
+_SCORING_SOURCES = {"fp32": "score_fp32.cu", "mma": "score_mma.cu", "wgmma": "score_wgmma.cu",
+                    "pairs": "score_wgmma.cu", "ws": "score_ws.cu"}
+
+
+def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens):
+    """The scoring kernel a call takes: 'fp32' (the exact path, FP32 CUDA cores), or for the
+    fast path 'ws' (warp-specialised wgmma, a single row), 'pairs' (wgmma, rows of one
+    sequence in pairs sharing each key tile), 'wgmma' (one query a tile) or 'mma' (mma.sync:
+    other shapes and GPUs). ``fast_kernel`` ('auto', 'mma', 'wgmma', 'wgmma-single', 'ws')
+    forces a choice, for tests and benchmarks; raises ValueError for an array whose
+    alignment the forced kernel cannot take."""
+    if precision == "exact":
+        return "fp32"
+    # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
+    # loads; a query view off that alignment takes the kernels that read it through the
+    # staging kernel instead
+    q_aligned = q.data.ptr % 16 == 0
+    # the wgmma kernels' bulk copies need 16-byte aligned scale rows of whole blocks
+    aligned = key_scale.data.ptr % 16 == 0
+    use_ws = fast_kernel == "ws" or (
+        fast_kernel == "auto" and cu_seqlens is None and aligned and q_aligned
+        and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E))
+    use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single") or (
+        fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E) and aligned)
+    if use_wgmma:
+        _check_alignment("key_scale", key_scale, 16)
+    if use_ws:
+        _check_alignment("q", q, 16)
+        return "ws"
+    if not use_wgmma:
+        return "mma"
+    # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
+    # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
+    # rows run as several such runs rather than one per-row launch without sharing)
+    if cu_seqlens is not None and fast_kernel != "wgmma-single" and q_aligned:
+        return "pairs"
+    return "wgmma"
+
+
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
             valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto", workspace=None,
             select="auto", cu_seqlens=None):
     """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact';
     fp16 tensor cores for 'fast': wgmma on Hopper where it applies, else mma.sync), then
     the exact multi-CTA select. ``score_only`` stops after the scoring kernel (the
-    benchmark's "scoring part alone"); ``fast_kernel`` ('auto', 'mma', 'wgmma', 'ws': the
-    warp-specialised kernel) picks the tensor-core kernel and ``select`` ('auto', 'rows': one CTA per row, 'multi': the
+    benchmark's "scoring part alone"); ``fast_kernel`` picks the tensor-core kernel (see
+    ``_scoring_kernel``) and ``select`` ('auto', 'rows': one CTA per row, 'multi': the
     multi-CTA passes) the select, for tests and benchmarks. ``cu_seqlens`` (int32 (B+1,),
     the varlen layout of ``score_topk_ragged``) lets the wgmma path score consecutive rows
-    of one sequence as pairs sharing each key tile ('wgmma-single' in ``fast_kernel`` turns
-    that off)."""
+    of one sequence as pairs sharing each key tile."""
     i32 = np.int32
     exact = precision == "exact"
+    kind = _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
-    use_ws = use_wgmma = False
-    # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
-    # loads; a query view off that alignment takes the kernels that read it through the
-    # staging kernel instead
-    q_aligned = q.data.ptr % 16 == 0
-    if exact:
-        heads = 0
-    else:
-        # the wgmma kernel's bulk copies need 16-byte aligned scale rows of whole blocks
-        aligned = key_scale.data.ptr % 16 == 0
-        use_ws = fast_kernel == "ws" or (
-            fast_kernel == "auto" and cu_seqlens is None and aligned and q_aligned
-            and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E))
-        use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single") or (
-            fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E) and aligned)
-        if use_wgmma:
-            _check_alignment("key_scale", key_scale, 16)
-        if use_ws:
-            _check_alignment("q", q, 16)
-        heads = 64 if use_wgmma else 8 * geometry.mma_head_blocks(prob.H)
-    # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
-    # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
-    # rows run as several such runs rather than one per-row launch without sharing)
-    use_pairs = (not exact and use_wgmma and not use_ws and cu_seqlens is not None
-                 and fast_kernel != "wgmma-single" and q_aligned)
-    if use_ws or use_pairs:  # these kernels stage each query themselves, from fp32
-        heads = 0
+    # heads of the fp16 query that prep_query_kernel stages for the kernel (0: the kernel
+    # reads the fp32 query itself)
+    heads = 64 if kind == "wgmma" else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
     query_bytes = heads * (prob.D + 8) * 2 + heads * 4
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
-                                   max_rows=(geometry.MAX_PAIR_ROWS if use_pairs
-                                             else geometry.MAX_BALANCED_ROWS if use_ws else None))
+                                   max_rows=(geometry.MAX_PAIR_ROWS if kind == "pairs"
+                                             else geometry.MAX_BALANCED_ROWS if kind == "ws" else None))
     if exact:
         sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
-    elif use_ws:
-        sl = geometry.score_ws_launch(rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
-    elif use_pairs:
-        sl = geometry.score_wgmma_pairs_launch(rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
-    elif use_wgmma:
-        sl = geometry.score_wgmma_launch(rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
-    else:
+    elif kind == "mma":
         sl = geometry.score_mma_launch(rows, prob.H, prob.D, prob.max_len, dev)
+    else:
+        sl = _WGMMA_LAUNCHES[kind](rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
     assert sl.ld == ld
     bins, cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
     # the select's counters: a histogram and a candidate count a row. The counts are cleared
@@ -215,15 +229,13 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         cand = ws["cand"].view(cp.uint64)
     ld = np.int64(sl.ld)
 
+    score_k = _kernel(_SCORING_SOURCES[kind], sl.name, device_id, sl.smem)
     if exact:
-        score_k = _kernel("score_fp32.cu", sl.name, device_id, sl.smem)
         shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
-        source = "score_ws.cu" if use_ws else "score_wgmma.cu" if use_wgmma else "score_mma.cu"
-        score_k = _kernel(source, sl.name, device_id, sl.smem)
-        if use_pairs:
+        if kind == "pairs":
             n_seq = i32(cu_seqlens.shape[0] - 1)
-        if not (use_ws or use_pairs):  # the query in the K order of the kernel's decode, by a kernel of its own
+        if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
             q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
             w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
@@ -261,25 +273,25 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             lens, table = run(valid_lens), run(block_table)  # each sliced once a run
             if exact:
                 query = (run(q), run(w))
-            elif use_ws or use_pairs:  # staged by the scoring kernel itself
-                query = (run(q), run(w), i32(prob.H))
-            else:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
+            elif heads:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
                 # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
                 prep_k((nr, heads // 16), (256,), (run(q), run(w), i32(prob.H), q16, w_scaled))
                 query = (q16, w_scaled)
-            if use_pairs:  # row pairs of one sequence share each key tile (one wave, balanced)
+            else:  # staged by the scoring kernel itself ("ws", "pairs")
+                query = (run(q), run(w), i32(prob.H))
+            if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)
                 grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
-            elif not exact and use_ws:  # one CTA per SM, balanced
+            elif kind == "ws":  # one CTA per SM, balanced
                 grid, sched_args = sl.grid, (i32(nr), *shape_args)
             elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
                 grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
-            elif not exact and use_wgmma:
+            elif kind == "wgmma":
                 grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))
             else:
                 grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
             score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
                           *sched_args, scores_ws, ld, *(() if exact else (0, 0) if row_select else (hist, count)))
-            if use_wgmma and not (use_ws or use_pairs):  # starts under the staging kernel (score_wgmma.cu)
+            if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
                 after_previous(score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
             else:
                 score_k(grid, sl.block, score_args, shared_mem=sl.smem)
