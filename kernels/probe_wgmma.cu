@@ -90,7 +90,9 @@ __global__ void __launch_bounds__(128) wgmma_rate_kernel(const u32* __restrict__
 // kMode 0: MMA only; 1: ALU only; 2: one warpgroup of each per CTA (256 threads: warpgroup 0
 // MMA, warpgroup 1 ALU, independent); 3: one warpgroup doing both in the kernel's order
 // (decode sub-tile u into its A fragments, its MMAs, then the epilogues on the accumulators);
-// 4 and 5: modes 0 and 2 with A from shared memory too (wgmma's SS form, as score_ws.cu).
+// 4 and 5: modes 0 and 2 with A from shared memory too (wgmma's SS form, as score_ws.cu);
+// 6: mode 3 without the decode (the keys-stationary loop order: a CTA's key fragments
+// decoded once and kept, each round one more query's MMAs and epilogues against them).
 // clk[2 * blockIdx.x]: SM clocks from the first round to the last, clk[2 * blockIdx.x + 1]:
 // nanoseconds (the global timer) over the same span, for the clock rate the work ran at.
 // Each round decodes words taken from the last round's output, and the ALU-only epilogue
@@ -143,7 +145,7 @@ wgmma_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b
         }
     };
     auto epilogue = [&](const float (&d)[32]) { relu_fma_sums(d, wt, e); };
-    // sub-tile u's MMAs from its own fragments (mode 3) or from sub-tile 0's (the MMA role:
+    // sub-tile u's MMAs from its own fragments (modes 3, 6) or from sub-tile 0's (the MMA role:
     // half the registers, as in wgmma_rate_kernel)
     auto mma = [&](int u) {
         wgmma_fence();
@@ -153,7 +155,7 @@ wgmma_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b
             if (kSS)
                 wgmma_m64n64k16_ss(acc[u], d, d, 1);  // A: B's 64 rows, same layout
             else
-                wgmma_m64n64k16(acc[u], a[kMode == 3 ? u : 0][ks], d, 1);
+                wgmma_m64n64k16(acc[u], a[kMode == 3 || kMode == 6 ? u : 0][ks], d, 1);
         }
         wgmma_commit();
     };
@@ -165,11 +167,11 @@ wgmma_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b
     }
     // one loop per role, so that ptxas sees no accumulator read beside an MMA in flight;
     // every group is waited for inside its round, as in the scoring kernel
-    if (kMode == 3) {
+    if (kMode == 3 || kMode == 6) {
         for (int it = 0; it < rounds; ++it) {
-            decode(0);
+            if (kMode == 3) decode(0);
             mma(0);
-            decode(1);
+            if (kMode == 3) decode(1);
             mma(1);
             wgmma_wait<1>();
             fence_accumulators(acc[0]);
