@@ -99,7 +99,7 @@ INSTANCES = {
                                                                           "score_wgmma_pairs_kernel")],
     "score_ws.cu": ["score_ws_kernel<128>"],
     "probe_wgmma.cu": ["wgmma_rate_kernel<128>"] + [f"wgmma_overlap_kernel<{m}>" for m in range(7)] + [
-        f"wgmma_tile_kernel<{s}>" for s in (1, 2)],  # scripts/probe_ceiling.py only
+        f"wgmma_tile_kernel<{s}>" for s in (1, 2, 3)],  # scripts/probe_ceiling.py only
     "check_values.cu": ["check_values_kernel"],
     "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>",
                        "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>",

@@ -225,6 +225,10 @@ wgmma_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b
 //            memory, its key counted into a shared-memory histogram).
 // What the real kernel adds beyond step 2 is its key stream: the ring's mbarrier wait and
 // barrier, the bulk copies' issue, block-id and global-scale prefetch, and addresses.
+//   kStep 3: the keys-stationary loop order at step 2's cost: the two sub-tiles decoded
+//            once before the loop and kept; each round one more query (B alternating
+//            between two places, as a ring of query tiles would), a CTA barrier a round
+//            (the ring's wait), its MMAs and step 2's epilogue.
 // Shared memory: B (16 KB, from b), one stage (wgmma_stage_bytes(128), from b's first
 // bytes), 64 weights and 128 global scales, a 2,048-bin histogram: kTileSmemBytes.
 // out: [gridDim.x][64 tiles][128] scores (a ring of 64 tiles a CTA); clk as above.
@@ -277,15 +281,26 @@ wgmma_tile_kernel(const uint4* __restrict__ b, int rounds, float* __restrict__ o
         clk0 = clock64();
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns0));
     }
+    if (kStep == 3) {  // the key fragments, decoded once
+#pragma unroll
+        for (int u = 0; u < 2; ++u) decode_sub_tile<kDim>(smem + kTileStage, u * kSubTile + r0, c, a[u]);
+    }
     for (int it = 0; it < rounds; ++it) {
         const int tile = (it % 64) * 128;
-        // odd rounds read their stage 8 KB lower (into B's bytes): a stage address that moves,
-        // as the ring's does, so that ptxas cannot hoist the reads out of the loop
-        const unsigned char* st = smem + kTileStage - (it & 1) * 8192;
+        if (kStep == 3) {
+            __syncthreads();  // the query ring's wait, as a real loop would have
+            const u64 dq = desc + (u64)(((it & 1) * 8192) >> 4);  // this round's query
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            decode_sub_tile<kDim>(st, u * kSubTile + r0, c, a[u]);
-            mma_sub_tile<kDim>(acc[u], a[u], desc);
+            for (int u = 0; u < 2; ++u) mma_sub_tile<kDim>(acc[u], a[u], dq);
+        } else {
+            // odd rounds read their stage 8 KB lower (into B's bytes): a stage address that
+            // moves, as the ring's does, so that ptxas cannot hoist the reads out of the loop
+            const unsigned char* st = smem + kTileStage - (it & 1) * 8192;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                decode_sub_tile<kDim>(st, u * kSubTile + r0, c, a[u]);
+                mma_sub_tile<kDim>(acc[u], a[u], desc);
+            }
         }
         const float ga0 = gs[r0], ga1 = gs[r0 + 8], gb0 = gs[kSubTile + r0], gb1 = gs[kSubTile + r0 + 8];
         wgmma_wait<1>();
