@@ -206,6 +206,40 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
                        ld=ld)
 
 
+_KS_WARPGROUPS = 3  # kernels/score_ks.cu: score_ks::kWarpgroups
+#: entries one CTA of the keys-stationary kernel holds (score_ks::kGroup)
+KS_GROUP = _KS_WARPGROUPS * TILE_ENTRIES
+
+
+def ks_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
+    """The keys-stationary kernel (kernels/score_ks.cu) covers what the wgmma kernel does at
+    D = 128 (two rows of scales a 16-byte piece)."""
+    return D == 128 and wgmma_supported(H, D, dev, E)
+
+
+def ks_smem_bytes(D: int = 128) -> int:
+    """Shared memory of ``score_ks_kernel<D>`` (kernels/score_ks.cu: KsSmem): two query
+    slots (B and 64 weights), one key stage a warpgroup."""
+    stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+    return 2 * ((D // 8) * 1024 + 64 * 4) + _KS_WARPGROUPS * stage
+
+
+def score_ks_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
+    """Geometry of ``score_ks_kernel``: CTA x holds entries KS_GROUP * x .. (decoded once)
+    and streams query rows past them; when the groups alone are fewer than two per SM, the
+    rows are split over grid.y too (each CTA then decodes its group again)."""
+    if not ks_supported(H, D, dev, E):
+        raise ValueError(f"q: the keys-stationary kernel needs sm_90, H <= 64, D = 128 and a power-of-two E, "
+                         f"got H = {H}, D = {D}, E = {E}")
+    groups = max(1, -(-max_len // KS_GROUP))
+    splits = max(1, min(T, -(-2 * dev.sm_count // groups)))
+    rows_per_cta = -(-T // splits)
+    splits = -(-T // rows_per_cta)
+    return ScoreLaunch(name=f"score_ks_kernel<{D}>", grid=(groups, splits), block=(128 * _KS_WARPGROUPS,),
+                       smem=ks_smem_bytes(D), tiles_per_cta=rows_per_cta,
+                       ld=tiles_per_row(max_len) * TILE_ENTRIES)
+
+
 _PAIR_STAGES = 3  # kernels/score_wgmma.cu: score_wgmma_pairs::kStages
 #: rows of one run of the pair kernel (kernels/score_wgmma.cu: score_wgmma_pairs::kMaxRows):
 #: prefill's 8,192 rows in one run (where the budget holds their scores), so that short and
