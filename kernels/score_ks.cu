@@ -25,13 +25,14 @@ namespace score_ks {
 constexpr int kWarpgroups = 3;
 constexpr int kThreads = 128 * kWarpgroups;
 constexpr int kGroup = score_wgmma::kTile * kWarpgroups;  // entries a CTA holds
+constexpr int kSlots = 4;  // query ring: queries t + 1 .. t + kSlots - 1 in flight during round t
 }  // namespace score_ks
 
 template <int kDim>
 struct KsSmem {
     static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;         // one query's B
     static constexpr int kQSlot = kQBytes + score_wgmma::kHeads * 4;       // B, then its 64 weights
-    static constexpr int kKeys = 2 * kQSlot;                               // the key stages, one a warpgroup
+    static constexpr int kKeys = score_ks::kSlots * kQSlot;                // the key stages, one a warpgroup
     static constexpr int kBytes = kKeys + score_ks::kWarpgroups * wgmma_stage_bytes(kDim);
 };
 
@@ -80,6 +81,7 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
             cp_async_16(qb + Smem::kQBytes + 16 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
         cp_async_commit();
     };
+    constexpr int kAhead = score_ks::kSlots - 2;  // commit groups newer than the current query's
 
     // ---- prologue: the group's keys into one stage a warpgroup (codes, then scales), the
     // first query into slot 0
@@ -105,7 +107,10 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
         }
         cp_async_commit();
     }
-    stage_query(t0, 0);
+    for (int j = 0; j < score_ks::kSlots - 1; ++j) {  // queries t0 .. t0 + kSlots - 2, a commit group each
+        if (t0 + j < t1) stage_query(t0 + j, j);
+        else cp_async_commit();  // empty: every round's wait counts the same groups
+    }
     // the global scales of my four rows (NaN for an id out of range: never selected)
     const int r0 = 16 * warp + g;
     float gsc[2][2];
@@ -117,7 +122,7 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
             const int b = s < max_len ? bt[s >> e_shift] : -1;
             gsc[u][h] = (b >= 0 && b < P) ? key_gscale[b] : __int_as_float(0x7fc00000);
         }
-    cp_async_wait<0>();
+    cp_async_wait<kAhead>();  // the keys and the first query
     fence_proxy_async();  // the first query, written through the generic proxy, is read by wgmma
     __syncthreads();
 
@@ -128,13 +133,15 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
     const int s_first = base + wg * kTile + r0;  // my row r0 of sub-tile 0
 
     for (int t = t0; t < t1; ++t) {
-        const int slot = (t - t0) & 1;
+        const int slot = (t - t0) % score_ks::kSlots;
         if (t > t0) {
-            cp_async_wait<0>();   // query t landed (this thread's copies)
+            cp_async_wait<kAhead>();  // query t landed (this thread's copies)
             fence_proxy_async();
-            __syncthreads();      // everyone's copies landed; everyone is done with slot ^ 1
+            __syncthreads();          // everyone's landed; everyone is done with query t - 1's slot
         }
-        if (t + 1 < t1) stage_query(t + 1, slot ^ 1);
+        const int ahead = t + score_ks::kSlots - 1;  // into query t - 1's slot
+        if (ahead < t1) stage_query(ahead, (slot + score_ks::kSlots - 1) % score_ks::kSlots);
+        else cp_async_commit();
         const unsigned char* qb = smem + slot * Smem::kQSlot;
         const float* wsm = reinterpret_cast<const float*>(qb + Smem::kQBytes);
         const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
