@@ -194,7 +194,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # heads of the fp16 query that prep_query_kernel stages for the kernel (0: the kernel
     # reads the fp32 query itself)
     heads = 64 if kind in ("wgmma", "ks") else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
-    query_bytes = heads * (prob.D + 8) * 2 + heads * 4
+    query_bytes = heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
@@ -222,6 +222,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     ws = _carve({
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
+        "qimg": rows * geometry.KS_QUERY_BYTES if kind == "ks" else 0,  # the keys-stationary kernel's query images
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
         "hist": 0 if at_rest else hist_bytes,
         "count": 0 if row_select else rows * 4,
@@ -247,6 +248,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             n_seq = i32(cu_seqlens.shape[0] - 1)
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
+            if kind == "ks":
+                restage_k = _kernel("score_ks.cu", f"ks_restage_kernel<{prob.D}>", device_id)
+                qimg = ws["qimg"]
             q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
             w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
@@ -287,6 +291,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
                 prep_k((nr, heads // 16), (256,), (run(q), run(w), i32(prob.H), q16, w_scaled))
                 query = (q16, w_scaled)
+                if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
+                    restage_k((nr,), (128,), (q16, w_scaled, i32(nr), qimg))
+                    query = (qimg,)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
                 query = (run(q), run(w), i32(prob.H))
             if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)

@@ -208,6 +208,8 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
 
 _KS_WARPGROUPS = 3  # kernels/score_ks.cu: score_ks::kWarpgroups
 _KS_SLOTS = 4  # its query ring (score_ks::kSlots)
+#: bytes of one query's image for the keys-stationary kernel (KsSmem::kQSlot: B, then 64 weights)
+KS_QUERY_BYTES = (128 // 8) * 1024 + 64 * 4
 #: entries one CTA of the keys-stationary kernel holds (score_ks::kGroup)
 KS_GROUP = _KS_WARPGROUPS * TILE_ENTRIES
 
@@ -222,7 +224,7 @@ def ks_smem_bytes(D: int = 128) -> int:
     """Shared memory of ``score_ks_kernel<D>`` (kernels/score_ks.cu: KsSmem): the query
     ring's slots (B and 64 weights each), one key stage a warpgroup."""
     stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
-    return _KS_SLOTS * ((D // 8) * 1024 + 64 * 4) + _KS_WARPGROUPS * stage
+    return _KS_SLOTS * ((D // 8) * 1024 + 64 * 4) + _KS_WARPGROUPS * stage + _KS_SLOTS * (8 + 4)
 
 
 def score_ks_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:

@@ -4,9 +4,11 @@
 // The pair kernel (score_wgmma.cu) decodes every key tile once for two queries; here each
 // CTA decodes its group of kGroup entries once, keeps them as wgmma A fragments in
 // registers for the whole launch, and streams the run's queries past them, one query a
-// round: its B operand (the staged fp16 query of prep_query_kernel, 16 KB) and weights
-// come into a two-slot shared-memory ring by 16-byte asynchronous copies while the
-// previous query is multiplied. The decode is paid once per group for all queries of the
+// round: its B operand and weights (the shared-memory image ks_restage_kernel writes from
+// prep_query_kernel's staging, 16,640 bytes) come into a ring of kSlots slots by one bulk
+// copy each. The warpgroups do not meet at a barrier: each waits for its query's slot
+// (an mbarrier the copy completes) and counts itself out of it; the last one out refills
+// it, so the warpgroups drift apart and one's epilogue runs under another's MMAs. The decode is paid once per group for all queries of the
 // run, and each query tile read from L2 serves kGroup entries. scripts/probe_ceiling.py
 // measured this loop order's tile loop at 1.12-1.13 x the floor's share a tile
 // (wgmma_tile_kernel<3>), against ~1.45 for the pair kernel's steady state.
@@ -33,15 +35,39 @@ struct KsSmem {
     static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;         // one query's B
     static constexpr int kQSlot = kQBytes + score_wgmma::kHeads * 4;       // B, then its 64 weights
     static constexpr int kKeys = score_ks::kSlots * kQSlot;                // the key stages, one a warpgroup
-    static constexpr int kBytes = kKeys + score_ks::kWarpgroups * wgmma_stage_bytes(kDim);
+    static constexpr int kBars = kKeys + score_ks::kWarpgroups * wgmma_stage_bytes(kDim);  // u64[kSlots]
+    static constexpr int kCounts = kBars + score_ks::kSlots * 8;          // u32[kSlots]
+    static constexpr int kBytes = kCounts + score_ks::kSlots * 4;
 };
+
+// q16 [T, 64, kDim + 8] and w_scaled [T, 64] (prep_query_kernel) -> qimg [T][kQSlot bytes]:
+// each query's B operand as score_ks_kernel's shared memory holds it (core-matrix layout)
+// and its weights, so that one bulk copy brings both. grid (T,), 128 threads.
+template <int kDim>
+__global__ void __launch_bounds__(128) ks_restage_kernel(const unsigned short* __restrict__ q16,
+                                                         const float* __restrict__ w_scaled, int T,
+                                                         unsigned char* __restrict__ qimg) {
+    using namespace score_wgmma;
+    using Smem = KsSmem<kDim>;
+    const int t = blockIdx.x;
+    if (t >= T) return;
+    unsigned char* dst = qimg + (long long)t * Smem::kQSlot;
+    const unsigned short* src = q16 + (long long)t * kHeads * (kDim + 8);
+    for (int i = threadIdx.x; i < kHeads * (kDim / 8); i += 128) {
+        const int h = i / (kDim / 8), kc = i % (kDim / 8);
+        *reinterpret_cast<uint4*>(dst + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16) =
+            *reinterpret_cast<const uint4*>(src + h * (kDim + 8) + kc * 8);
+    }
+    if (threadIdx.x < kHeads / 4)
+        reinterpret_cast<float4*>(dst + Smem::kQBytes)[threadIdx.x] =
+            reinterpret_cast<const float4*>(w_scaled + (long long)t * kHeads)[threadIdx.x];
+}
 
 // grid (G, Y), score_ks::kThreads threads, KsSmem<kDim>::kBytes of dynamic shared memory;
 // keys_fp4 and key_scale 16-byte aligned, E a power of two (the launcher checks).
 template <int kDim>
 __global__ void __launch_bounds__(score_ks::kThreads, 1)
-score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] from prep_query_kernel<kDim, 8>
-                const float* __restrict__ w_scaled,      // [T, 64]
+score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] from ks_restage_kernel
                 const u8* __restrict__ keys_fp4,         // [P, E, D/2]
                 const u8* __restrict__ key_scale,        // [P, E, D/16]
                 const float* __restrict__ key_gscale,    // [P]
@@ -55,7 +81,6 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
     using Smem = KsSmem<kDim>;
     using Ring = BulkRing<kDim>;  // the stage layout decode_sub_tile reads
     constexpr int kKSteps = kDim / 16;
-    constexpr int kRowHalves = kDim + 8;
     constexpr int kThreads = score_ks::kThreads;
     // D = 128 (the launcher's condition): a 16-byte scale piece then holds two rows of one block
     static_assert(kDim == 128, "D = 128 only");
@@ -69,22 +94,26 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
     // entries past every row's reach are never stored; the group's copies of them are skipped
     const int* bt = block_table;  // row 0's table: the sequence's
 
-    // one query's B (core-matrix layout) and weights into ring slot `slot`, by every thread
-    auto stage_query = [&](int t, int slot) {
-        unsigned char* qb = smem + slot * Smem::kQSlot;
-        const unsigned short* qsrc = q16 + (long long)t * kHeads * kRowHalves;
-        for (int i = tid; i < kHeads * (kDim / 8); i += kThreads) {
-            const int h = i / (kDim / 8), kc = i % (kDim / 8);
-            cp_async_16(qb + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16, qsrc + h * kRowHalves + kc * 8, true);
-        }
-        if (tid < kHeads / 4)
-            cp_async_16(qb + Smem::kQBytes + 16 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
-        cp_async_commit();
+    u64* full = reinterpret_cast<u64*>(smem + Smem::kBars);      // slot j's query landed
+    u32* out_count = reinterpret_cast<u32*>(smem + Smem::kCounts);  // warpgroups done with slot j's query
+    // query t into slot j, by one thread: one bulk copy, reported to full[j]
+    auto stage_query = [&](int t, int j) {
+        mbar_arrive_expect_tx(full + j, (u32)Smem::kQSlot);
+        bulk_copy_g2s(smem + j * Smem::kQSlot, qimg + (long long)t * Smem::kQSlot, (u32)Smem::kQSlot, full + j);
     };
-    constexpr int kAhead = score_ks::kSlots - 2;  // commit groups newer than the current query's
+    if (tid == 0) {
+        for (int j = 0; j < score_ks::kSlots; ++j) {
+            mbar_init(full + j, 1);
+            out_count[j] = 0u;
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (tid == 0)
+        for (int j = 0; j < score_ks::kSlots && t0 + j < t1; ++j) stage_query(t0 + j, j);
 
-    // ---- prologue: the group's keys into one stage a warpgroup (codes, then scales), the
-    // first query into slot 0
+    // ---- prologue: the group's keys into one stage a warpgroup (codes, then scales), while
+    // the first kSlots queries come in
     unsigned char* st = smem + Smem::kKeys + wg * wgmma_stage_bytes(kDim);
     {
         constexpr int kCodeChunks = Ring::kCodeBytes / 16;  // 16-byte pieces of a row's codes
@@ -107,10 +136,6 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
         }
         cp_async_commit();
     }
-    for (int j = 0; j < score_ks::kSlots - 1; ++j) {  // queries t0 .. t0 + kSlots - 2, a commit group each
-        if (t0 + j < t1) stage_query(t0 + j, j);
-        else cp_async_commit();  // empty: every round's wait counts the same groups
-    }
     // the global scales of my four rows (NaN for an id out of range: never selected)
     const int r0 = 16 * warp + g;
     float gsc[2][2];
@@ -122,8 +147,7 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
             const int b = s < max_len ? bt[s >> e_shift] : -1;
             gsc[u][h] = (b >= 0 && b < P) ? key_gscale[b] : __int_as_float(0x7fc00000);
         }
-    cp_async_wait<kAhead>();  // the keys and the first query
-    fence_proxy_async();  // the first query, written through the generic proxy, is read by wgmma
+    cp_async_wait<0>();  // the keys
     __syncthreads();
 
     u32 a_frag[2][kKSteps][4];  // the group's keys, decoded once
@@ -134,14 +158,7 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
 
     for (int t = t0; t < t1; ++t) {
         const int slot = (t - t0) % score_ks::kSlots;
-        if (t > t0) {
-            cp_async_wait<kAhead>();  // query t landed (this thread's copies)
-            fence_proxy_async();
-            __syncthreads();          // everyone's landed; everyone is done with query t - 1's slot
-        }
-        const int ahead = t + score_ks::kSlots - 1;  // into query t - 1's slot
-        if (ahead < t1) stage_query(ahead, (slot + score_ks::kSlots - 1) % score_ks::kSlots);
-        else cp_async_commit();
+        mbar_wait(full + slot, (u32)((t - t0) / score_ks::kSlots) & 1u);  // query t landed
         const unsigned char* qb = smem + slot * Smem::kQSlot;
         const float* wsm = reinterpret_cast<const float*>(qb + Smem::kQBytes);
         const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
@@ -163,5 +180,15 @@ score_ks_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] fr
         wgmma_wait<0>();
         fence_accumulators(acc[1]);
         epilogue(acc[1], s_first + kSubTile, gsc[1][0], gsc[1][1]);
+        // this warpgroup is done with the slot (its MMAs waited for, its weights read); the
+        // last of the warpgroups out refills it with query t + kSlots
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+        if (wtid == 0 && atomicAdd(out_count + slot, 1u) == score_ks::kWarpgroups - 1) {
+            out_count[slot] = 0u;
+            if (t + score_ks::kSlots < t1) {
+                fence_proxy_async();
+                stage_query(t + score_ks::kSlots, slot);
+            }
+        }
     }
 }
