@@ -133,8 +133,8 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     """The scoring kernel a call takes: 'fp32' (the exact path, FP32 CUDA cores), or for the
     fast path 'ws' (warp-specialised wgmma, a single row), 'pairs' (wgmma, rows of one
     sequence in pairs sharing each key tile), 'wgmma' (one query a tile), 'ks' (keys
-    stationary: every row of one sequence streamed past key groups decoded once; forced
-    only, for now) or 'mma' (mma.sync: other shapes and GPUs). ``fast_kernel`` ('auto',
+    stationary: every row of one sequence streamed past key groups decoded once; see
+    geometry.ks_preferred) or 'mma' (mma.sync: other shapes and GPUs). ``fast_kernel`` ('auto',
     'mma', 'wgmma', 'wgmma-single', 'ws', 'ks') forces a choice, for tests and benchmarks;
     raises ValueError for an array whose alignment or layout the forced kernel cannot take."""
     if precision == "exact":
@@ -167,6 +167,9 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
+    if (fast_kernel == "auto" and cu_seqlens is not None and cu_seqlens.shape[0] == 2
+            and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E)):
+        return "ks"  # one sequence, many long rows: each key group decoded once for all of them
     if cu_seqlens is not None and fast_kernel != "wgmma-single" and q_aligned:
         return "pairs"
     return "wgmma"

@@ -220,6 +220,20 @@ def ks_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
     return D == 128 and wgmma_supported(H, D, dev, E)
 
 
+#: the keys-stationary kernel is the default for rows of one sequence from this many rows
+#: and pool entries a row (a chunked prefill after a long context: prefill-chunk, 4,096 rows
+#: over 263,168 entries, scores 9% faster than in pairs); below, the pair kernel, whose
+#: schedule follows each row's own length (prefill-8K's causal rows: 0.50 against 0.85 ms)
+KS_MIN_ROWS = 64
+KS_MIN_LEN = 65_536
+
+
+def ks_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> bool:
+    """Whether ``fast_kernel='auto'`` scores one sequence's rows with the keys-stationary
+    kernel (docs/performance.md, v29)."""
+    return T >= KS_MIN_ROWS and max_len >= KS_MIN_LEN and ks_supported(H, D, dev, E)
+
+
 def ks_smem_bytes(D: int = 128) -> int:
     """Shared memory of ``score_ks_kernel<D>`` (kernels/score_ks.cu: KsSmem): the query
     ring's slots (B and 64 weights each), one key stage a warpgroup."""

@@ -91,6 +91,16 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     const int base = blockIdx.x * score_ks::kGroup;  // the CTA's first entry
     const int t0 = blockIdx.y * rows_per_cta, t1 = min(T, t0 + rows_per_cta);
     if (t0 >= t1) return;
+    {  // a group past every one of my rows' visible entries has nothing to score: leave at once
+        __shared__ int s_reach;
+        if (tid == 0) s_reach = 0;
+        __syncthreads();
+        int reach = 0;
+        for (int t = t0 + tid; t < t1; t += kThreads) reach = max(reach, visible_len(valid_lens, t, max_len));
+        if (reach > base) atomicMax(&s_reach, reach);
+        __syncthreads();
+        if (s_reach <= base) return;  // the same in every thread
+    }
     // entries past every row's reach are never stored; the group's copies of them are skipped
     const int* bt = block_table;  // row 0's table: the sequence's
 
@@ -156,13 +166,17 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     float acc[2][32];
     const int s_first = base + wg * kTile + r0;  // my row r0 of sub-tile 0
 
+    int n_next = visible_len(valid_lens, t0, max_len);  // each row's length loaded a round ahead
     for (int t = t0; t < t1; ++t) {
         const int slot = (t - t0) % score_ks::kSlots;
+        const int n = n_next;
+        if (t + 1 < t1) n_next = visible_len(valid_lens, t + 1, max_len);
+        // the slot is waited for even by a warpgroup with nothing to score in it: it may count
+        // itself out (and the last one out refill it) only once the copy into it has landed
         mbar_wait(full + slot, (u32)((t - t0) / score_ks::kSlots) & 1u);  // query t landed
         const unsigned char* qb = smem + slot * Smem::kQSlot;
         const float* wsm = reinterpret_cast<const float*>(qb + Smem::kQBytes);
         const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
-        const int n = visible_len(valid_lens, t, max_len);
         float* out = scores + (long long)t * ld;
         auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
             const float2 sums = weighted_head_sums(d, wsm, c);
@@ -172,14 +186,16 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
                 if (s < n) out[s] = score;
             }
         };
+        if (n > base + wg * kTile) {  // row t sees some of my entries (the same in the warpgroup)
 #pragma unroll
-        for (int u = 0; u < 2; ++u) mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);
-        wgmma_wait<1>();
-        fence_accumulators(acc[0]);
-        epilogue(acc[0], s_first, gsc[0][0], gsc[0][1]);
-        wgmma_wait<0>();
-        fence_accumulators(acc[1]);
-        epilogue(acc[1], s_first + kSubTile, gsc[1][0], gsc[1][1]);
+            for (int u = 0; u < 2; ++u) mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);
+            wgmma_wait<1>();
+            fence_accumulators(acc[0]);
+            epilogue(acc[0], s_first, gsc[0][0], gsc[0][1]);
+            wgmma_wait<0>();
+            fence_accumulators(acc[1]);
+            epilogue(acc[1], s_first + kSubTile, gsc[1][0], gsc[1][1]);
+        }
         // this warpgroup is done with the slot (its MMAs waited for, its weights read); the
         // last of the warpgroups out refills it with query t + kSlots
         asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");

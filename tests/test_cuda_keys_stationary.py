@@ -1,5 +1,5 @@
-"""The keys-stationary scoring kernel (kernels/score_ks.cu, forced with fast_kernel='ks'):
-every row of one sequence streamed past key groups decoded once. Its scores must be the
+"""The keys-stationary scoring kernel (kernels/score_ks.cu; the default for many long rows of
+one sequence, forced with fast_kernel='ks'): every row streamed past key groups decoded once. Its scores must be the
 single-query wgmma kernel's bit for bit (the same staged query, decode, MMAs and epilogue
 arithmetic), and its answers the reference's."""
 
@@ -20,8 +20,9 @@ def _hopper():
     return geometry.ks_supported(64, 128, cuda_ops.device_facts(cp.cuda.Device().id))
 
 
-def _both(args, top_k):
-    """(indices, scores) of the keys-stationary kernel and of the single-query kernel."""
+def _both(args, top_k, kernel="ks"):
+    """(indices, scores) of the keys-stationary kernel (forced, or 'auto') and of the
+    single-query kernel."""
     from indexer import cuda_ops
 
     cp = arrays.cupy()
@@ -29,7 +30,7 @@ def _both(args, top_k):
     per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
     dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
     cu_dev = cp.asarray(cu)
-    ks = cuda_ops.score_topk(*dev, top_k, return_scores=True, _cu_seqlens=cu_dev, _fast_kernel="ks")
+    ks = cuda_ops.score_topk(*dev, top_k, return_scores=True, _cu_seqlens=cu_dev, _fast_kernel=kernel)
     single = cuda_ops.score_topk(*dev, top_k, return_scores=True, _cu_seqlens=cu_dev, _fast_kernel="wgmma-single")
     return [x.get() for x in ks], [x.get() for x in single]
 
@@ -73,3 +74,43 @@ def test_keys_stationary_takes_one_sequence_only():
     dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
     with pytest.raises(ValueError, match="fast_kernel: 'ks' scores the rows of one sequence"):
         cuda_ops.score_topk(*dev, 16, _cu_seqlens=cp.asarray(cu), _fast_kernel="ks")
+
+
+def test_rows_short_of_most_groups_skip_them():
+    # a long pool, most rows seeing a few thousand of its entries: groups past all of a CTA's
+    # rows leave at once, and a warpgroup skips the rows that end before its entries
+    if not _hopper():
+        pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
+    rng = np.random.default_rng(11)
+    rows, entries = 40, 20_000
+    args = grouped_problem(rng, [rows], H=64, D=128, E=64, seq_entries=[entries], top_k=200)
+    lens = rng.integers(0, 3000, size=rows).astype(np.int32)
+    lens[5], lens[17], lens[30] = entries, 0, 385
+    args = args[:-1] + (lens,)
+    (ks_idx, ks_sc), (one_idx, one_sc) = _both(args, 200)
+    np.testing.assert_array_equal(ks_idx, one_idx)
+    assert ks_sc.tobytes() == one_sc.tobytes()
+    testing.check_topk(as_problem(*args, 200), ks_idx, ks_sc, tol=testing.TOL_FAST)
+
+
+def test_auto_takes_it_for_many_long_rows_of_one_sequence():
+    from indexer import cuda_ops, geometry, validate
+
+    if not _hopper():
+        pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
+    cp = arrays.cupy()
+    rng = np.random.default_rng(12)
+    rows, entries = geometry.KS_MIN_ROWS, geometry.KS_MIN_LEN + 500
+    args = grouped_problem(rng, [rows], H=64, D=128, E=64, seq_entries=[entries], top_k=64)
+    args = args[:-1] + (np.full(rows, entries, dtype=np.int32) - np.arange(rows, dtype=np.int32),)
+    q, w, k, s, g, table, cu, lens = args
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    prob = validate.check_score_topk(*dev, 64)
+    facts = cuda_ops.device_facts(cp.cuda.Device().id)
+    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", cp.asarray(cu)) == "ks"
+    two = cp.asarray(np.array([0, 1, rows], np.int32))  # two sequences: the pair kernel
+    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", two) == "pairs"
+    (auto_idx, auto_sc), (one_idx, one_sc) = _both(args, 64, kernel="auto")
+    np.testing.assert_array_equal(auto_idx, one_idx)
+    assert auto_sc.tobytes() == one_sc.tobytes()
