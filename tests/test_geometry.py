@@ -194,3 +194,27 @@ def test_row_select_kernel_takes_128_threads_for_short_rows_and_k_up_to_1024():
     assert geometry.row_select_kernel(2176, 512, 4096) == ("topk_row_kernel<256, 4096, 16>", 256)
     assert geometry.row_select_kernel(2048, 1025, 4096) == ("topk_row_kernel<256, 4096, 16>", 256)
     assert geometry.row_select_kernel(4224, 64, 4096) == ("topk_row_kernel<256, 4096, 0>", 256)
+
+
+@pytest.mark.parametrize("T,max_len,ok", [
+    (4096, 263_168, True),     # prefill-chunk: one sequence's rows over a long context
+    (64, 65_536, True),        # the smallest call the rule takes
+    (63, 263_168, False),      # too few rows to amortise a group's decode
+    (8192, 2048, False),       # prefill-8K: short causal rows stay with the pair kernel
+])
+def test_keys_stationary_is_taken_for_many_long_rows(T, max_len, ok):
+    assert geometry.ks_preferred(T, 64, 128, max_len, H200, 64) is ok
+    assert not geometry.ks_preferred(T, 64, 64, max_len, H200, 64)  # D = 128 only
+    assert not geometry.ks_preferred(T, 64, 128, max_len, Device(132, 232448, 80), 64)  # Hopper only
+
+
+@pytest.mark.parametrize("T,max_len", [(216, 263_168), (8192, 2048), (40, 20_032), (1, 800), (300, 3008)])
+def test_keys_stationary_launch_covers_every_row_and_entry_once(T, max_len):
+    sl = geometry.score_ks_launch(T, 64, 128, max_len, H200, 64)
+    groups, splits = sl.grid
+    assert groups * geometry.KS_GROUP >= max_len > (groups - 1) * geometry.KS_GROUP
+    rows = sl.tiles_per_cta  # rows a CTA streams
+    assert splits * rows >= T > (splits - 1) * rows
+    assert groups * splits >= min(H200.sm_count, groups * T)  # every SM busy where the rows allow
+    assert sl.smem == geometry.ks_smem_bytes(128) <= H200.max_smem_per_block
+    assert sl.ld % geometry.TILE_ENTRIES == 0 and sl.ld >= max_len
