@@ -303,8 +303,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
             elif kind == "ws":  # one CTA per SM, balanced
                 grid, sched_args = sl.grid, (i32(nr), *shape_args)
-            elif kind == "ks":  # key groups x runs of rows
-                grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(sl.tiles_per_cta))
+            elif kind == "ks":  # one CTA per SM, equal shares of (key group, row) items
+                grid, sched_args = sl.grid, (i32(nr), *shape_args)
             elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
                 grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
             elif kind == "wgmma":

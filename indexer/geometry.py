@@ -242,19 +242,14 @@ def ks_smem_bytes(D: int = 128) -> int:
 
 
 def score_ks_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
-    """Geometry of ``score_ks_kernel``: CTA x holds entries KS_GROUP * x .. (decoded once)
-    and streams query rows past them; when the groups alone are fewer than two per SM, the
-    rows are split over grid.y too (each CTA then decodes its group again)."""
+    """Geometry of ``score_ks_kernel``: one CTA an SM, each taking an equal share of the
+    run's (key group, row) items, which the kernel counts from the rows' visible lengths."""
     if not ks_supported(H, D, dev, E):
         raise ValueError(f"q: the keys-stationary kernel needs sm_90, H <= 64, D = 128 and a power-of-two E, "
                          f"got H = {H}, D = {D}, E = {E}")
-    groups = max(1, -(-max_len // KS_GROUP))
-    splits = max(1, min(T, -(-2 * dev.sm_count // groups)))
-    rows_per_cta = -(-T // splits)
-    splits = -(-T // rows_per_cta)
-    return ScoreLaunch(name=f"score_ks_kernel<{D}>", grid=(groups, splits), block=(128 * _KS_WARPGROUPS,),
-                       smem=ks_smem_bytes(D), tiles_per_cta=rows_per_cta,
-                       ld=tiles_per_row(max_len) * TILE_ENTRIES)
+    return ScoreLaunch(name=f"score_ks_kernel<{D}>", grid=(dev.sm_count, 1), block=(128 * _KS_WARPGROUPS,),
+                       smem=ks_smem_bytes(D), tiles_per_cta=0, ld=tiles_per_row(max_len) * TILE_ENTRIES,
+                       balanced=True)
 
 
 _PAIR_STAGES = 3  # kernels/score_wgmma.cu: score_wgmma_pairs::kStages

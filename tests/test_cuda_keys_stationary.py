@@ -39,8 +39,9 @@ def _both(args, top_k, kernel="ks"):
     (9, 6000, 64, 64, "random"),        # ragged lengths inside the sequence (0 and 1 included)
     (40, 1200, 2, 50, "random"),        # 2-entry blocks: a 16-byte scale piece spans a block pair
     (7, 5000, 256, 300, "full"),        # every row sees every entry; groups off the table's end
-    (300, 3000, 16, 128, "causal"),     # rows split over the grid's y (few groups), causal ends
+    (300, 3000, 16, 128, "causal"),     # few groups, many rows: a CTA's share inside a group; causal ends
     (1, 800, 64, 900, "full"),          # one row, top_k past its entries: -1 padding
+    (3, 100_000, 64, 500, "full"),      # 783 (group, row) items on the SMs: shares cross groups
 ])
 def test_keys_stationary_matches_the_single_query_kernel_and_the_reference(rows, entries, E, top_k, lens):
     if not _hopper():
@@ -77,8 +78,8 @@ def test_keys_stationary_takes_one_sequence_only():
 
 
 def test_rows_short_of_most_groups_skip_them():
-    # a long pool, most rows seeing a few thousand of its entries: groups past all of a CTA's
-    # rows leave at once, and a warpgroup skips the rows that end before its entries
+    # a long pool, most rows seeing a few thousand of its entries: groups past every row are
+    # no work, and a warpgroup skips the rows that end before its entries
     if not _hopper():
         pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
     rng = np.random.default_rng(11)
