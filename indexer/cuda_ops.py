@@ -169,7 +169,7 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     # rows run as several such runs rather than one per-row launch without sharing)
     if (fast_kernel == "auto" and cu_seqlens is not None and cu_seqlens.shape[0] == 2
             and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E)):
-        return "ks"  # one sequence, many long rows: each key group decoded once for all of them
+        return "ks"  # a chunk of one sequence over a longer pool: each key group decoded once for all rows
     if cu_seqlens is not None and fast_kernel != "wgmma-single" and q_aligned:
         return "pairs"
     return "wgmma"

@@ -220,18 +220,21 @@ def ks_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
     return D == 128 and wgmma_supported(H, D, dev, E)
 
 
-#: the keys-stationary kernel is the default for rows of one sequence from this many rows
-#: and pool entries a row (a chunked prefill after a long context: prefill-chunk, 4,096 rows
-#: over 263,168 entries, scores 9% faster than in pairs); below, the pair kernel, whose
-#: schedule follows each row's own length (prefill-8K's causal rows: 0.50 against 0.85 ms)
-KS_MIN_ROWS = 64
-KS_MIN_LEN = 65_536
+#: the keys-stationary kernel is the default for rows of one sequence from this many rows,
+#: over at least this many entries and twice as many entries as rows (a chunk after a
+#: prefix: every row sees most of the pool). Measured (v30, whole calls, graph): 16 rows
+#: over 65,536 entries 57.6 against 63.8 us in pairs, 64 over 2,048 29.9 / 37.5, 512 over
+#: 2,176 79.5 / 80.6, prefill-chunk 34.0 / 38.0 ms; 8 rows tie (40.4 / 41.4). Causal rows
+#: from the pool's start (max_len = T / 4 at 4:1) stay in pairs, whose schedule follows each
+#: row's length: 2,048 rows 120 against 84 us, prefill-8K 764 / 558 us.
+KS_MIN_ROWS = 16
+KS_MIN_LEN = 2048
 
 
 def ks_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> bool:
-    """Whether ``fast_kernel='auto'`` scores one sequence's rows with the keys-stationary
-    kernel (docs/performance.md, v29)."""
-    return T >= KS_MIN_ROWS and max_len >= KS_MIN_LEN and ks_supported(H, D, dev, E)
+    """Whether ``fast_kernel='auto'`` scores one sequence's T rows with the keys-stationary
+    kernel (docs/performance.md, v30)."""
+    return T >= KS_MIN_ROWS and max_len >= max(KS_MIN_LEN, 2 * T) and ks_supported(H, D, dev, E)
 
 
 def ks_smem_bytes(D: int = 128) -> int:

@@ -1,7 +1,7 @@
-"""The keys-stationary scoring kernel (kernels/score_ks.cu; the default for many long rows of
-one sequence, forced with fast_kernel='ks'): every row streamed past key groups decoded once. Its scores must be the
-single-query wgmma kernel's bit for bit (the same staged query, decode, MMAs and epilogue
-arithmetic), and its answers the reference's."""
+"""The keys-stationary scoring kernel (kernels/score_ks.cu; the default for a chunk of rows of
+one sequence over a longer pool, forced with fast_kernel='ks'): every row streamed past key
+groups decoded once. Its scores must be the single-query wgmma kernel's bit for bit (the
+same staged query, decode, MMAs and epilogue arithmetic), and its answers the reference's."""
 
 import numpy as np
 import pytest

@@ -198,8 +198,10 @@ def test_row_select_kernel_takes_128_threads_for_short_rows_and_k_up_to_1024():
 
 @pytest.mark.parametrize("T,max_len,ok", [
     (4096, 263_168, True),     # prefill-chunk: one sequence's rows over a long context
-    (64, 65_536, True),        # the smallest call the rule takes
-    (63, 263_168, False),      # too few rows to amortise a group's decode
+    (16, 2048, True),          # the smallest call the rule takes
+    (15, 263_168, False),      # too few rows to amortise a group's decode
+    (64, 2047, False),         # too short a pool
+    (2048, 4095, False),       # rows not half as many as entries: causal from the start
     (8192, 2048, False),       # prefill-8K: short causal rows stay with the pair kernel
 ])
 def test_keys_stationary_is_taken_for_many_long_rows(T, max_len, ok):
