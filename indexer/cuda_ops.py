@@ -124,20 +124,28 @@ def _carve(nbytes_by_name, workspace=None):
 
 # the Hopper scoring kernels' geometry and every kernel's source, by the name _scoring_kernel gives
 _WGMMA_LAUNCHES = {"ws": geometry.score_ws_launch, "pairs": geometry.score_wgmma_pairs_launch,
-                   "wgmma": geometry.score_wgmma_launch}
+                   "wgmma": geometry.score_wgmma_launch, "ks": geometry.score_ks_launch}
 _SCORING_SOURCES = {"fp32": "score_fp32.cu", "mma": "score_mma.cu", "wgmma": "score_wgmma.cu",
-                    "pairs": "score_wgmma.cu", "ws": "score_ws.cu"}
+                    "pairs": "score_wgmma.cu", "ws": "score_ws.cu", "ks": "score_ks.cu"}
 
 
 def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens):
     """The scoring kernel a call takes: 'fp32' (the exact path, FP32 CUDA cores), or for the
     fast path 'ws' (warp-specialised wgmma, a single row), 'pairs' (wgmma, rows of one
-    sequence in pairs sharing each key tile), 'wgmma' (one query a tile) or 'mma' (mma.sync:
-    other shapes and GPUs). ``fast_kernel`` ('auto', 'mma', 'wgmma', 'wgmma-single', 'ws')
-    forces a choice, for tests and benchmarks; raises ValueError for an array whose
-    alignment the forced kernel cannot take."""
+    sequence in pairs sharing each key tile), 'wgmma' (one query a tile), 'ks' (keys
+    stationary: every row of one sequence streamed past key groups decoded once; see
+    geometry.ks_preferred) or 'mma' (mma.sync: other shapes and GPUs). ``fast_kernel`` ('auto',
+    'mma', 'wgmma', 'wgmma-single', 'ws', 'ks') forces a choice, for tests and benchmarks;
+    raises ValueError for an array whose alignment or layout the forced kernel cannot take."""
     if precision == "exact":
         return "fp32"
+    if fast_kernel == "ks":
+        if not geometry.ks_supported(prob.H, prob.D, dev, prob.E):
+            raise ValueError("fast_kernel: 'ks' needs sm_90, H <= 64, D = 128 and a power-of-two E")
+        if cu_seqlens is None or cu_seqlens.shape[0] != 2:
+            raise ValueError("fast_kernel: 'ks' scores the rows of one sequence (cu_seqlens of two offsets)")
+        _check_alignment("key_scale", key_scale, 16)
+        return "ks"
     # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
     # loads; a query view off that alignment takes the kernels that read it through the
     # staging kernel instead
@@ -159,6 +167,9 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
+    if (fast_kernel == "auto" and cu_seqlens is not None and cu_seqlens.shape[0] == 2
+            and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E)):
+        return "ks"  # a chunk of one sequence over a longer pool: each key group decoded once for all rows
     if cu_seqlens is not None and fast_kernel != "wgmma-single" and q_aligned:
         return "pairs"
     return "wgmma"
@@ -178,13 +189,15 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     i32 = np.int32
     exact = precision == "exact"
     kind = _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
+    # whether the scoring kernel counts the select's histogram itself (else a kernel of its own does)
+    counts_keys = kind not in ("fp32", "ks")
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
     # heads of the fp16 query that prep_query_kernel stages for the kernel (0: the kernel
     # reads the fp32 query itself)
-    heads = 64 if kind == "wgmma" else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
-    query_bytes = heads * (prob.D + 8) * 2 + heads * 4
+    heads = 64 if kind in ("wgmma", "ks") else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
+    query_bytes = heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
@@ -212,6 +225,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     ws = _carve({
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
+        "qimg": rows * geometry.KS_QUERY_BYTES if kind == "ks" else 0,  # the keys-stationary kernel's query images
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
         "hist": 0 if at_rest else hist_bytes,
         "count": 0 if row_select else rows * 4,
@@ -237,6 +251,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             n_seq = i32(cu_seqlens.shape[0] - 1)
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
+            if kind == "ks":
+                restage_k = _kernel("score_ks.cu", f"ks_restage_kernel<{prob.D}>", device_id)
+                qimg = ws["qimg"]
             q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
             w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
@@ -250,7 +267,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         row_k = _kernel("select_fast.cu", row_name, device_id)
     else:
         per = geometry.select_fast_per_thread(rows, sl.ld, dev)
-        if exact:  # the tensor-core kernels count the histogram in their epilogue
+        if not counts_keys:  # the other scoring kernels count the histogram in their epilogue
             hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
         filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
         all_pairs = geometry.rank_all_pairs(rows)
@@ -277,11 +294,16 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
                 prep_k((nr, heads // 16), (256,), (run(q), run(w), i32(prob.H), q16, w_scaled))
                 query = (q16, w_scaled)
+                if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
+                    restage_k((nr,), (128,), (q16, w_scaled, i32(nr), qimg))
+                    query = (qimg,)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
                 query = (run(q), run(w), i32(prob.H))
             if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)
                 grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
             elif kind == "ws":  # one CTA per SM, balanced
+                grid, sched_args = sl.grid, (i32(nr), *shape_args)
+            elif kind == "ks":  # one CTA per SM, equal shares of (key group, row) items
                 grid, sched_args = sl.grid, (i32(nr), *shape_args)
             elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
                 grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
@@ -290,7 +312,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             else:
                 grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
             score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
-                          *sched_args, scores_ws, ld, *(() if exact else (0, 0) if row_select else (hist, count)))
+                          *sched_args, scores_ws, ld,
+                          *(() if not counts_keys else (0, 0) if row_select else (hist, count)))
             if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
                 after_previous(score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
             else:
@@ -305,7 +328,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 after_previous(row_k, device_id, (nr,), (row_threads,),
                                (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), *output_args))
                 continue
-            if exact:  # the tensor-core kernel counts the histogram in its epilogue; this one does not
+            if not counts_keys:  # the other scoring kernels count the histogram in their epilogue
                 after_previous(hist_k, device_id, (chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, count))
             after_previous(filter_k, device_id, (chunks, nr), (256,),
                            (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand, i32(cap)))

@@ -206,6 +206,55 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
                        ld=ld)
 
 
+_KS_WARPGROUPS = 3  # kernels/score_ks.cu: score_ks::kWarpgroups
+_KS_SLOTS = 4  # its query ring (score_ks::kSlots)
+#: bytes of one query's image for the keys-stationary kernel (KsSmem::kQSlot: B, then 64 weights)
+KS_QUERY_BYTES = (128 // 8) * 1024 + 64 * 4
+#: entries one CTA of the keys-stationary kernel holds (score_ks::kGroup)
+KS_GROUP = _KS_WARPGROUPS * TILE_ENTRIES
+
+
+def ks_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
+    """The keys-stationary kernel (kernels/score_ks.cu) covers what the wgmma kernel does at
+    D = 128 (two rows of scales a 16-byte piece)."""
+    return D == 128 and wgmma_supported(H, D, dev, E)
+
+
+#: the keys-stationary kernel is the default for rows of one sequence from this many rows,
+#: over at least this many entries and twice as many entries as rows (a chunk after a
+#: prefix: every row sees most of the pool). Measured (v30, whole calls, graph): 16 rows
+#: over 65,536 entries 57.6 against 63.8 us in pairs, 64 over 2,048 29.9 / 37.5, 512 over
+#: 2,176 79.5 / 80.6, prefill-chunk 34.0 / 38.0 ms; 8 rows tie (40.4 / 41.4). Causal rows
+#: from the pool's start (max_len = T / 4 at 4:1) stay in pairs, whose schedule follows each
+#: row's length: 2,048 rows 120 against 84 us, prefill-8K 764 / 558 us.
+KS_MIN_ROWS = 16
+KS_MIN_LEN = 2048
+
+
+def ks_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> bool:
+    """Whether ``fast_kernel='auto'`` scores one sequence's T rows with the keys-stationary
+    kernel (docs/performance.md, v30)."""
+    return T >= KS_MIN_ROWS and max_len >= max(KS_MIN_LEN, 2 * T) and ks_supported(H, D, dev, E)
+
+
+def ks_smem_bytes(D: int = 128) -> int:
+    """Shared memory of ``score_ks_kernel<D>`` (kernels/score_ks.cu: KsSmem): the query
+    ring's slots (B and 64 weights each), one key stage a warpgroup."""
+    stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+    return _KS_SLOTS * ((D // 8) * 1024 + 64 * 4) + _KS_WARPGROUPS * stage + _KS_SLOTS * (8 + 4)
+
+
+def score_ks_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
+    """Geometry of ``score_ks_kernel``: one CTA an SM, each taking an equal share of the
+    run's (key group, row) items, which the kernel counts from the rows' visible lengths."""
+    if not ks_supported(H, D, dev, E):
+        raise ValueError(f"q: the keys-stationary kernel needs sm_90, H <= 64, D = 128 and a power-of-two E, "
+                         f"got H = {H}, D = {D}, E = {E}")
+    return ScoreLaunch(name=f"score_ks_kernel<{D}>", grid=(dev.sm_count, 1), block=(128 * _KS_WARPGROUPS,),
+                       smem=ks_smem_bytes(D), tiles_per_cta=0, ld=tiles_per_row(max_len) * TILE_ENTRIES,
+                       balanced=True)
+
+
 _PAIR_STAGES = 3  # kernels/score_wgmma.cu: score_wgmma_pairs::kStages
 #: rows of one run of the pair kernel (kernels/score_wgmma.cu: score_wgmma_pairs::kMaxRows):
 #: prefill's 8,192 rows in one run (where the budget holds their scores), so that short and

@@ -194,3 +194,27 @@ def test_row_select_kernel_takes_128_threads_for_short_rows_and_k_up_to_1024():
     assert geometry.row_select_kernel(2176, 512, 4096) == ("topk_row_kernel<256, 4096, 16>", 256)
     assert geometry.row_select_kernel(2048, 1025, 4096) == ("topk_row_kernel<256, 4096, 16>", 256)
     assert geometry.row_select_kernel(4224, 64, 4096) == ("topk_row_kernel<256, 4096, 0>", 256)
+
+
+@pytest.mark.parametrize("T,max_len,ok", [
+    (4096, 263_168, True),     # prefill-chunk: one sequence's rows over a long context
+    (16, 2048, True),          # the smallest call the rule takes
+    (15, 263_168, False),      # too few rows to amortise a group's decode
+    (64, 2047, False),         # too short a pool
+    (2048, 4095, False),       # rows not half as many as entries: causal from the start
+    (8192, 2048, False),       # prefill-8K: short causal rows stay with the pair kernel
+])
+def test_keys_stationary_is_taken_for_many_long_rows(T, max_len, ok):
+    assert geometry.ks_preferred(T, 64, 128, max_len, H200, 64) is ok
+    assert not geometry.ks_preferred(T, 64, 64, max_len, H200, 64)  # D = 128 only
+    assert not geometry.ks_preferred(T, 64, 128, max_len, Device(132, 232448, 80), 64)  # Hopper only
+
+
+@pytest.mark.parametrize("T,max_len", [(216, 263_168), (8192, 2048), (40, 20_032), (1, 800), (300, 3008)])
+def test_keys_stationary_launch_is_one_cta_an_sm(T, max_len):
+    # the kernel shares the (group, row) items out itself: the launch is one persistent CTA
+    # an SM, its scores' row stride the tile-rounded length
+    sl = geometry.score_ks_launch(T, 64, 128, max_len, H200, 64)
+    assert sl.grid == (H200.sm_count, 1) and sl.balanced
+    assert sl.smem == geometry.ks_smem_bytes(128) <= H200.max_smem_per_block
+    assert sl.ld % geometry.TILE_ENTRIES == 0 and sl.ld >= max_len

@@ -1,0 +1,225 @@
+// score_ks.cu: the fast scoring path for many queries of one sequence, keys stationary
+// (Hopper, sm_90a).
+//
+// The pair kernel (score_wgmma.cu) decodes every key tile once for two queries; here a
+// CTA decodes a group of kGroup entries once, keeps them as wgmma A fragments in
+// registers, and streams the run's queries past them, one query a round: its B operand
+// and weights (the shared-memory image ks_restage_kernel writes from prep_query_kernel's
+// staging, 16,640 bytes) come into a ring of kSlots slots by one bulk copy each. The
+// warpgroups do not meet at a barrier: each waits for its query's slot (an mbarrier the
+// copy completes) and counts itself out of it; the last one out refills it, so the
+// warpgroups drift apart and one's epilogue runs under another's MMAs. The decode is paid
+// once per group for many queries, and each query tile read from L2 serves kGroup
+// entries. scripts/probe_ceiling.py measured this loop order's tile loop at 1.12-1.13 x
+// the floor's share a tile (wgmma_tile_kernel<3>), against ~1.45 for the pair kernel's
+// steady state.
+//
+// All rows of a launch read the keys of row 0's block table (one sequence); row t's
+// scores are stored for its visible entries only (s < valid_lens[t]), so causal rows that
+// end inside a group are masked there. No histogram: the select counts one by its own
+// kernel over the scores (each round is another row, so no per-CTA histogram applies).
+//
+// CTA: kWarpgroups warpgroups, warpgroup w holding entries base + 128 w .. + 127 of the
+// group it works on (two 64-entry sub-tiles, their own accumulators); one CTA an SM, each
+// taking an equal share of the run's (group, row) items (see score_ks_kernel).
+#include "wgmma_common.cuh"
+
+namespace score_ks {
+constexpr int kWarpgroups = 3;
+constexpr int kThreads = 128 * kWarpgroups;
+constexpr int kGroup = score_wgmma::kTile * kWarpgroups;  // entries a CTA holds
+constexpr int kSlots = 4;  // query ring: queries t + 1 .. t + kSlots - 1 in flight during round t
+}  // namespace score_ks
+
+template <int kDim>
+struct KsSmem {
+    static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;         // one query's B
+    static constexpr int kQSlot = kQBytes + score_wgmma::kHeads * 4;       // B, then its 64 weights
+    static constexpr int kKeys = score_ks::kSlots * kQSlot;                // the key stages, one a warpgroup
+    static constexpr int kBars = kKeys + score_ks::kWarpgroups * wgmma_stage_bytes(kDim);  // u64[kSlots]
+    static constexpr int kCounts = kBars + score_ks::kSlots * 8;          // u32[kSlots]
+    static constexpr int kBytes = kCounts + score_ks::kSlots * 4;
+};
+
+// q16 [T, 64, kDim + 8] and w_scaled [T, 64] (prep_query_kernel) -> qimg [T][kQSlot bytes]:
+// each query's B operand as score_ks_kernel's shared memory holds it (core-matrix layout)
+// and its weights, so that one bulk copy brings both. grid (T,), 128 threads.
+template <int kDim>
+__global__ void __launch_bounds__(128) ks_restage_kernel(const unsigned short* __restrict__ q16,
+                                                         const float* __restrict__ w_scaled, int T,
+                                                         unsigned char* __restrict__ qimg) {
+    using namespace score_wgmma;
+    using Smem = KsSmem<kDim>;
+    const int t = blockIdx.x;
+    if (t >= T) return;
+    unsigned char* dst = qimg + (long long)t * Smem::kQSlot;
+    const unsigned short* src = q16 + (long long)t * kHeads * (kDim + 8);
+    for (int i = threadIdx.x; i < kHeads * (kDim / 8); i += 128) {
+        const int h = i / (kDim / 8), kc = i % (kDim / 8);
+        *reinterpret_cast<uint4*>(dst + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16) =
+            *reinterpret_cast<const uint4*>(src + h * (kDim + 8) + kc * 8);
+    }
+    if (threadIdx.x < kHeads / 4)
+        reinterpret_cast<float4*>(dst + Smem::kQBytes)[threadIdx.x] =
+            reinterpret_cast<const float4*>(w_scaled + (long long)t * kHeads)[threadIdx.x];
+}
+
+// grid (C,): one CTA an SM, score_ks::kThreads threads, KsSmem<kDim>::kBytes of dynamic
+// shared memory; keys_fp4 and key_scale 16-byte aligned, E a power of two (the launcher
+// checks). The run's work is its (group, row) items, group-major: groups 0 .. of kGroup
+// entries up to the run's longest visible row, every row for each. CTA i takes items
+// [W i / C, W (i + 1) / C) of the W: equal shares whatever W is (the groups alone, one a
+// CTA, left a last wave of 23 CTAs on 132 SMs for prefill-chunk: 14% of the kernel idle).
+// A CTA's share spans about W / (C T) + 2 groups; it decodes each once.
+template <int kDim>
+__global__ void __launch_bounds__(score_ks::kThreads, 1)
+score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] from ks_restage_kernel
+                const u8* __restrict__ keys_fp4,         // [P, E, D/2]
+                const u8* __restrict__ key_scale,        // [P, E, D/16]
+                const float* __restrict__ key_gscale,    // [P]
+                const int* __restrict__ block_table,     // [T, L]: row 0's is read
+                const int* __restrict__ valid_lens,      // [T]
+                int T, int P, int E, int e_shift, int L,
+                float* __restrict__ scores,              // [T, ld] workspace
+                long long ld)
+{
+    using namespace score_wgmma;
+    using Smem = KsSmem<kDim>;
+    using Ring = BulkRing<kDim>;  // the stage layout decode_sub_tile reads
+    constexpr int kKSteps = kDim / 16;
+    constexpr int kThreads = score_ks::kThreads;
+    constexpr int kSlots = score_ks::kSlots;
+    // D = 128 (the launcher's condition): a 16-byte scale piece then holds two rows of one block
+    static_assert(kDim == 128, "D = 128 only");
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31, warp = wtid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int max_len = L * E;
+    const int* bt = block_table;  // row 0's table: the sequence's
+    u64* full = reinterpret_cast<u64*>(smem + Smem::kBars);      // slot j's query landed
+    u32* out_count = reinterpret_cast<u32*>(smem + Smem::kCounts);  // warpgroups done with slot j's query
+
+    // ---- the run's reach: groups past every row's visible entries are no work
+    __shared__ int s_reach;
+    if (tid == 0) {
+        s_reach = 0;
+        for (int j = 0; j < kSlots; ++j) {
+            mbar_init(full + j, 1);
+            out_count[j] = 0u;
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    {
+        int reach = 0;
+        for (int t = tid; t < T; t += kThreads) reach = max(reach, visible_len(valid_lens, t, max_len));
+        reach = __reduce_max_sync(0xffffffffu, reach);
+        if (lane == 0 && reach > 0) atomicMax(&s_reach, reach);
+    }
+    __syncthreads();
+    const long long work = (long long)((s_reach + score_ks::kGroup - 1) / score_ks::kGroup) * T;
+    const long long k0 = work * blockIdx.x / gridDim.x, k1 = work * (blockIdx.x + 1) / gridDim.x;
+    const int items = (int)(k1 - k0);  // <= T * groups / C + 1
+    if (items <= 0) return;  // the same in every thread
+
+    // row t's query image into slot j, by one thread: one bulk copy
+    auto stage_query = [&](int t, int j) {
+        mbar_arrive_expect_tx(full + j, (u32)Smem::kQSlot);
+        bulk_copy_g2s(smem + j * Smem::kQSlot, qimg + (long long)t * Smem::kQSlot, (u32)Smem::kQSlot, full + j);
+    };
+    if (tid == 0)
+        for (int j = 0; j < kSlots && j < items; ++j) stage_query((int)((k0 + j) % T), j);
+
+    unsigned char* st = smem + Smem::kKeys + wg * wgmma_stage_bytes(kDim);
+    const int r0 = 16 * warp + g;  // my first row of a sub-tile
+    u32 a_frag[2][kKSteps][4];     // the group's keys, decoded once
+    float gsc[2][2];               // the global scales of my four rows (NaN for an id out of range)
+    float acc[2][32];
+    // a group's keys for my warpgroup's 128 entries from `first`: codes and scales into my
+    // stage, then decoded into a_frag (the stage is mine alone: a warpgroup barrier suffices)
+    auto load_keys = [&](int first) {
+        constexpr int kCodeChunks = Ring::kCodeBytes / 16;  // 16-byte pieces of a row's codes
+        for (int i = wtid; i < kTile * kCodeChunks; i += 128) {
+            const int r = i / kCodeChunks, piece = i % kCodeChunks;
+            const int s = first + r;
+            const int b = s < max_len ? bt[s >> e_shift] : -1;
+            const bool ok = b >= 0 && b < P;
+            const long long ent = (long long)(ok ? b : 0) * E + (s & (E - 1));
+            cp_async_16(st + r * Ring::kCodeBytes + 16 * piece, keys_fp4 + ent * Ring::kCodeBytes + 16 * piece, ok);
+        }
+        // scales: 16 bytes hold 16 / kScaleBytes whole rows (E >= that: rows of one block)
+        constexpr int kRowsPerPiece = 16 / Ring::kScaleBytes;
+        for (int i = wtid; i < kTile / kRowsPerPiece; i += 128) {
+            const int r = i * kRowsPerPiece, s = first + r;
+            const int b = s < max_len ? bt[s >> e_shift] : -1;
+            const bool ok = b >= 0 && b < P;
+            const long long ent = (long long)(ok ? b : 0) * E + (s & (E - 1));
+            cp_async_16(st + Ring::kScaleOffset + r * Ring::kScaleBytes, key_scale + ent * Ring::kScaleBytes, ok);
+        }
+        cp_async_commit();
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int s = first + u * kSubTile + r0 + 8 * h;
+                const int b = s < max_len ? bt[s >> e_shift] : -1;
+                gsc[u][h] = (b >= 0 && b < P) ? key_gscale[b] : __int_as_float(0x7fc00000);
+            }
+        cp_async_wait<0>();
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // every thread's copies landed
+#pragma unroll
+        for (int u = 0; u < 2; ++u) decode_sub_tile<kDim>(st, u * kSubTile + r0, c, a_frag[u]);
+    };
+
+    // my share: rows t_begin .. of group g_begin, every row of the groups after it, rows
+    // .. t_end - 1 of group g_end (a group's keys decoded once for all its rows in it)
+    const int g_begin = (int)(k0 / T), t_begin = (int)(k0 % T);
+    const int g_end = (int)((k1 - 1) / T), t_end = (int)((k1 - 1) % T) + 1;
+    int t_ahead = (int)((k0 + kSlots) % T);  // the row of my item i + kSlots (the slot's refill)
+    int i = 0;                               // my item: its slot and phase in the ring
+    for (int grp = g_begin; grp <= g_end; ++grp) {
+        const int first = grp * score_ks::kGroup + wg * kTile;  // my warpgroup's first entry
+        load_keys(first);
+        const int ta = grp == g_begin ? t_begin : 0, tb = grp == g_end ? t_end : T;
+        int n_next = visible_len(valid_lens, ta, max_len);  // each row's length loaded a round ahead
+        for (int t = ta; t < tb; ++t, ++i) {
+            const int slot = i % kSlots;
+            const int n = n_next;
+            if (t + 1 < tb) n_next = visible_len(valid_lens, t + 1, max_len);
+            mbar_wait(full + slot, (u32)(i / kSlots) & 1u);  // query t landed
+            const unsigned char* qb = smem + slot * Smem::kQSlot;
+            const float* wsm = reinterpret_cast<const float*>(qb + Smem::kQBytes);
+            const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
+            float* out = scores + (long long)t * ld;
+            auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
+                const float2 sums = weighted_head_sums(d, wsm, c);
+                if (c < 2) {
+                    const int s = s0 + 8 * c;
+                    const float score = (c ? sums.y : sums.x) * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
+                    if (s < n) out[s] = score;
+                }
+            };
+            // every warpgroup multiplies, even for a row that ends before its entries (it
+            // stores nothing then): a skip here measured 2% slower on prefill-chunk
+#pragma unroll
+            for (int u = 0; u < 2; ++u) mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);
+            wgmma_wait<1>();
+            fence_accumulators(acc[0]);
+            epilogue(acc[0], first + r0, gsc[0][0], gsc[0][1]);
+            wgmma_wait<0>();
+            fence_accumulators(acc[1]);
+            epilogue(acc[1], first + kSubTile + r0, gsc[1][0], gsc[1][1]);
+            // this warpgroup is done with the slot (its MMAs waited for, its weights read); the
+            // last of the warpgroups out refills it with my item i + kSlots
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+            if (wtid == 0 && atomicAdd(out_count + slot, 1u) == score_ks::kWarpgroups - 1) {
+                out_count[slot] = 0u;
+                if (i + kSlots < items) {
+                    fence_proxy_async();
+                    stage_query(t_ahead, slot);
+                }
+            }
+            if (++t_ahead == T) t_ahead = 0;
+        }
+    }
+}

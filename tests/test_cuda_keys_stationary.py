@@ -1,0 +1,117 @@
+"""The keys-stationary scoring kernel (kernels/score_ks.cu; the default for a chunk of rows of
+one sequence over a longer pool, forced with fast_kernel='ks'): every row streamed past key
+groups decoded once. Its scores must be the single-query wgmma kernel's bit for bit (the
+same staged query, decode, MMAs and epilogue arithmetic), and its answers the reference's."""
+
+import numpy as np
+import pytest
+
+from indexer import arrays, testing
+from tests.gpu import requires_gpu
+from tests.test_ragged import as_problem, grouped_problem
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+
+def _hopper():
+    from indexer import cuda_ops, geometry
+
+    cp = arrays.cupy()
+    return geometry.ks_supported(64, 128, cuda_ops.device_facts(cp.cuda.Device().id))
+
+
+def _both(args, top_k, kernel="ks"):
+    """(indices, scores) of the keys-stationary kernel (forced, or 'auto') and of the
+    single-query kernel."""
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    q, w, k, s, g, table, cu, lens = args
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    cu_dev = cp.asarray(cu)
+    ks = cuda_ops.score_topk(*dev, top_k, return_scores=True, _cu_seqlens=cu_dev, _fast_kernel=kernel)
+    single = cuda_ops.score_topk(*dev, top_k, return_scores=True, _cu_seqlens=cu_dev, _fast_kernel="wgmma-single")
+    return [x.get() for x in ks], [x.get() for x in single]
+
+
+@pytest.mark.parametrize("rows,entries,E,top_k,lens", [
+    (9, 6000, 64, 64, "random"),        # ragged lengths inside the sequence (0 and 1 included)
+    (40, 1200, 2, 50, "random"),        # 2-entry blocks: a 16-byte scale piece spans a block pair
+    (7, 5000, 256, 300, "full"),        # every row sees every entry; groups off the table's end
+    (300, 3000, 16, 128, "causal"),     # few groups, many rows: a CTA's share inside a group; causal ends
+    (1, 800, 64, 900, "full"),          # one row, top_k past its entries: -1 padding
+    (3, 100_000, 64, 500, "full"),      # 783 (group, row) items on the SMs: shares cross groups
+])
+def test_keys_stationary_matches_the_single_query_kernel_and_the_reference(rows, entries, E, top_k, lens):
+    if not _hopper():
+        pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
+    rng = np.random.default_rng(rows * 31 + entries + E)
+    args = grouped_problem(rng, [rows], H=64, D=128, E=E, seq_entries=[entries], top_k=top_k)
+    if lens == "full":
+        args = args[:-1] + (np.full(rows, entries, dtype=np.int32),)
+    elif lens == "causal":
+        args = args[:-1] + (np.minimum(entries, 2 * entries // 3 + np.arange(rows, dtype=np.int32)),)
+    else:
+        l = args[-1].copy()
+        l[0], l[-1] = 0, 1
+        args = args[:-1] + (l,)
+    (ks_idx, ks_sc), (one_idx, one_sc) = _both(args, top_k)
+    np.testing.assert_array_equal(ks_idx, one_idx)
+    assert ks_sc.tobytes() == one_sc.tobytes()
+    testing.check_topk(as_problem(*args, top_k), ks_idx, ks_sc, tol=testing.TOL_FAST)
+
+
+def test_keys_stationary_takes_one_sequence_only():
+    from indexer import cuda_ops
+
+    if not _hopper():
+        pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
+    cp = arrays.cupy()
+    rng = np.random.default_rng(5)
+    q, w, k, s, g, table, cu, lens = grouped_problem(rng, [2, 3], H=64, D=128, E=64, seq_entries=[500, 700],
+                                                     top_k=16)
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    with pytest.raises(ValueError, match="fast_kernel: 'ks' scores the rows of one sequence"):
+        cuda_ops.score_topk(*dev, 16, _cu_seqlens=cp.asarray(cu), _fast_kernel="ks")
+
+
+def test_rows_short_of_most_groups_skip_them():
+    # a long pool, most rows seeing a few thousand of its entries: groups past every row are
+    # no work, and a warpgroup skips the rows that end before its entries
+    if not _hopper():
+        pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
+    rng = np.random.default_rng(11)
+    rows, entries = 40, 20_000
+    args = grouped_problem(rng, [rows], H=64, D=128, E=64, seq_entries=[entries], top_k=200)
+    lens = rng.integers(0, 3000, size=rows).astype(np.int32)
+    lens[5], lens[17], lens[30] = entries, 0, 385
+    args = args[:-1] + (lens,)
+    (ks_idx, ks_sc), (one_idx, one_sc) = _both(args, 200)
+    np.testing.assert_array_equal(ks_idx, one_idx)
+    assert ks_sc.tobytes() == one_sc.tobytes()
+    testing.check_topk(as_problem(*args, 200), ks_idx, ks_sc, tol=testing.TOL_FAST)
+
+
+def test_auto_takes_it_for_many_long_rows_of_one_sequence():
+    from indexer import cuda_ops, geometry, validate
+
+    if not _hopper():
+        pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
+    cp = arrays.cupy()
+    rng = np.random.default_rng(12)
+    rows, entries = geometry.KS_MIN_ROWS, geometry.KS_MIN_LEN + 500
+    args = grouped_problem(rng, [rows], H=64, D=128, E=64, seq_entries=[entries], top_k=64)
+    args = args[:-1] + (np.full(rows, entries, dtype=np.int32) - np.arange(rows, dtype=np.int32),)
+    q, w, k, s, g, table, cu, lens = args
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    prob = validate.check_score_topk(*dev, 64)
+    facts = cuda_ops.device_facts(cp.cuda.Device().id)
+    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", cp.asarray(cu)) == "ks"
+    two = cp.asarray(np.array([0, 1, rows], np.int32))  # two sequences: the pair kernel
+    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", two) == "pairs"
+    (auto_idx, auto_sc), (one_idx, one_sc) = _both(args, 64, kernel="auto")
+    np.testing.assert_array_equal(auto_idx, one_idx)
+    assert auto_sc.tobytes() == one_sc.tobytes()
