@@ -224,7 +224,7 @@ def ks_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
 #: over at least this many entries and twice as many entries as rows (a chunk after a
 #: prefix: every row sees most of the pool). Measured (v30, whole calls, graph): 16 rows
 #: over 65,536 entries 57.6 against 63.8 us in pairs, 64 over 2,048 29.9 / 37.5, 512 over
-#: 2,176 79.5 / 80.6, prefill-chunk 34.0 / 38.0 ms; 8 rows tie (40.4 / 41.4). Causal rows
+#: 2,176 79.5 / 80.6, prefill-chunk 33.9 / 38.2 ms; 8 rows tie (40.4 / 41.4). Causal rows
 #: from the pool's start (max_len = T / 4 at 4:1) stay in pairs, whose schedule follows each
 #: row's length: 2,048 rows 120 against 84 us, prefill-8K 764 / 558 us.
 KS_MIN_ROWS = 16
