@@ -181,12 +181,11 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
         const int first = grp * score_ks::kGroup + wg * kTile;  // my warpgroup's first entry
         load_keys(first);
         const int ta = grp == g_begin ? t_begin : 0, tb = grp == g_end ? t_end : T;
-        int n_next = visible_len(valid_lens, ta, max_len);  // each row's length loaded a round ahead
         for (int t = ta; t < tb; ++t, ++i) {
             const int slot = i % kSlots;
-            const int n = n_next;
-            if (t + 1 < tb) n_next = visible_len(valid_lens, t + 1, max_len);
             mbar_wait(full + slot, (u32)(i / kSlots) & 1u);  // query t landed
+            // the row's length loaded here, not a round ahead: the prefetch measured 1-3% slower
+            const int n = visible_len(valid_lens, t, max_len);
             const unsigned char* qb = smem + slot * Smem::kQSlot;
             const float* wsm = reinterpret_cast<const float*>(qb + Smem::kQBytes);
             const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
