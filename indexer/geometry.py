@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
