@@ -133,7 +133,7 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     """The scoring kernel a call takes: 'fp32' (the exact path, FP32 CUDA cores), or for the
     fast path 'ws' (warp-specialised wgmma, a single row), 'pairs' (wgmma, rows of one
     sequence in pairs sharing each key tile), 'wgmma' (one query a tile), 'ks' (keys
-    stationary: every row of one sequence streamed past key groups decoded once; see
+    stationary: every row of a sequence streamed past its key groups decoded once; see
     geometry.ks_preferred) or 'mma' (mma.sync: other shapes and GPUs). ``fast_kernel`` ('auto',
     'mma', 'wgmma', 'wgmma-single', 'ws', 'ks') forces a choice, for tests and benchmarks;
     raises ValueError for an array whose alignment or layout the forced kernel cannot take."""
@@ -142,8 +142,9 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     if fast_kernel == "ks":
         if not geometry.ks_supported(prob.H, prob.D, dev, prob.E):
             raise ValueError("fast_kernel: 'ks' needs sm_90, H <= 64, D = 128 and a power-of-two E")
-        if cu_seqlens is None or cu_seqlens.shape[0] != 2:
-            raise ValueError("fast_kernel: 'ks' scores the rows of one sequence (cu_seqlens of two offsets)")
+        if cu_seqlens is None or not 2 <= cu_seqlens.shape[0] <= geometry.KS_MAX_SEQS + 1:
+            raise ValueError(f"fast_kernel: 'ks' scores the rows of 1 to {geometry.KS_MAX_SEQS} sequences "
+                             "(cu_seqlens of 2 to 257 offsets)")
         _check_alignment("key_scale", key_scale, 16)
         return "ks"
     # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
@@ -167,9 +168,9 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
-    if (fast_kernel == "auto" and cu_seqlens is not None and cu_seqlens.shape[0] == 2
-            and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E)):
-        return "ks"  # a chunk of one sequence over a longer pool: each key group decoded once for all rows
+    if (fast_kernel == "auto" and cu_seqlens is not None
+            and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E, cu_seqlens.shape[0] - 1)):
+        return "ks"  # chunks of sequences over longer pools: each key group decoded once for a sequence's rows
     if cu_seqlens is not None and fast_kernel != "wgmma-single" and q_aligned:
         return "pairs"
     return "wgmma"
@@ -247,7 +248,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     if exact:
         shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
-        if kind == "pairs":
+        if kind in ("pairs", "ks"):
             n_seq = i32(cu_seqlens.shape[0] - 1)
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
@@ -303,8 +304,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
             elif kind == "ws":  # one CTA per SM, balanced
                 grid, sched_args = sl.grid, (i32(nr), *shape_args)
-            elif kind == "ks":  # one CTA per SM, equal shares of (key group, row) items
-                grid, sched_args = sl.grid, (i32(nr), *shape_args)
+            elif kind == "ks":  # one CTA per SM, equal shares of (sequence, key group, row) items
+                grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
             elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
                 grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
             elif kind == "wgmma":

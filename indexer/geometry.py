@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -229,12 +229,17 @@ def ks_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
 #: row's length: 2,048 rows 120 against 84 us, prefill-8K 764 / 558 us.
 KS_MIN_ROWS = 16
 KS_MIN_LEN = 2048
+#: sequences one launch of the keys-stationary kernel takes (kernels/score_ks.cu: kMaxSeqs)
+KS_MAX_SEQS = 256
 
 
-def ks_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> bool:
-    """Whether ``fast_kernel='auto'`` scores one sequence's T rows with the keys-stationary
-    kernel (docs/performance.md, v30)."""
-    return T >= KS_MIN_ROWS and max_len >= max(KS_MIN_LEN, 2 * T) and ks_supported(H, D, dev, E)
+def ks_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64, seqs: int = 1) -> bool:
+    """Whether ``fast_kernel='auto'`` scores the T rows of ``seqs`` sequences with the
+    keys-stationary kernel (docs/performance.md, v30): as many rows a sequence, on average,
+    as the rule asks of one sequence."""
+    per_seq = T // max(seqs, 1)
+    return (1 <= seqs <= KS_MAX_SEQS and per_seq >= KS_MIN_ROWS and max_len >= max(KS_MIN_LEN, 2 * per_seq)
+            and ks_supported(H, D, dev, E))
 
 
 def ks_smem_bytes(D: int = 128) -> int:

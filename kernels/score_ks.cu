@@ -14,10 +14,11 @@
 // the floor's share a tile (wgmma_tile_kernel<3>), against ~1.45 for the pair kernel's
 // steady state.
 //
-// All rows of a launch read the keys of row 0's block table (one sequence); row t's
-// scores are stored for its visible entries only (s < valid_lens[t]), so causal rows that
-// end inside a group are masked there. No histogram: the select counts one by its own
-// kernel over the scores (each round is another row, so no per-CTA histogram applies).
+// A launch takes up to kMaxSeqs sequences (cu_seqlens), each sequence's rows reading the
+// keys of its first row's block table; row t's scores are stored for its visible entries
+// only (s < valid_lens[t]), so causal rows that end inside a group are masked there. No
+// histogram: the select counts one by its own kernel over the scores (each round is
+// another row, so no per-CTA histogram applies).
 //
 // CTA: kWarpgroups warpgroups, warpgroup w holding entries base + 128 w .. + 127 of the
 // group it works on (two 64-entry sub-tiles, their own accumulators); one CTA an SM, each
@@ -29,6 +30,7 @@ constexpr int kWarpgroups = 3;
 constexpr int kThreads = 128 * kWarpgroups;
 constexpr int kGroup = score_wgmma::kTile * kWarpgroups;  // entries a CTA holds
 constexpr int kSlots = 4;  // query ring: queries t + 1 .. t + kSlots - 1 in flight during round t
+constexpr int kMaxSeqs = 256;  // sequences a launch takes (geometry.KS_MAX_SEQS)
 }  // namespace score_ks
 
 template <int kDim>
@@ -66,20 +68,23 @@ __global__ void __launch_bounds__(128) ks_restage_kernel(const unsigned short* _
 
 // grid (C,): one CTA an SM, score_ks::kThreads threads, KsSmem<kDim>::kBytes of dynamic
 // shared memory; keys_fp4 and key_scale 16-byte aligned, E a power of two (the launcher
-// checks). The run's work is its (group, row) items, group-major: groups 0 .. of kGroup
-// entries up to the run's longest visible row, every row for each. CTA i takes items
-// [W i / C, W (i + 1) / C) of the W: equal shares whatever W is (the groups alone, one a
-// CTA, left a last wave of 23 CTAs on 132 SMs for prefill-chunk: 14% of the kernel idle).
-// A CTA's share spans about W / (C T) + 2 groups; it decodes each once.
+// checks). The run's work is its (sequence, group, row) items: sequence by sequence, each
+// sequence's groups 0 .. of kGroup entries up to its longest visible row in the run, every
+// one of its rows in the run for each. CTA i takes items [W i / C, W (i + 1) / C) of the
+// W: equal shares whatever W is (the groups alone, one a CTA, left a last wave of 23 CTAs
+// on 132 SMs for prefill-chunk: 14% of the kernel idle). A share spans a few (sequence,
+// group) pairs; it decodes each once.
 template <int kDim>
 __global__ void __launch_bounds__(score_ks::kThreads, 1)
 score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] from ks_restage_kernel
                 const u8* __restrict__ keys_fp4,         // [P, E, D/2]
                 const u8* __restrict__ key_scale,        // [P, E, D/16]
                 const float* __restrict__ key_gscale,    // [P]
-                const int* __restrict__ block_table,     // [T, L]: row 0's is read
+                const int* __restrict__ block_table,     // [T, L]: a sequence's first row's is read
                 const int* __restrict__ valid_lens,      // [T]
-                int T, int P, int E, int e_shift, int L,
+                const int* __restrict__ cu_seqlens,      // [n_seq + 1]: the call's sequences' rows
+                int n_seq, int run_first, int T,         // the run: the call's rows run_first .. + T - 1
+                int P, int E, int e_shift, int L,
                 float* __restrict__ scores,              // [T, ld] workspace
                 long long ld)
 {
@@ -95,40 +100,91 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31, warp = wtid >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int max_len = L * E;
-    const int* bt = block_table;  // row 0's table: the sequence's
     u64* full = reinterpret_cast<u64*>(smem + Smem::kBars);      // slot j's query landed
     u32* out_count = reinterpret_cast<u32*>(smem + Smem::kCounts);  // warpgroups done with slot j's query
 
-    // ---- the run's reach: groups past every row's visible entries are no work
-    __shared__ int s_reach;
+    // ---- the run's work: for each sequence b, its rows in the run (s_cu[b] .. s_cu[b + 1] -
+    // 1, relative to the run) times its groups up to its longest visible row (groups past
+    // every row of a sequence are no work); s_items[b]: the items of the sequences before b
+    __shared__ int s_cu[score_ks::kMaxSeqs + 1], s_reach[score_ks::kMaxSeqs], s_groups[score_ks::kMaxSeqs + 1];
+    __shared__ long long s_items[score_ks::kMaxSeqs + 1];
     if (tid == 0) {
-        s_reach = 0;
         for (int j = 0; j < kSlots; ++j) {
             mbar_init(full + j, 1);
             out_count[j] = 0u;
         }
         mbar_init_fence();
     }
-    __syncthreads();
-    {
-        int reach = 0;
-        for (int t = tid; t < T; t += kThreads) reach = max(reach, visible_len(valid_lens, t, max_len));
-        reach = __reduce_max_sync(0xffffffffu, reach);
-        if (lane == 0 && reach > 0) atomicMax(&s_reach, reach);
+    for (int b = tid; b <= n_seq; b += kThreads) {
+        s_cu[b] = min(max(cu_seqlens[b] - run_first, 0), T);
+        if (b < n_seq) s_reach[b] = 0;
     }
     __syncthreads();
-    const long long work = (long long)((s_reach + score_ks::kGroup - 1) / score_ks::kGroup) * T;
+    if (tid == 0)  // offsets out of order (validation off) made monotone: every sequence >= 0 rows
+        for (int b = 1; b <= n_seq; ++b) s_cu[b] = max(s_cu[b], s_cu[b - 1]);
+    __syncthreads();
+    // row t's sequence: the last b whose rows start at or before t (empty ones skipped)
+    auto seq_of = [&](int t) {
+        int lo = 0, hi = n_seq - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (s_cu[mid] <= t) lo = mid; else hi = mid - 1;
+        }
+        return lo;
+    };
+    for (int t = tid; t < T; t += kThreads) {
+        const int n = visible_len(valid_lens, t, max_len);
+        if (n > 0) atomicMax(&s_reach[seq_of(t)], n);
+    }
+    __syncthreads();
+    if (tid == 0) {  // at most kMaxSeqs sequences: a serial scan
+        long long sum = 0;
+        for (int b = 0; b < n_seq; ++b) {
+            s_items[b] = sum;
+            s_groups[b] = (s_reach[b] + score_ks::kGroup - 1) / score_ks::kGroup;
+            sum += (long long)s_groups[b] * (s_cu[b + 1] - s_cu[b]);
+        }
+        s_items[n_seq] = sum;
+        s_groups[n_seq] = 0;
+    }
+    __syncthreads();
+    const long long work = s_items[n_seq];
     const long long k0 = work * blockIdx.x / gridDim.x, k1 = work * (blockIdx.x + 1) / gridDim.x;
-    const int items = (int)(k1 - k0);  // <= T * groups / C + 1
+    const int items = (int)(k1 - k0);  // <= work / C + 1
     if (items <= 0) return;  // the same in every thread
+    // the (sequence, group, row) of item k: the sequence whose items hold it, then group-major
+    struct Item {
+        int b, grp, t;  // t: the row within the run
+    };
+    auto item_at = [&](long long k) {
+        int lo = 0, hi = n_seq - 1;  // the last b with s_items[b] <= k (one with items)
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (s_items[mid] <= k) lo = mid; else hi = mid - 1;
+        }
+        const int rows = s_cu[lo + 1] - s_cu[lo];
+        const long long local = k - s_items[lo];
+        return Item{lo, (int)(local / rows), s_cu[lo] + (int)(local % rows)};
+    };
+    // the next item after `it` (rows, then groups, then sequences with items)
+    auto next_item = [&](Item it) {
+        if (it.b >= n_seq) return it;  // past the last item: stays there
+        if (++it.t < s_cu[it.b + 1]) return it;
+        if (++it.grp < s_groups[it.b]) return Item{it.b, it.grp, s_cu[it.b]};
+        do ++it.b; while (it.b < n_seq && (s_groups[it.b] == 0 || s_cu[it.b + 1] == s_cu[it.b]));
+        return Item{it.b, 0, it.b < n_seq ? s_cu[it.b] : 0};
+    };
 
     // row t's query image into slot j, by one thread: one bulk copy
     auto stage_query = [&](int t, int j) {
         mbar_arrive_expect_tx(full + j, (u32)Smem::kQSlot);
         bulk_copy_g2s(smem + j * Smem::kQSlot, qimg + (long long)t * Smem::kQSlot, (u32)Smem::kQSlot, full + j);
     };
-    if (tid == 0)
-        for (int j = 0; j < kSlots && j < items; ++j) stage_query((int)((k0 + j) % T), j);
+    Item ahead = item_at(k0);  // my item i + kSlots once the ring is filled: the slot's refill
+    for (int j = 0; j < kSlots; ++j) {
+        if (tid == 0 && j < items) stage_query(ahead.t, j);
+        ahead = next_item(ahead);
+    }
 
     unsigned char* st = smem + Smem::kKeys + wg * wgmma_stage_bytes(kDim);
     const int r0 = 16 * warp + g;  // my first row of a sub-tile
@@ -137,7 +193,7 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     float acc[2][32];
     // a group's keys for my warpgroup's 128 entries from `first`: codes and scales into my
     // stage, then decoded into a_frag (the stage is mine alone: a warpgroup barrier suffices)
-    auto load_keys = [&](int first) {
+    auto load_keys = [&](const int* bt, int first) {
         constexpr int kCodeChunks = Ring::kCodeBytes / 16;  // 16-byte pieces of a row's codes
         for (int i = wtid; i < kTile * kCodeChunks; i += 128) {
             const int r = i / kCodeChunks, piece = i % kCodeChunks;
@@ -171,17 +227,16 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
         for (int u = 0; u < 2; ++u) decode_sub_tile<kDim>(st, u * kSubTile + r0, c, a_frag[u]);
     };
 
-    // my share: rows t_begin .. of group g_begin, every row of the groups after it, rows
-    // .. t_end - 1 of group g_end (a group's keys decoded once for all its rows in it)
-    const int g_begin = (int)(k0 / T), t_begin = (int)(k0 % T);
-    const int g_end = (int)((k1 - 1) / T), t_end = (int)((k1 - 1) % T) + 1;
-    int t_ahead = (int)((k0 + kSlots) % T);  // the row of my item i + kSlots (the slot's refill)
-    int i = 0;                               // my item: its slot and phase in the ring
-    for (int grp = g_begin; grp <= g_end; ++grp) {
-        const int first = grp * score_ks::kGroup + wg * kTile;  // my warpgroup's first entry
-        load_keys(first);
-        const int ta = grp == g_begin ? t_begin : 0, tb = grp == g_end ? t_end : T;
-        for (int t = ta; t < tb; ++t, ++i) {
+    // my share: from item k0, runs of rows of one (sequence, group), a group's keys decoded
+    // once for all its rows in the run
+    int i = 0;  // my item: its slot and phase in the ring
+    for (long long k = k0; k < k1;) {
+        const Item at = item_at(k);
+        const int first = at.grp * score_ks::kGroup + wg * kTile;  // my warpgroup's first entry
+        load_keys(block_table + (long long)s_cu[at.b] * L, first);  // the sequence's table
+        const int tb = (int)min((long long)s_cu[at.b + 1], at.t + (k1 - k));
+        k += tb - at.t;
+        for (int t = at.t; t < tb; ++t, ++i) {
             const int slot = i % kSlots;
             mbar_wait(full + slot, (u32)(i / kSlots) & 1u);  // query t landed
             // the row's length loaded here, not a round ahead: the prefetch measured 1-3% slower
@@ -215,10 +270,10 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
                 out_count[slot] = 0u;
                 if (i + kSlots < items) {
                     fence_proxy_async();
-                    stage_query(t_ahead, slot);
+                    stage_query(ahead.t, slot);
                 }
             }
-            if (++t_ahead == T) t_ahead = 0;
+            ahead = next_item(ahead);
         }
     }
 }

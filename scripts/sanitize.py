@@ -37,21 +37,23 @@ def bad_inputs(rng, H, D, top_k):
     return p
 
 
-def ragged_one_sequence(rng, rows, E, entries):
-    """q, w, the pool arrays, a (1, L) block table, cu_seqlens and causal lengths of one
-    sequence of `rows` rows over `entries` entries (H = 64, D = 128)."""
+def ragged_sequences(rng, counts, E, entries):
+    """q, w, the pool arrays, a (B, L) block table, cu_seqlens and causal lengths of B
+    sequences of counts[b] rows over entries[b] entries each (H = 64, D = 128)."""
     import numpy as np
 
     from indexer import testing
 
-    L = -(-entries // E)
-    base = testing.random_problem(rng, T=1, H=64, D=128, E=E, L=L, P=L + 3, lens=1, top_k=40)
-    table = rng.permutation(L + 3)[:L].reshape(1, L).astype(np.int32)
-    lens = np.minimum(entries, entries - rows + 1 + np.arange(rows)).astype(np.int32)
-    q = rng.standard_normal((rows, 64, 128)).astype(np.float32)
-    w = rng.standard_normal((rows, 64)).astype(np.float32)
-    return (q, w, base.keys_fp4, base.key_scale, base.key_gscale, table,
-            np.array([0, rows], np.int32), lens)
+    L = max(-(-n // E) for n in entries)
+    P = len(counts) * L + 3
+    base = testing.random_problem(rng, T=1, H=64, D=128, E=E, L=L, P=P, lens=1, top_k=40)
+    table = rng.permutation(P)[: len(counts) * L].reshape(len(counts), L).astype(np.int32)
+    lens = np.concatenate([np.minimum(n, n - r + 1 + np.arange(r)) for r, n in zip(counts, entries)]).astype(np.int32)
+    T = int(sum(counts))
+    q = rng.standard_normal((T, 64, 128)).astype(np.float32)
+    w = rng.standard_normal((T, 64)).astype(np.float32)
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return q, w, base.keys_fp4, base.key_scale, base.key_gscale, table, cu, lens
 
 
 def cases():
@@ -130,7 +132,7 @@ def cases():
     # the keys-stationary kernel (forced): one sequence of causal rows over 2-entry blocks,
     # rows short of most groups in a long pool, then bad ids and lengths with validation off
     for rows, E, entries, short in ((50, 2, 900, False), (30, 64, 9000, True), (12, 64, 3000, False)):
-        q, w, k, s, g, table, cu, lens = ragged_one_sequence(rng, rows, E, entries)
+        q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [rows], E, [entries])
         if short:
             lens = np.minimum(lens, 1500)
             lens[3] = entries
@@ -140,6 +142,12 @@ def cases():
             x[5][0, 1], x[5][4, 0], x[6][2] = 10**6, -7, 10**6
         cuda_ops.score_topk(*x, 40, return_scores=not bad, validate=not bad, _cu_seqlens=cp.asarray(cu),
                             _fast_kernel="ks")
+        ran += 1
+    # ... and several sequences (one empty), then their offsets out of order with validation off
+    q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [20, 0, 30, 1], 64, [3000, 100, 9000, 500])
+    x = [cp.asarray(a) for a in (q, w, k, s, g, np.repeat(table, np.diff(cu), 0), lens)]
+    for offsets, valid in ((cu, True), (np.array([0, 40, 7, 60, 2], np.int32), False)):
+        cuda_ops.score_topk(*x, 40, validate=valid, _cu_seqlens=cp.asarray(offsets), _fast_kernel="ks")
         ran += 1
     # batch 1 ranks every pair of its candidates: random scores, then a plateau of exact
     # zeros (3,000 tied candidates)

@@ -1,6 +1,6 @@
-"""The keys-stationary scoring kernel (kernels/score_ks.cu; the default for a chunk of rows of
-one sequence over a longer pool, forced with fast_kernel='ks'): every row streamed past key
-groups decoded once. Its scores must be the single-query wgmma kernel's bit for bit (the
+"""The keys-stationary scoring kernel (kernels/score_ks.cu; the default for chunks of rows of
+up to 256 sequences over longer pools, forced with fast_kernel='ks'): every row streamed past
+its sequence's key groups, decoded once. Its scores must be the single-query wgmma kernel's bit for bit (the
 same staged query, decode, MMAs and epilogue arithmetic), and its answers the reference's."""
 
 import numpy as np
@@ -62,19 +62,47 @@ def test_keys_stationary_matches_the_single_query_kernel_and_the_reference(rows,
     testing.check_topk(as_problem(*args, top_k), ks_idx, ks_sc, tol=testing.TOL_FAST)
 
 
-def test_keys_stationary_takes_one_sequence_only():
-    from indexer import cuda_ops
+@pytest.mark.parametrize("counts,entries,top_k", [
+    ([20, 0, 35, 3, 50], [3000, 500, 9000, 100, 20_000], 64),  # an empty sequence, a short one
+    ([1] * 9 + [40], [700] * 9 + [5000], 16),                   # decode rows beside a chunk
+    ([130, 130], [2100, 60_000], 128),                           # shares crossing a sequence's end
+])
+def test_several_sequences_each_read_their_own_keys(counts, entries, top_k):
+    # the items of a launch run sequence by sequence: each sequence's rows against its own
+    # table's groups, up to its own longest row; bit for bit the single-query kernel's
+    if not _hopper():
+        pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
+    rng = np.random.default_rng(sum(counts) + top_k)
+    args = grouped_problem(rng, counts, H=64, D=128, E=64, seq_entries=entries, top_k=top_k)
+    (ks_idx, ks_sc), (one_idx, one_sc) = _both(args, top_k)
+    np.testing.assert_array_equal(ks_idx, one_idx)
+    assert ks_sc.tobytes() == one_sc.tobytes()
+    testing.check_topk(as_problem(*args, top_k), ks_idx, ks_sc, tol=testing.TOL_FAST)
+
+
+def test_keys_stationary_takes_at_most_256_sequences_and_stays_in_bounds_on_bad_offsets():
+    from indexer import cuda_ops, geometry
 
     if not _hopper():
         pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
     cp = arrays.cupy()
     rng = np.random.default_rng(5)
-    q, w, k, s, g, table, cu, lens = grouped_problem(rng, [2, 3], H=64, D=128, E=64, seq_entries=[500, 700],
+    counts = [1] * (geometry.KS_MAX_SEQS + 1)
+    q, w, k, s, g, table, cu, lens = grouped_problem(rng, counts, H=64, D=128, E=64,
+                                                     seq_entries=[300] * len(counts), top_k=16)
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    with pytest.raises(ValueError, match="fast_kernel: 'ks' scores the rows of 1 to 256 sequences"):
+        cuda_ops.score_topk(*dev, 16, _cu_seqlens=cp.asarray(cu), _fast_kernel="ks")
+    # offsets out of order and past the rows, validation off: no read or write outside the arrays
+    q, w, k, s, g, table, cu, lens = grouped_problem(rng, [30, 20], H=64, D=128, E=64, seq_entries=[3000, 2500],
                                                      top_k=16)
     per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
     dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
-    with pytest.raises(ValueError, match="fast_kernel: 'ks' scores the rows of one sequence"):
-        cuda_ops.score_topk(*dev, 16, _cu_seqlens=cp.asarray(cu), _fast_kernel="ks")
+    idx = cuda_ops.score_topk(*dev, 16, validate=False, _cu_seqlens=cp.asarray(np.array([0, 90, 7], np.int32)),
+                              _fast_kernel="ks")
+    cp.cuda.Device().synchronize()
+    assert idx.shape == (50, 16)
 
 
 def test_rows_short_of_most_groups_skip_them():
@@ -110,8 +138,8 @@ def test_auto_takes_it_for_many_long_rows_of_one_sequence():
     prob = validate.check_score_topk(*dev, 64)
     facts = cuda_ops.device_facts(cp.cuda.Device().id)
     assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", cp.asarray(cu)) == "ks"
-    two = cp.asarray(np.array([0, 1, rows], np.int32))  # two sequences: the pair kernel
-    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", two) == "pairs"
+    pairs = cp.asarray(np.arange(0, rows + 1, 2, dtype=np.int32))  # two rows a sequence: the pair kernel
+    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", pairs) == "pairs"
     (auto_idx, auto_sc), (one_idx, one_sc) = _both(args, 64, kernel="auto")
     np.testing.assert_array_equal(auto_idx, one_idx)
     assert auto_sc.tobytes() == one_sc.tobytes()

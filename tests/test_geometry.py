@@ -218,3 +218,13 @@ def test_keys_stationary_launch_is_one_cta_an_sm(T, max_len):
     assert sl.grid == (H200.sm_count, 1) and sl.balanced
     assert sl.smem == geometry.ks_smem_bytes(128) <= H200.max_smem_per_block
     assert sl.ld % geometry.TILE_ENTRIES == 0 and sl.ld >= max_len
+
+
+@pytest.mark.parametrize("T,seqs,max_len,ok", [
+    (4 * 512, 4, 9000, True),     # four chunks of 512 rows after 8K prefixes
+    (128, 64, 65_538, False),     # mtp-2: two rows a sequence
+    (575, 64, 263_168, False),    # a chunk beside 63 decode rows: 8 rows a sequence on average
+    (257 * 32, 257, 65_536, False),  # more sequences than a launch takes
+])
+def test_keys_stationary_rule_counts_rows_a_sequence(T, seqs, max_len, ok):
+    assert geometry.ks_preferred(T, 64, 128, max_len, H200, 64, seqs) is ok
