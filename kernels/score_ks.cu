@@ -194,32 +194,33 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     // a group's keys for my warpgroup's 128 entries from `first`: codes and scales into my
     // stage, then decoded into a_frag (the stage is mine alone: a warpgroup barrier suffices)
     auto load_keys = [&](const int* bt, int first) {
+        // entry s's block id (-1 past the table or outside the pool) and pool row (block 0's
+        // for -1: a copy not made)
+        auto block_at = [&](int s) {
+            const int b = s < max_len ? bt[s >> e_shift] : -1;
+            return b >= 0 && b < P ? b : -1;
+        };
+        auto pool_row = [&](int b, int s) { return (long long)max(b, 0) * E + (s & (E - 1)); };
         constexpr int kCodeChunks = Ring::kCodeBytes / 16;  // 16-byte pieces of a row's codes
         for (int i = wtid; i < kTile * kCodeChunks; i += 128) {
-            const int r = i / kCodeChunks, piece = i % kCodeChunks;
-            const int s = first + r;
-            const int b = s < max_len ? bt[s >> e_shift] : -1;
-            const bool ok = b >= 0 && b < P;
-            const long long ent = (long long)(ok ? b : 0) * E + (s & (E - 1));
-            cp_async_16(st + r * Ring::kCodeBytes + 16 * piece, keys_fp4 + ent * Ring::kCodeBytes + 16 * piece, ok);
+            const int r = i / kCodeChunks, piece = i % kCodeChunks, s = first + r, b = block_at(s);
+            cp_async_16(st + r * Ring::kCodeBytes + 16 * piece,
+                        keys_fp4 + pool_row(b, s) * Ring::kCodeBytes + 16 * piece, b >= 0);
         }
         // scales: 16 bytes hold 16 / kScaleBytes whole rows (E >= that: rows of one block)
         constexpr int kRowsPerPiece = 16 / Ring::kScaleBytes;
         for (int i = wtid; i < kTile / kRowsPerPiece; i += 128) {
-            const int r = i * kRowsPerPiece, s = first + r;
-            const int b = s < max_len ? bt[s >> e_shift] : -1;
-            const bool ok = b >= 0 && b < P;
-            const long long ent = (long long)(ok ? b : 0) * E + (s & (E - 1));
-            cp_async_16(st + Ring::kScaleOffset + r * Ring::kScaleBytes, key_scale + ent * Ring::kScaleBytes, ok);
+            const int r = i * kRowsPerPiece, s = first + r, b = block_at(s);
+            cp_async_16(st + Ring::kScaleOffset + r * Ring::kScaleBytes,
+                        key_scale + pool_row(b, s) * Ring::kScaleBytes, b >= 0);
         }
         cp_async_commit();
 #pragma unroll
         for (int u = 0; u < 2; ++u)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int s = first + u * kSubTile + r0 + 8 * h;
-                const int b = s < max_len ? bt[s >> e_shift] : -1;
-                gsc[u][h] = (b >= 0 && b < P) ? key_gscale[b] : __int_as_float(0x7fc00000);
+                const int b = block_at(first + u * kSubTile + r0 + 8 * h);
+                gsc[u][h] = b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000);
             }
         cp_async_wait<0>();
         asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");  // every thread's copies landed
