@@ -166,25 +166,13 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
         const long long local = k - s_items[lo];
         return Item{lo, (int)(local / rows), s_cu[lo] + (int)(local % rows)};
     };
-    // the next item after `it` (rows, then groups, then sequences with items)
-    auto next_item = [&](Item it) {
-        if (it.b >= n_seq) return it;  // past the last item: stays there
-        if (++it.t < s_cu[it.b + 1]) return it;
-        if (++it.grp < s_groups[it.b]) return Item{it.b, it.grp, s_cu[it.b]};
-        do ++it.b; while (it.b < n_seq && (s_groups[it.b] == 0 || s_cu[it.b + 1] == s_cu[it.b]));
-        return Item{it.b, 0, it.b < n_seq ? s_cu[it.b] : 0};
-    };
-
     // row t's query image into slot j, by one thread: one bulk copy
     auto stage_query = [&](int t, int j) {
         mbar_arrive_expect_tx(full + j, (u32)Smem::kQSlot);
         bulk_copy_g2s(smem + j * Smem::kQSlot, qimg + (long long)t * Smem::kQSlot, (u32)Smem::kQSlot, full + j);
     };
-    Item ahead = item_at(k0);  // my item i + kSlots once the ring is filled: the slot's refill
-    for (int j = 0; j < kSlots; ++j) {
-        if (tid == 0 && j < items) stage_query(ahead.t, j);
-        ahead = next_item(ahead);
-    }
+    if (tid == 0)
+        for (int j = 0; j < kSlots && j < items; ++j) stage_query(item_at(k0 + j).t, j);
 
     unsigned char* st = smem + Smem::kKeys + wg * wgmma_stage_bytes(kDim);
     const int r0 = 16 * warp + g;  // my first row of a sub-tile
@@ -269,12 +257,11 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
             asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
             if (wtid == 0 && atomicAdd(out_count + slot, 1u) == score_ks::kWarpgroups - 1) {
                 out_count[slot] = 0u;
-                if (i + kSlots < items) {
+                if (i + kSlots < items) {  // my item i + kSlots: row t + kSlots of this run, or found
                     fence_proxy_async();
-                    stage_query(ahead.t, slot);
+                    stage_query(t + kSlots < tb ? t + kSlots : item_at(k0 + i + kSlots).t, slot);
                 }
             }
-            ahead = next_item(ahead);
         }
     }
 }
