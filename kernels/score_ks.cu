@@ -106,7 +106,7 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     // ---- the run's work: for each sequence b, its rows in the run (s_cu[b] .. s_cu[b + 1] -
     // 1, relative to the run) times its groups up to its longest visible row (groups past
     // every row of a sequence are no work); s_items[b]: the items of the sequences before b
-    __shared__ int s_cu[score_ks::kMaxSeqs + 1], s_reach[score_ks::kMaxSeqs], s_groups[score_ks::kMaxSeqs + 1];
+    __shared__ int s_cu[score_ks::kMaxSeqs + 1], s_reach[score_ks::kMaxSeqs];
     __shared__ long long s_items[score_ks::kMaxSeqs + 1];
     if (tid == 0) {
         for (int j = 0; j < kSlots; ++j) {
@@ -132,20 +132,25 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
         }
         return lo;
     };
-    for (int t = tid; t < T; t += kThreads) {
-        const int n = visible_len(valid_lens, t, max_len);
-        if (n > 0) atomicMax(&s_reach[seq_of(t)], n);
+    // a warp's rows are consecutive, so mostly of one sequence: one atomic a warp then
+    for (int t0 = tid - lane; t0 < T; t0 += kThreads) {  // the same trips in every lane
+        const int t = min(t0 + lane, T - 1), b = seq_of(t);  // past T: row T - 1 again
+        const int n = visible_len(valid_lens, t, max_len), b0 = __shfl_sync(0xffffffffu, b, 0);
+        if (__all_sync(0xffffffffu, b == b0)) {
+            const int m = __reduce_max_sync(0xffffffffu, n);
+            if (lane == 0 && m > 0) atomicMax(&s_reach[b0], m);
+        } else if (n > 0) {
+            atomicMax(&s_reach[b], n);
+        }
     }
     __syncthreads();
     if (tid == 0) {  // at most kMaxSeqs sequences: a serial scan
         long long sum = 0;
         for (int b = 0; b < n_seq; ++b) {
             s_items[b] = sum;
-            s_groups[b] = (s_reach[b] + score_ks::kGroup - 1) / score_ks::kGroup;
-            sum += (long long)s_groups[b] * (s_cu[b + 1] - s_cu[b]);
+            sum += (long long)((s_reach[b] + score_ks::kGroup - 1) / score_ks::kGroup) * (s_cu[b + 1] - s_cu[b]);
         }
         s_items[n_seq] = sum;
-        s_groups[n_seq] = 0;
     }
     __syncthreads();
     const long long work = s_items[n_seq];
