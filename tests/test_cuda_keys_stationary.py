@@ -1,7 +1,8 @@
 """The keys-stationary scoring kernel (kernels/score_ks.cu; the default for chunks of rows of
 up to 256 sequences over longer pools, forced with fast_kernel='ks'): every row streamed past
-its sequence's key groups, decoded once. Its scores must be the single-query wgmma kernel's bit for bit (the
-same staged query, decode, MMAs and epilogue arithmetic), and its answers the reference's."""
+its sequence's key groups, decoded once. Its scores must be the single-query wgmma kernel's
+bit for bit (the same staged query, decode, MMAs and epilogue arithmetic), and its answers
+the reference's."""
 
 import numpy as np
 import pytest
