@@ -124,14 +124,7 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
         for (int b = 1; b <= n_seq; ++b) s_cu[b] = max(s_cu[b], s_cu[b - 1]);
     __syncthreads();
     // row t's sequence: the last b whose rows start at or before t (empty ones skipped)
-    auto seq_of = [&](int t) {
-        int lo = 0, hi = n_seq - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (s_cu[mid] <= t) lo = mid; else hi = mid - 1;
-        }
-        return lo;
-    };
+    auto seq_of = [&](int t) { return item_of_tile(s_cu, n_seq, t); };
     // a warp's rows are consecutive, so mostly of one sequence: one atomic a warp then
     for (int t0 = tid - lane; t0 < T; t0 += kThreads) {  // the same trips in every lane
         const int t = min(t0 + lane, T - 1), b = seq_of(t);  // past T: row T - 1 again
@@ -162,11 +155,7 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
         int b, grp, t;  // t: the row within the run
     };
     auto item_at = [&](long long k) {
-        int lo = 0, hi = n_seq - 1;  // the last b with s_items[b] <= k (one with items)
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (s_items[mid] <= k) lo = mid; else hi = mid - 1;
-        }
+        const int lo = item_of_tile(s_items, n_seq, k);  // the last b with s_items[b] <= k (one with items)
         const int rows = s_cu[lo + 1] - s_cu[lo];
         const long long local = k - s_items[lo];
         return Item{lo, (int)(local / rows), s_cu[lo] + (int)(local % rows)};

@@ -452,7 +452,8 @@ __device__ __forceinline__ u32 tile_starts(int n, TilesOf tiles, int* start, u32
 }
 
 // The item holding tile g: the last i < n with start[i] <= g (empty items share starts).
-__device__ __forceinline__ int item_of_tile(const int* start, int n, int g) {
+template <typename Pos>
+__device__ __forceinline__ int item_of_tile(const Pos* start, int n, Pos g) {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
