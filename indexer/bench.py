@@ -307,12 +307,17 @@ def ceilings(cp):  # gpu-only
     ms = time_it(cp, lambda _: cp.copyto(b, a), [None], warmup=3, repeats=10)
     bw = 2 * n / (ms * 1e-3)
     del a, b
-    m = 8192
+    x, y = gemm_operands(cp)
+    ms = time_it(cp, lambda _: cp.matmul(x, y), [None], warmup=3, repeats=10)
+    rate = 2 * x.shape[0] ** 3 / (ms * 1e-3)
+    return bw, rate
+
+
+def gemm_operands(cp, m: int = 8192):  # gpu-only
+    """The two random fp16 (m, m) matrices whose product measures the tensor rate."""
     x = cp.random.default_rng(2).standard_normal((m, m), dtype=cp.float32).astype(cp.float16)
     y = cp.random.default_rng(3).standard_normal((m, m), dtype=cp.float32).astype(cp.float16)
-    ms = time_it(cp, lambda _: cp.matmul(x, y), [None], warmup=3, repeats=10)
-    rate = 2 * m**3 / (ms * 1e-3)
-    return bw, rate
+    return x, y
 
 
 def device_name(cp) -> str:  # gpu-only

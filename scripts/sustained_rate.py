@@ -13,6 +13,12 @@ part's medians with the sustained GEMM rate and the time a call (docs/performanc
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import indexer  # noqa: E402
+from indexer import bench  # noqa: E402
 
 
 def sample(cp, tag, fn, seconds):
@@ -36,14 +42,11 @@ def sample(cp, tag, fn, seconds):
 
 
 def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
-    import cupy as cp
+    cp = bench.require_gpu()
+    from indexer import cuda_ops  # noqa: PLC0415  (imports CuPy)
 
-    import indexer
-    from indexer import bench, cuda_ops
-
-    m = 8192
-    x = cp.random.default_rng(2).standard_normal((m, m), dtype=cp.float32).astype(cp.float16)
-    y = cp.random.default_rng(3).standard_normal((m, m), dtype=cp.float32).astype(cp.float16)
+    x, y = bench.gemm_operands(cp)
+    m = x.shape[0]
     per = sample(cp, f"fp16 GEMM {m}^3", lambda: cp.matmul(x, y), seconds)
     print(f"  {2 * m**3 / per / 1e12:.0f} TFLOP/s sustained (host-timed)")
     ws = indexer.Workspace()
