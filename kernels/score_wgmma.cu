@@ -348,7 +348,11 @@ __device__ __forceinline__ void score_pair_segment(
     };
 
     const int r0 = 16 * warp + g;
-    for (int it = 0; it < num_tiles; ++it) {
+    // one tile; second = false: a last tile of at most 64 entries either row sees, whose
+    // second 64-entry half is neither decoded nor multiplied (its scores never written nor
+    // read). Called with constants, so inlined twice, not a branch in the loop: the loop's
+    // schedule stays as it is.
+    auto tile = [&](int it, bool second) {
         keys.begin_tile(it, tid);
         const unsigned char* st = keys.stage(it);
         const int tile_start = (first_tile + it) * kTile;
@@ -359,24 +363,30 @@ __device__ __forceinline__ void score_pair_segment(
         // every group waited for inside the iteration (see the single-query kernel)
         decode(st, 0);
         mma(0);
-        decode(st, 1);
+        if (second) decode(st, 1);
         keys.refill_after_mma(it, tid);
         wgmma_wait<0>();
         fence_accumulators(acc);
         epilogue(half(0), 0, tile_start + r0, ga0, ga1);
         if (pair) epilogue(half(1), 1, tile_start + r0, ga0, ga1);
-        mma(1);
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        epilogue(half(0), 0, tile_start + kSubTile + r0, gb0, gb1);
-        if (pair) epilogue(half(1), 1, tile_start + kSubTile + r0, gb0, gb1);
+        if (second) {
+            mma(1);
+            wgmma_wait<0>();
+            fence_accumulators(acc);
+            epilogue(half(0), 0, tile_start + kSubTile + r0, gb0, gb1);
+            if (pair) epilogue(half(1), 1, tile_start + kSubTile + r0, gb0, gb1);
+        }
         if (count_keys && (it + 1) % score_wgmma_pairs::kFlushTiles == 0 && it + 1 < num_tiles) {
             __syncthreads();  // 16-bit counts: flush before any could overflow
             flush_packed_histogram(h0, hist + (long long)ta * kHistBins, tid, kThreads);
             if (pair) flush_packed_histogram(h1, hist + (long long)tb * kHistBins, tid, kThreads);
             __syncthreads();
         }
-    }
+    };
+    const bool half_last = (first_tile + num_tiles - 1) * kTile + kSubTile >= keys.n;
+    const int full_tiles = num_tiles - (half_last ? 1 : 0);
+    for (int it = 0; it < full_tiles; ++it) tile(it, true);
+    if (half_last) tile(full_tiles, false);
     __syncthreads();  // histograms complete; every stage read
     if (count_keys) {
         flush_packed_histogram(h0, hist + (long long)ta * kHistBins, tid, kThreads);
