@@ -122,6 +122,11 @@ def test_ragged_checks_its_values_in_one_device_launch(monkeypatch, offsets, bad
     # more rows than one run takes (8,192): two runs of 4,151, the second starting inside
     # a sequence, with a sequence start (at an odd row: a lone row each side) inside it
     ([4000, 3999, 302], [64, 40, 30], 8, None),
+    # last tiles of at most 64 entries for both rows of a pair (its second 64-entry half
+    # skipped) beside pairs where only one row reaches past 64; every entry selected
+    ([8], [400], 300, [64, 65, 192, 129, 192, 193, 1, 0]),
+    # the same edges past 4,096 entries (histograms and the filter, not the row select)
+    ([4], [5000], 100, [4096 + 64, 4096 + 63, 4096 + 65, 4096 + 1]),
 ])
 def test_row_pairs_share_key_tiles_and_match_single_rows(counts, entries, top_k, lens):
     # the wgmma path scores consecutive rows of one sequence as pairs sharing each key tile;
