@@ -306,7 +306,7 @@ def ceilings(cp):  # gpu-only
     b = cp.empty_like(a)
     ms = time_it(cp, lambda _: cp.copyto(b, a), [None], warmup=3, repeats=10)
     bw = 2 * n / (ms * 1e-3)
-    del a, b
+    a = b = None  # the 2 GB of copy buffers freed before the GEMM's operands
     x, y = gemm_operands(cp)
     ms = time_it(cp, lambda _: cp.matmul(x, y), [None], warmup=3, repeats=10)
     rate = 2 * x.shape[0] ** 3 / (ms * 1e-3)
@@ -355,6 +355,13 @@ def torch_composed_fn(torch, top_k, E, chunk_bytes=4 << 30):  # gpu-only
     return run
 
 
+def call_case(cuda_ops, x, top_k, **kwargs):  # gpu-only
+    """One ``cuda_ops.score_topk`` call on input set ``x`` (as ``input_sets`` builds it),
+    grouped by its ``cu_seqlens`` where the case has them; ``kwargs`` go to the call."""
+    return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"], x["block_table"],
+                               x["valid_lens"], top_k, _cu_seqlens=x.get("cu_seqlens"), **kwargs)
+
+
 def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
     """(median ms or None when the path does not run here, extra device MB, graph ms or None)."""
     cp, cuda_ops, torch = mods
@@ -369,10 +376,8 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
                else "wgmma" if "-wgmma" in path else "ks" if "-ks" in path else "auto"):
             # fast-single: rows of a sequence scored one by one (no shared key tiles); fast-ws,
             # fast-wgmma: the warp-specialised or the single-warpgroup scoring kernel
-            return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
-                                       x["block_table"], x["valid_lens"], case.top_k, precision=_p,
-                                       validate=False, _score_only=_only, _fast_kernel=_k,
-                                       _cu_seqlens=x.get("cu_seqlens"), workspace=ws)
+            return call_case(cuda_ops, x, case.top_k, precision=_p, validate=False, _score_only=_only,
+                             _fast_kernel=_k, workspace=ws)
         # extra device memory: everything one call allocates beyond its output
         pool = cp.cuda.MemoryPool()
         try:

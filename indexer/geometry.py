@@ -174,9 +174,15 @@ def wgmma_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
             and (E * (D // 16)) % 16 == 0)
 
 
+def _ring_stage_bytes(D: int) -> int:
+    """Bytes of one key stage of the wgmma kernels' rings (kernels/wgmma_common.cuh:
+    wgmma_stage_bytes): a tile's codes, then its scales, 128-byte aligned."""
+    return -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+
+
 def wgmma_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_kernel<D>`` (kernels/score_wgmma.cu: WgmmaSmem)."""
-    stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+    stage = _ring_stage_bytes(D)
     return ((D // 8) * 1024 + 64 * 4 + _WGMMA_STAGES * stage + _WGMMA_STAGES * TILE_ENTRIES * 4
             + _WGMMA_STAGES * 8 + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4)
 
@@ -248,7 +254,7 @@ def ks_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: in
 def ks_smem_bytes(D: int = 128) -> int:
     """Shared memory of ``score_ks_kernel<D>`` (kernels/score_ks.cu: KsSmem): the query
     ring's slots (B and 64 weights each), one key stage a warpgroup."""
-    stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+    stage = _ring_stage_bytes(D)
     return _KS_SLOTS * ((D // 8) * 1024 + 64 * 4) + _KS_WARPGROUPS * stage + _KS_SLOTS * (8 + 4)
 
 
@@ -275,7 +281,7 @@ _PAIR_SCHEDULE_SLOTS = 1024
 
 def wgmma_pairs_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem)."""
-    stage = -(-(TILE_ENTRIES * (D // 2) + TILE_ENTRIES * (D // 16)) // 128) * 128
+    stage = _ring_stage_bytes(D)
     return (2 * (D // 8) * 1024 + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
             + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4 + MAX_PAIR_ROWS // 8)
 

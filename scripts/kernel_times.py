@@ -19,9 +19,7 @@ def main(name: str) -> None:
     sets, _ = bench.input_sets(case, cp, 0)
     x = sets[0]
     for _ in range(4):
-        cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"], x["block_table"],
-                            x["valid_lens"], case.top_k, validate=False,
-                            _cu_seqlens=x.get("cu_seqlens"))
+        bench.call_case(cuda_ops, x, case.top_k, validate=False)
     cp.cuda.Device().synchronize()
 
 

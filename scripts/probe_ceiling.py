@@ -136,9 +136,7 @@ def tile_step_ns(cp, step: int, rounds: int) -> tuple[float, float]:  # gpu-only
 def scoring_ms(cp, cuda_ops, case, sets) -> float | None:  # gpu-only
     """Graph-replay milliseconds of the fast path's scoring alone on the input sets."""
     def fn(x):
-        return cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"], x["block_table"],
-                                   x["valid_lens"], case.top_k, validate=False, _score_only=True,
-                                   _cu_seqlens=x.get("cu_seqlens"))
+        return bench.call_case(cuda_ops, x, case.top_k, validate=False, _score_only=True)
     return bench.time_graph(cp, fn, sets)
 
 

@@ -52,12 +52,9 @@ def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
     ws = indexer.Workspace()
     for case in bench.select_cases(case_names):
         sets, _ = bench.input_sets(case, cp, 0)
-        args = sets[0]
 
         def call():
-            cuda_ops.score_topk(args["q"], args["w"], args["keys_fp4"], args["key_scale"], args["key_gscale"],
-                                args["block_table"], args["valid_lens"], case.top_k, validate=False,
-                                workspace=ws, _cu_seqlens=args.get("cu_seqlens"))
+            bench.call_case(cuda_ops, sets[0], case.top_k, validate=False, workspace=ws)
 
         call()
         cp.cuda.Device().synchronize()
