@@ -124,9 +124,11 @@ def _carve(nbytes_by_name, workspace=None):
 
 # the Hopper scoring kernels' geometry and every kernel's source, by the name _scoring_kernel gives
 _WGMMA_LAUNCHES = {"ws": geometry.score_ws_launch, "pairs": geometry.score_wgmma_pairs_launch,
-                   "wgmma": geometry.score_wgmma_launch, "ks": geometry.score_ks_launch}
+                   "wgmma": geometry.score_wgmma_launch, "ks": geometry.score_ks_launch,
+                   "dense": geometry.score_dense_launch}
 _SCORING_SOURCES = {"fp32": "score_fp32.cu", "mma": "score_mma.cu", "wgmma": "score_wgmma.cu",
-                    "pairs": "score_wgmma.cu", "ws": "score_ws.cu", "ks": "score_ks.cu"}
+                    "pairs": "score_wgmma.cu", "ws": "score_ws.cu", "ks": "score_ks.cu",
+                    "dense": "score_dense.cu"}
 
 
 def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens):
@@ -134,11 +136,21 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     fast path 'ws' (warp-specialised wgmma, a single row), 'pairs' (wgmma, rows of one
     sequence in pairs sharing each key tile), 'wgmma' (one query a tile), 'ks' (keys
     stationary: every row of a sequence streamed past its key groups decoded once; see
-    geometry.ks_preferred) or 'mma' (mma.sync: other shapes and GPUs). ``fast_kernel`` ('auto',
-    'mma', 'wgmma', 'wgmma-single', 'ws', 'ks') forces a choice, for tests and benchmarks;
-    raises ValueError for an array whose alignment or layout the forced kernel cannot take."""
+    geometry.ks_preferred), 'dense' (a sequence's keys decoded once to an fp16 image, four
+    rows at a time multiplied against it; see geometry.dense_preferred) or 'mma' (mma.sync:
+    other shapes and GPUs). ``fast_kernel`` ('auto', 'mma', 'wgmma', 'wgmma-single', 'ws',
+    'ks', 'dense') forces a choice, for tests and benchmarks; raises ValueError for an array
+    whose alignment or layout the forced kernel cannot take."""
     if precision == "exact":
         return "fp32"
+    if fast_kernel == "dense":
+        if not geometry.dense_supported(prob.H, prob.D, dev, prob.E):
+            raise ValueError("fast_kernel: 'dense' needs sm_90, H <= 64, D = 128 and a power-of-two E")
+        if cu_seqlens is None or not 2 <= cu_seqlens.shape[0] <= geometry.DENSE_MAX_SEQS + 1:
+            raise ValueError(f"fast_kernel: 'dense' scores the rows of 1 to {geometry.DENSE_MAX_SEQS} sequences "
+                             "(cu_seqlens of 2 to 257 offsets)")
+        _check_alignment("q", q, 16)
+        return "dense"
     if fast_kernel == "ks":
         if not geometry.ks_supported(prob.H, prob.D, dev, prob.E):
             raise ValueError("fast_kernel: 'ks' needs sm_90, H <= 64, D = 128 and a power-of-two E")
@@ -168,6 +180,9 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
+    if (fast_kernel == "auto" and cu_seqlens is not None and q_aligned
+            and geometry.dense_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E, cu_seqlens.shape[0] - 1)):
+        return "dense"  # many rows of a sequence over few keys: the keys decoded once, a GEMM over them
     if (fast_kernel == "auto" and cu_seqlens is not None
             and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E, cu_seqlens.shape[0] - 1)):
         return "ks"  # chunks of sequences over longer pools: each key group decoded once for a sequence's rows
@@ -191,7 +206,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     exact = precision == "exact"
     kind = _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     # whether the scoring kernel counts the select's histogram itself (else a kernel of its own does)
-    counts_keys = kind not in ("fp32", "ks")
+    counts_keys = kind not in ("fp32", "ks", "dense")
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
@@ -203,6 +218,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
                                    max_rows=(geometry.MAX_PAIR_ROWS if kind == "pairs"
+                                             else geometry.DENSE_MAX_ROWS if kind == "dense"
                                              else geometry.MAX_BALANCED_ROWS if kind == "ws" else None))
     if exact:
         sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
@@ -227,6 +243,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
         "qimg": rows * geometry.KS_QUERY_BYTES if kind == "ks" else 0,  # the keys-stationary kernel's query images
+        # the dense kernel's fp16 key image of each sequence
+        "kimg": geometry.dense_image_bytes(cu_seqlens.shape[0] - 1, prob.max_len) if kind == "dense" else 0,
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
         "hist": 0 if at_rest else hist_bytes,
         "count": 0 if row_select else rows * 4,
@@ -248,8 +266,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     if exact:
         shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
-        if kind in ("pairs", "ks"):
+        if kind in ("pairs", "ks", "dense"):
             n_seq = i32(cu_seqlens.shape[0] - 1)
+        if kind == "dense":  # each sequence's keys decoded once a run, then the GEMM over them
+            keys_k = _kernel("score_dense.cu", f"dense_keys_kernel<{prob.D}>", device_id)
+            units = i32(geometry.dense_units(prob.max_len))
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
             if kind == "ks":
@@ -306,6 +327,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 grid, sched_args = sl.grid, (i32(nr), *shape_args)
             elif kind == "ks":  # one CTA per SM, equal shares of (sequence, key group, row) items
                 grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
+            elif kind == "dense":  # one CTA per SM, equal shares of (item of four rows, unit) work
+                grid, sched_args = sl.grid, ()
             elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
                 grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
             elif kind == "wgmma":
@@ -315,7 +338,12 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
                           *sched_args, scores_ws, ld,
                           *(() if not counts_keys else (0, 0) if row_select else (hist, count)))
-            if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
+            if kind == "dense":  # the run's sequences' key images, then the GEMM over them
+                keys_k((int(units), int(n_seq)), (256,), (keys_fp4, key_scale, key_gscale, table, cu_seqlens, n_seq,
+                                                          i32(r0), i32(nr), *shape_args, ws["kimg"], units))
+                score_k(grid, sl.block, (*query, ws["kimg"], units, lens, cu_seqlens, n_seq, i32(r0), i32(nr),
+                                         i32(prob.L * prob.E), scores_ws, ld), shared_mem=sl.smem)
+            elif kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
                 after_previous(score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
             else:
                 score_k(grid, sl.block, score_args, shared_mem=sl.smem)

@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -266,6 +266,73 @@ def score_ks_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E:
                          f"got H = {H}, D = {D}, E = {E}")
     return ScoreLaunch(name=f"score_ks_kernel<{D}>", grid=(dev.sm_count, 1), block=(128 * _KS_WARPGROUPS,),
                        smem=ks_smem_bytes(D), tiles_per_cta=0, ld=tiles_per_row(max_len) * TILE_ENTRIES,
+                       balanced=True)
+
+
+#: rows of one run of the dense kernel (kernels/score_dense.cu: its schedule holds
+#: DENSE_MAX_ROWS / 4 + DENSE_MAX_SEQS items of four rows)
+DENSE_MAX_ROWS = 8192
+#: sequences one launch of the dense kernel takes (score_dense::kMaxSeqs)
+DENSE_MAX_SEQS = 256
+#: bytes of one 64-entry unit of the dense kernel's fp16 key image (score_dense::kImg)
+DENSE_UNIT_BYTES = 64 * 128 * 2 + 64 * 4
+#: the largest key image the dense kernel is chosen for by default: every unit is read
+#: once for each item of four rows that sees it, so the image should stay in L2 (50 MB)
+DENSE_MAX_IMAGE_BYTES = 16 << 20
+_DENSE_MAX_ITEMS = 2560  # score_dense::kMaxItems
+_DENSE_STAGES = 4  # score_dense::kStages
+
+
+def dense_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
+    """The dense kernel (kernels/score_dense.cu) takes Hopper (sm_90a), up to 64 heads,
+    D = 128 and a power-of-two E."""
+    return dev.compute_capability == 90 and H <= 64 and D == 128 and E > 0 and E & (E - 1) == 0
+
+
+def dense_units(max_len: int) -> int:
+    """64-entry units of one sequence's key image (its block table's L * E entries)."""
+    return max(1, -(-max_len // 64))
+
+
+def dense_image_bytes(seqs: int, max_len: int) -> int:
+    """Workspace bytes of the dense kernel's fp16 key image for ``seqs`` sequences."""
+    return seqs * dense_units(max_len) * DENSE_UNIT_BYTES
+
+
+#: the dense kernel is the default from this many (row, entry) pairs a call: below it its
+#: fixed costs (the key image's launch, each CTA's schedule and first staging, ~10 us) lose
+#: to the pair and keys-stationary kernels. Measured (whole calls, graph, dense against the
+#: kernel taken before): prefill-8K (8,192 causal rows over 2,048 entries) 459 / 483 us,
+#: 4,096 over 1,024 180 / 178, 512 full rows over 2,176 69.8 / 69.6, 64 over 2,048 32.6 / 24.3.
+DENSE_MIN_WORK = 1 << 24
+
+
+def dense_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64, seqs: int = 1) -> bool:
+    """Whether ``fast_kernel='auto'`` scores the T rows of ``seqs`` sequences with the dense
+    kernel: many rows a sequence (16 or more on average) and much work (T x max_len at least
+    DENSE_MIN_WORK) over a key image small enough to stay in L2 (DENSE_MAX_IMAGE_BYTES)."""
+    return (1 <= seqs <= DENSE_MAX_SEQS and T // max(seqs, 1) >= 16 and T * max_len >= DENSE_MIN_WORK
+            and dense_image_bytes(seqs, max_len) <= DENSE_MAX_IMAGE_BYTES and dense_supported(H, D, dev, E))
+
+
+def dense_smem_bytes(D: int = 128) -> int:
+    """Dynamic shared memory of ``score_dense_kernel<D>`` (kernels/score_dense.cu: DenseSmem):
+    two B buffers of four queries and their weights, the key ring, barriers, the rows'
+    lengths and the schedule's item starts."""
+    return (2 * (D // 8) * 4096 + 2 * 256 * 4 + _DENSE_STAGES * DENSE_UNIT_BYTES + (_DENSE_STAGES + 4) * 8
+            + 2 * 8 * 4 + (_DENSE_MAX_ITEMS + 1) * 4)
+
+
+def score_dense_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
+    """Geometry of ``score_dense_kernel``: one CTA an SM, each an equal share of the run's
+    (item of four rows, 64-entry unit) work."""
+    if not dense_supported(H, D, dev, E):
+        raise ValueError(f"q: the dense kernel needs sm_90, H <= 64, D = 128 and a power-of-two E, "
+                         f"got H = {H}, D = {D}, E = {E}")
+    if T > DENSE_MAX_ROWS:
+        raise ValueError(f"q: the dense kernel takes at most {DENSE_MAX_ROWS} rows a run, got {T}")
+    return ScoreLaunch(name=f"score_dense_kernel<{D}>", grid=(dev.sm_count, 1), block=(384,),
+                       smem=dense_smem_bytes(D), tiles_per_cta=0, ld=tiles_per_row(max_len) * TILE_ENTRIES,
                        balanced=True)
 
 

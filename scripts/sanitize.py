@@ -6,9 +6,10 @@ synccheck) and summarise what each tool reported.
     python scripts/sanitize.py --tools memcheck
     python scripts/sanitize.py --cases          # the workload alone (what the tools run)
 
-The workload covers every head-group instance of the score kernel and both select
-instances, with adversarial inputs: ragged and empty rows, lengths off block edges, NaN,
-and, with validation off, out-of-range block ids and lengths past L*E.
+The workload covers every head-group instance of the score kernel, the keys-stationary and
+dense kernels, and both select instances, with adversarial inputs: ragged and empty rows,
+lengths off block edges, NaN, and, with validation off, out-of-range block ids and lengths
+past L*E.
 """
 
 from __future__ import annotations
@@ -129,26 +130,27 @@ def cases():
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, validate=False, physical=True,
                         _fast_kernel="ws")
     ran += 1
-    # the keys-stationary kernel (forced): one sequence of causal rows over 2-entry blocks,
-    # rows short of most groups in a long pool, then bad ids and lengths with validation off
-    for rows, E, entries, short in ((50, 2, 900, False), (30, 64, 9000, True), (12, 64, 3000, False)):
-        q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [rows], E, [entries])
-        if short:
-            lens = np.minimum(lens, 1500)
-            lens[3] = entries
-        x = [cp.asarray(a) for a in (q, w, k, s, g, np.repeat(table, rows, 0), lens)]
-        bad = rows == 12
-        if bad:
-            x[5][0, 1], x[5][4, 0], x[6][2] = 10**6, -7, 10**6
-        cuda_ops.score_topk(*x, 40, return_scores=not bad, validate=not bad, _cu_seqlens=cp.asarray(cu),
-                            _fast_kernel="ks")
-        ran += 1
-    # ... and several sequences (one empty), then their offsets out of order with validation off
-    q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [20, 0, 30, 1], 64, [3000, 100, 9000, 500])
-    x = [cp.asarray(a) for a in (q, w, k, s, g, np.repeat(table, np.diff(cu), 0), lens)]
-    for offsets, valid in ((cu, True), (np.array([0, 40, 7, 60, 2], np.int32), False)):
-        cuda_ops.score_topk(*x, 40, validate=valid, _cu_seqlens=cp.asarray(offsets), _fast_kernel="ks")
-        ran += 1
+    # the keys-stationary and dense kernels (forced): one sequence of causal rows over 2-entry
+    # blocks, rows short of most groups in a long pool, then bad ids and lengths with
+    # validation off; several sequences (one empty), then their offsets out of order
+    for kernel in ("ks", "dense"):
+        for rows, E, entries, short in ((50, 2, 900, False), (30, 64, 9000, True), (12, 64, 3000, False)):
+            q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [rows], E, [entries])
+            if short:
+                lens = np.minimum(lens, 1500)
+                lens[3] = entries
+            x = [cp.asarray(a) for a in (q, w, k, s, g, np.repeat(table, rows, 0), lens)]
+            bad = rows == 12
+            if bad:
+                x[5][0, 1], x[5][4, 0], x[6][2] = 10**6, -7, 10**6
+            cuda_ops.score_topk(*x, 40, return_scores=not bad, validate=not bad, _cu_seqlens=cp.asarray(cu),
+                                _fast_kernel=kernel)
+            ran += 1
+        q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [20, 0, 30, 1], 64, [3000, 100, 9000, 500])
+        x = [cp.asarray(a) for a in (q, w, k, s, g, np.repeat(table, np.diff(cu), 0), lens)]
+        for offsets, valid in ((cu, True), (np.array([0, 40, 7, 60, 2], np.int32), False)):
+            cuda_ops.score_topk(*x, 40, validate=valid, _cu_seqlens=cp.asarray(offsets), _fast_kernel=kernel)
+            ran += 1
     # batch 1 ranks every pair of its candidates: random scores, then a plateau of exact
     # zeros (3,000 tied candidates)
     p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[30000], top_k=1024)

@@ -149,3 +149,35 @@ def test_ragged_calls_match_the_reference_and_the_per_row_path():
         assert sc.get().tobytes() == one_sc.get().tobytes()
 
     check()
+
+
+def test_dense_kernel_matches_the_reference_and_the_ws_kernel():
+    # the dense kernel forced on the grouped draws it takes (H <= 64, D = 128, E a power of
+    # two; many rows a sequence are not needed for it to be right): against the reference,
+    # and bit for bit against the warp-specialised kernel, which stages the same operands
+    from hypothesis import assume
+
+    from indexer import cuda_ops, geometry
+
+    cp = arrays.cupy()
+    facts = cuda_ops.device_facts(cp.cuda.Device().id)
+    if not geometry.dense_supported(64, 128, facts):
+        pytest.skip("the dense kernel is a Hopper wgmma kernel")
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(grouped_problems())
+    def check(args):
+        q, w, k, s, g, table, cu, lens, top_k = args
+        assume(geometry.dense_supported(q.shape[1], q.shape[2], facts, k.shape[1]))
+        per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+        p = testing.Problem(q, w, k, s, g, per_token, lens, top_k)
+        rows = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+        idx, sc = cuda_ops.score_topk(*rows, top_k, return_scores=True, _cu_seqlens=cp.asarray(cu),
+                                      _fast_kernel="dense")
+        testing.check_topk(p, idx.get(), sc.get(), tol=TOL["fast"])
+        ws, ws_sc = cuda_ops.score_topk(*rows, top_k, return_scores=True, _fast_kernel="ws")
+        np.testing.assert_array_equal(idx.get(), ws.get())
+        assert sc.get().tobytes() == ws_sc.get().tobytes()
+
+    check()

@@ -228,3 +228,35 @@ def test_keys_stationary_launch_is_one_cta_an_sm(T, max_len):
 ])
 def test_keys_stationary_rule_counts_rows_a_sequence(T, seqs, max_len, ok):
     assert geometry.ks_preferred(T, 64, 128, max_len, H200, 64, seqs) is ok
+
+
+@pytest.mark.parametrize("T,seqs,max_len,ok", [
+    (8192, 1, 2048, True),       # prefill-8K: 8,192 causal rows over 2,048 entries
+    (8192, 4, 4096, True),       # four such sequences (an image of 4 x 64 units)
+    (4096, 1, 1024, False),      # too little work: the pair kernel measured as fast
+    (512, 1, 2176, False),       # the keys-stationary kernel's shape
+    (8192, 1, 263_168, False),   # a long pool: its fp16 image would not stay in L2
+    (8192, 1024, 2048, False),   # eight rows a sequence (and more sequences than a launch takes)
+    (130, 1, 1 << 17, False),    # enough work, but an image of 32 MB
+])
+def test_dense_kernel_is_taken_for_much_prefill_over_a_short_pool(T, seqs, max_len, ok):
+    assert geometry.dense_preferred(T, 64, 128, max_len, H200, 64, seqs) is ok
+    assert not geometry.dense_preferred(T, 64, 64, max_len, H200, 64, seqs)  # D = 128 only
+    assert not geometry.dense_preferred(T, 65, 128, max_len, H200, 64, seqs)  # at most 64 heads
+    assert not geometry.dense_preferred(T, 64, 128, max_len, H200, 48, seqs)  # a power-of-two E
+    assert not geometry.dense_preferred(T, 64, 128, max_len, Device(132, 232448, 80), 64, seqs)  # Hopper only
+
+
+def test_dense_launch_fits_one_cta_an_sm():
+    # one persistent CTA an SM: its dynamic shared memory and the kernel's static 2.3 KB
+    # under the opt-in limit; its schedule holds every item of a full run
+    sl = geometry.score_dense_launch(8192, 64, 128, 2048, H200, 64)
+    assert sl.grid == (H200.sm_count, 1) and sl.block == (384,) and sl.balanced
+    assert sl.smem == geometry.dense_smem_bytes(128) and sl.smem + 2304 <= H200.max_smem_per_block
+    assert sl.ld % geometry.TILE_ENTRIES == 0 and sl.ld >= 2048
+    assert geometry.DENSE_MAX_ROWS // 4 + geometry.DENSE_MAX_SEQS <= geometry._DENSE_MAX_ITEMS
+    assert geometry.dense_image_bytes(3, 130) == 3 * 3 * geometry.DENSE_UNIT_BYTES  # units rounded up
+    with pytest.raises(ValueError, match="at most 8192 rows a run"):
+        geometry.score_dense_launch(8193, 64, 128, 2048, H200, 64)
+    with pytest.raises(ValueError, match="D = 128"):
+        geometry.score_dense_launch(64, 64, 64, 2048, H200, 64)

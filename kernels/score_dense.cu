@@ -1,0 +1,328 @@
+// score_dense.cu: the fast scoring path for many queries of a sequence over few keys
+// (prefill from a short or empty cache; Hopper, sm_90a, D = 128, H <= 64).
+//
+// Where a sequence's keys are few and its queries many (prefill-8K: 2,048 entries, 8,192
+// rows), decoding the NVFP4 keys again for every pair of rows (the pair kernel) spends
+// more issue slots on the decode than the tensor cores need for the MMAs. Here the keys
+// are decoded once, by dense_keys_kernel, into an fp16 image of wgmma A operands (64
+// entries a unit, 16 KB, with the entries' global scales beside it: 16,640 bytes, small
+// enough to stay in L2), and score_dense_kernel runs a plain GEMM over it:
+//   * an item is four consecutive rows of one sequence; their queries, staged from fp32
+//     by the CTA itself (QueryStaging: each head scaled by a power of two, rounded to
+//     fp16), are one B operand of 256 columns (4 queries x 64 heads);
+//   * a unit is one 64-entry sub-tile of an item's keys: one bulk copy of its image into
+//     a ring stage, then eight m64n256k16 MMAs with both operands in shared memory;
+//   * the epilogue is the other kernels' arithmetic (ReLU keeping NaN, head weights, the
+//     sum over the heads in the thread and its quad, the entry's global scale), its quad
+//     sums scattered so that lane c stores query c's scores, for entries below each row's
+//     visible length: the warp-specialised kernel's scores bit for bit (same fp16
+//     operands, K order and association).
+// No histogram: the select counts one by its own kernel where it needs one.
+//
+// CTA: three warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
+// into two B buffers (the next item's while the current one's units run); warpgroups 1
+// and 2 take the units alternately (one's epilogue under the other's MMAs), each
+// refilling the ring stage it has just read with its unit four ahead. The run's units are
+// cut into equal shares, one a CTA; items are taken in a zigzag order (first, last,
+// second, ...) so that every share holds short and long causal rows alike, and its
+// query staging is spread over the whole kernel.
+// K order: score_ws.cu's (slot i of k-chunk kc holds dim 8 kc + (i with bits 0 and 1
+// swapped)), the order QueryStaging::store_chunked stages the query in.
+#include "wgmma_common.cuh"
+
+namespace score_dense {
+constexpr int kDim = 128;                      // the head dim this kernel takes
+constexpr int kSub = 64;                       // entries a unit (M of the MMA)
+constexpr int kQueries = 4;                    // rows an item
+constexpr int kN = 64 * kQueries;              // N of the MMA: the item's queries' heads
+constexpr int kALbo = (kSub / 8) * 128;        // A: bytes between core matrices along K
+constexpr int kBLbo = (kN / 8) * 128;          // B: the same
+constexpr int kImgA = kSub * kDim * 2;         // a unit's fp16 keys
+constexpr int kImg = kImgA + kSub * 4;         // ... and their global scales (geometry.DENSE_UNIT_BYTES)
+constexpr int kBBytes = (kDim / 8) * kBLbo;    // one B buffer
+constexpr int kStages = 4;                     // the key ring (units in flight)
+constexpr int kThreads = 384;                  // staging warpgroup, two MMA warpgroups
+constexpr int kMaxItems = 2560;                // items a run (geometry.DENSE_MAX_ROWS / 4 + DENSE_MAX_SEQS)
+constexpr int kMaxSeqs = 256;                  // sequences a launch (geometry.DENSE_MAX_SEQS)
+constexpr int kTurnBarrier = 3;                // named barriers 3, 4: MMA warpgroup 1 + m's turn
+}  // namespace score_dense
+
+struct DenseSmem {
+    static constexpr int kB = 0;                                                   // [2][kBBytes]
+    static constexpr int kW = kB + 2 * score_dense::kBBytes;                       // float [2][kN]: scaled weights
+    static constexpr int kRing = kW + 2 * score_dense::kN * 4;                     // [kStages][kImg]
+    static constexpr int kBars = kRing + score_dense::kStages * score_dense::kImg;  // u64: key full, B full, B empty
+    static constexpr int kMeta = kBars + (score_dense::kStages + 4) * 8;           // int [2][8]: lengths, rows
+    static constexpr int kStart = kMeta + 2 * 8 * 4;                               // int [kMaxItems + 1]
+    static constexpr int kBytes = kStart + (score_dense::kMaxItems + 1) * 4;
+    static_assert(kRing % 128 == 0 && score_dense::kImg % 128 == 0 && kBars % 8 == 0, "operand and barrier alignment");
+};
+
+// The rows of sequence b in the run [run_first, run_first + T): [start(b), start(b + 1)),
+// offsets clamped to the run and made monotone (validation off), as score_ks_kernel does.
+__device__ __forceinline__ int run_row(const int* __restrict__ cu_seqlens, int b, int run_first, int T) {
+    return min(max(cu_seqlens[b] - run_first, 0), T);
+}
+
+// Sequence b's keys (its first row's block table in the run) -> kimg[b][j], j < J =
+// ceil(L * E / 64): unit j's 64 entries as an fp16 wgmma A operand (e2m1 x e4m3 x 2^-8,
+// exact; zeros past the table or for a block id outside the pool) and their global scales
+// (NaN for those). grid (J, n_seq), 256 threads: entry e = tid / 4, 32 dims a thread.
+template <int kDim>
+__global__ void __launch_bounds__(256) dense_keys_kernel(const u8* __restrict__ keys_fp4,   // [P, E, D/2]
+                                                         const u8* __restrict__ key_scale,  // [P, E, D/16]
+                                                         const float* __restrict__ key_gscale,  // [P]
+                                                         const int* __restrict__ block_table,   // [T, L]
+                                                         const int* __restrict__ cu_seqlens, int n_seq,
+                                                         int run_first, int T, int P, int E, int e_shift, int L,
+                                                         unsigned char* __restrict__ kimg, int J) {
+    using namespace score_dense;
+    static_assert(kDim == 128, "D = 128 only");
+    const int j = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+    __shared__ int s_first, s_end;
+    if (tid == 0) {  // the scoring kernel's clamped, monotone offsets
+        int lo = 0, hi = 0;
+        for (int i = 0; i <= b + 1; ++i) {
+            lo = hi;
+            hi = max(hi, run_row(cu_seqlens, i, run_first, T));
+        }
+        s_first = lo;
+        s_end = hi;
+    }
+    __syncthreads();
+    if (s_first >= s_end) return;  // no rows of this sequence in the run: its image is never read
+    const int e = tid >> 2, qd = tid & 3, s = j * kSub + e, max_len = L * E;
+    const int blk0 = s < max_len ? block_table[(long long)s_first * L + (s >> e_shift)] : -1;
+    const bool ok = blk0 >= 0 && blk0 < P;
+    unsigned char* dst = kimg + ((long long)b * J + j) * kImg;
+    uint4 code = make_uint4(0u, 0u, 0u, 0u);
+    u32 scale2 = 0u;
+    if (ok) {
+        const long long ent = (long long)blk0 * E + (s & (E - 1));
+        code = *reinterpret_cast<const uint4*>(keys_fp4 + ent * (kDim / 2) + 16 * qd);
+        scale2 = *reinterpret_cast<const unsigned short*>(key_scale + ent * (kDim / 16) + 2 * qd);
+    }
+    const u32 sv = scales_to_f16x2<score_wgmma::kScaleMul>(scale2);  // scale groups 2 qd, 2 qd + 1
+    const u32 words[4] = {code.x, code.y, code.z, code.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        u32 d[4];
+        e2m1x8_to_f16x2_cvt(words[w], d);  // dims 8 kc + {0,2}, {1,3}, {4,6}, {5,7}
+        const u32 sc = w < 2 ? splat_lo(sv) : splat_hi(sv);
+        const int kc = 4 * qd + w;
+        *reinterpret_cast<uint4*>(dst + kc * kALbo + (e >> 3) * 128 + (e & 7) * 16) =
+            ok ? make_uint4(hmul2(d[0], sc), hmul2(d[1], sc), hmul2(d[2], sc), hmul2(d[3], sc))
+               : make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (qd == 0) reinterpret_cast<float*>(dst + kImgA)[e] = ok ? key_gscale[blk0] : __int_as_float(0x7fc00000);
+}
+
+// grid (C,): one CTA an SM, score_dense::kThreads threads, DenseSmem::kBytes of dynamic
+// shared memory; q 16-byte aligned (the launcher checks), kimg from dense_keys_kernel for
+// the same run. Row t's scores are stored for s < valid_lens[t] only.
+template <int kDim>
+__global__ void __launch_bounds__(score_dense::kThreads, 1)
+score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the run's rows, staged here
+                   const float* __restrict__ w,             // [T, H]
+                   int H,
+                   const unsigned char* __restrict__ kimg,  // [n_seq][J][kImg]
+                   int J,
+                   const int* __restrict__ valid_lens,      // [T]
+                   const int* __restrict__ cu_seqlens,      // [n_seq + 1]: the call's sequences' rows
+                   int n_seq, int run_first, int T, int max_len,
+                   float* __restrict__ scores,              // [T, ld] workspace
+                   long long ld)
+{
+    using namespace score_dense;
+    static_assert(kDim == score_dense::kDim, "D = 128 only");
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int s_cu[kMaxSeqs + 1], s_items[kMaxSeqs + 1];
+    __shared__ u32 s_scratch[32];
+    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31, warp = wtid >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    u64* kfull = reinterpret_cast<u64*>(smem + DenseSmem::kBars);  // ring stage j's unit landed
+    u64* bfull = kfull + kStages;                                   // B buffer j's item staged
+    u64* bempty = bfull + 2;                                        // both MMA warpgroups done with it
+    int* meta = reinterpret_cast<int*>(smem + DenseSmem::kMeta);
+    int* start = reinterpret_cast<int*>(smem + DenseSmem::kStart);
+    if (tid == 0) {
+        for (int j = 0; j < kStages; ++j) mbar_init(kfull + j, 1);
+        for (int j = 0; j < 2; ++j) {
+            mbar_init(bfull + j, 128);
+            mbar_init(bempty + j, 256);
+        }
+        mbar_init_fence();
+    }
+    for (int b = tid; b <= n_seq; b += kThreads) s_cu[b] = run_row(cu_seqlens, b, run_first, T);
+    __syncthreads();
+    if (tid == 0) {  // monotone offsets; s_items[b]: the items of the sequences before b
+        s_items[0] = 0;
+        for (int b = 0; b < n_seq; ++b) {
+            s_cu[b + 1] = max(s_cu[b + 1], s_cu[b]);
+            s_items[b + 1] = s_items[b] + (s_cu[b + 1] - s_cu[b] + kQueries - 1) / kQueries;
+        }
+    }
+    __syncthreads();
+    const int n_items = min(s_items[n_seq], kMaxItems);  // the launcher keeps it below kMaxItems
+    // the item at zigzag position p: sequence, first row (in the run), rows (1 .. 4)
+    struct Item {
+        int b, first, rows;
+    };
+    auto item_at = [&](int p) {
+        const int k = (p & 1) ? n_items - 1 - (p >> 1) : (p >> 1);
+        const int b = item_of_tile(s_items, n_seq, k);
+        const int first = s_cu[b] + kQueries * (k - s_items[b]);
+        return Item{b, first, min(kQueries, s_cu[b + 1] - first)};
+    };
+    auto units_of = [&](int p) {
+        const Item it = item_at(p);
+        int m = 0;
+        for (int i = 0; i < it.rows; ++i) m = max(m, visible_len(valid_lens, it.first + i, max_len));
+        return (m + kSub - 1) / kSub;
+    };
+    const int work = (int)tile_starts<kMaxItems, kThreads>(n_items, units_of, start, s_scratch);
+    const int u0 = (int)((long long)work * blockIdx.x / gridDim.x);
+    const int u1 = (int)((long long)work * (blockIdx.x + 1) / gridDim.x);
+    if (u0 >= u1) return;  // the same in every thread
+    const int p_first = item_of_tile(start, n_items, u0);
+    // Where unit u's image lies, for units asked for in increasing order: a cursor on the
+    // item holding the last one asked for (a search a unit measured ~10% of the kernel: the
+    // issuing warp held its warpgroup back at the next barrier).
+    struct UnitCursor {
+        int p, b;
+    };
+    auto unit_src = [&](int u, UnitCursor& at) {
+        if (start[at.p + 1] <= u) {
+            do ++at.p; while (start[at.p + 1] <= u);
+            at.b = item_at(at.p).b;
+        }
+        return kimg + ((long long)at.b * J + (u - start[at.p])) * kImg;
+    };
+    // unit u into ring stage (u - u0) % kStages, by one thread
+    auto issue = [&](int u, UnitCursor& at) {
+        const int st = (u - u0) % kStages;
+        const unsigned char* src = unit_src(u, at);
+        mbar_arrive_expect_tx(kfull + st, (u32)kImg);
+        bulk_copy_g2s(smem + DenseSmem::kRing + st * kImg, src, (u32)kImg, kfull + st);
+    };
+    UnitCursor cursor{p_first, item_at(p_first).b};
+    if (tid == 0)
+        for (int u = u0; u < u1 && u < u0 + kStages; ++u) issue(u, cursor);
+    // my share's items with units in it, in order: il counts them (B buffer il % 2)
+    auto has_units = [&](int p) { return min(start[p + 1], u1) > max(start[p], u0); };
+
+    if (wg == 0) {  // ---- staging: each item's four queries into B buffer il % 2
+        // the next item's rows, asked of L2 while this one's are staged: their loads then
+        // wait on L2, not on HBM (prefill-8K scoring -4%; two items ahead measured +1%)
+        int ahead = p_first;  // the next item to prefetch
+        auto prefetch_next = [&]() {
+            for (; ahead < n_items && start[ahead] < u1; ++ahead)
+                if (has_units(ahead)) {
+                    const Item it = item_at(ahead++);
+                    const u32 bytes = (u32)(it.rows * H * kDim * 4);
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q + (long long)it.first * H * kDim),
+                                 "r"(bytes) : "memory");
+                    return;
+                }
+        };
+        if (wtid == 0) prefetch_next();
+        int il = 0;
+        for (int p = p_first; p < n_items && start[p] < u1; ++p) {
+            if (!has_units(p)) continue;
+            if (wtid == 0) prefetch_next();
+            const int buf = il & 1;
+            if (il >= 2) mbar_wait(bempty + buf, (u32)((il - 2) >> 1) & 1u);
+            const Item it = item_at(p);
+            unsigned char* qb = smem + DenseSmem::kB + buf * kBBytes;
+            float* wsm = reinterpret_cast<float*>(smem + DenseSmem::kW) + buf * kN;
+            // one query at a time: two in flight measured no faster (and spill)
+#pragma unroll 1
+            for (int qq = 0; qq < it.rows; ++qq) {
+                QueryStaging<kDim> staging;
+                staging.load(q, w, H, it.first + qq);
+                staging.store_chunked(qb + qq * (64 / 8) * 128, wsm + 64 * qq, kBLbo);
+            }
+            if (wtid < kQueries) {  // rows past the item's end: length 0, nothing stored
+                meta[buf * 8 + wtid] = wtid < it.rows ? visible_len(valid_lens, it.first + wtid, max_len) : 0;
+                meta[buf * 8 + 4 + wtid] = it.first + min(wtid, it.rows - 1);
+            }
+            fence_proxy_async();  // the stores above, before the MMAs' reads
+            mbar_arrive(bfull + buf);
+            ++il;
+        }
+        return;
+    }
+
+    // ---- MMA warpgroups: warpgroup 1 + m takes the share's units u with (u - u0) % 2 == m
+    const int m = wg - 1;
+    const int r0 = 16 * warp + g;  // my first entry of a unit
+    float acc[kN / 2];
+    // turns: the units' MMAs are issued in unit order, alternating between the warpgroups,
+    // so that one's epilogue runs under the other's MMAs rather than both at once (-1.6%)
+    if (m == 1) asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier) : "memory");
+    int il = 0;
+    for (int p = p_first; p < n_items && start[p] < u1; ++p) {
+        if (!has_units(p)) continue;
+        const int buf = il & 1;
+        // waited for even without a unit here, so that this warpgroup's release of the buffer
+        // below cannot count towards an earlier item's
+        mbar_wait(bfull + buf, (u32)(il >> 1) & 1u);
+        const int lo = max(start[p], u0), hi = min(start[p + 1], u1);
+        // lane c stores query c's scores (see the epilogue): its length and score row
+        const int my_len = meta[buf * 8 + c];
+        float* my_out = scores + (long long)meta[buf * 8 + 4 + c] * ld;
+        const u64 desc_b = wgmma_desc(smem + DenseSmem::kB + buf * kBBytes, kBLbo, 128);
+        const float* wsm = reinterpret_cast<const float*>(smem + DenseSmem::kW) + buf * kN;
+        for (int u = lo + (((lo - u0) & 1) != m); u < hi; u += 2) {
+            const int st = (u - u0) % kStages;
+            mbar_wait(kfull + st, (u32)((u - u0) / kStages) & 1u);
+            const unsigned char* stage = smem + DenseSmem::kRing + st * kImg;
+            const float g0 = reinterpret_cast<const float*>(stage + kImgA)[r0];
+            const float g1 = reinterpret_cast<const float*>(stage + kImgA)[r0 + 8];
+            const u64 desc_a = wgmma_desc(stage, kALbo, 128);
+            named_barrier(kTurnBarrier + m, 256);  // my turn
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < kDim / 16; ++ks)
+                wgmma_m64n256k16_ss(acc, desc_a + (u64)((2 * ks * kALbo) >> 4), desc_b + (u64)((2 * ks * kBLbo) >> 4),
+                                    ks > 0);
+            wgmma_commit();
+            asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier + 1 - m) : "memory");  // the other's turn
+            wgmma_wait<0>();
+            fence_accumulators(acc);
+            // every thread's MMAs have read the stage: refill it with my unit four ahead
+            named_barrier(1 + m, 128);
+            if (wtid == 0 && u + kStages < u1) issue(u + kStages, cursor);
+            // each lane's weighted head sums of rows r0, r0 + 8 for the four queries, then
+            // the quad's sums scattered so that lane c holds query c's: lanes c, c ^ 1
+            // first (the parity of c keeps queries of that parity), then c, c ^ 2: the
+            // association of weighted_head_sums, so the sums are its bits, in half the
+            // shuffles and with no lane idle at the stores
+            float2 part[kQueries];
+#pragma unroll
+            for (int qq = 0; qq < kQueries; ++qq)
+                part[qq] = weighted_head_partials(reinterpret_cast<const float(&)[32]>(acc[32 * qq]), [&](int j) {
+                    return *reinterpret_cast<const float2*>(wsm + 64 * qq + 8 * j + 2 * c);
+                });
+            const bool odd = c & 1, upper = c & 2;
+            float2 pair[2];  // queries odd and 2 + odd, summed over lanes c, c ^ 1
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float2 keep = odd ? part[2 * i + 1] : part[2 * i], give = odd ? part[2 * i] : part[2 * i + 1];
+                pair[i] = make_float2(keep.x + __shfl_xor_sync(FULL_MASK, give.x, 1),
+                                      keep.y + __shfl_xor_sync(FULL_MASK, give.y, 1));
+            }
+            const float2 keep = upper ? pair[1] : pair[0], give = upper ? pair[0] : pair[1];
+            const float sum0 = keep.x + __shfl_xor_sync(FULL_MASK, give.x, 2);  // rows r0, r0 + 8
+            const float sum8 = keep.y + __shfl_xor_sync(FULL_MASK, give.y, 2);
+            const int s0 = (u - start[p]) * kSub + r0;
+            if (s0 < my_len) my_out[s0] = sum0 * g0 + 0.0f;  // -0 folded into +0
+            if (s0 + 8 < my_len) my_out[s0 + 8] = sum8 * g1 + 0.0f;
+        }
+        mbar_arrive(bempty + buf);  // my reads of the buffer's queries and weights are done
+        ++il;
+    }
+    // every arrival at my turn barrier matched: the warpgroup without the share's last unit
+    // has one turn left over
+    if (((u1 - 1 - u0) & 1) != m) named_barrier(kTurnBarrier + m, 256);
+}
