@@ -78,7 +78,7 @@ DEFAULT_CASES = "decode-1M,decode-128K,decode-latency,decode-ragged,decode-E256,
 DEFAULT_PATHS = "fast,fast-score,exact,torch-composed,torch-topk"
 KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-mma-score", "fast-single",
                 "fast-single-score", "fast-ws", "fast-ws-score", "fast-wgmma", "fast-wgmma-score", "fast-ks",
-                "fast-ks-score")
+                "fast-ks-score", "fast-dense", "fast-dense-score")
 PATHS = KERNEL_PATHS + ("torch-composed", "torch-topk")
 HEADER = (f"{'case':15s} {'path':20s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} "
           f"{'extra MB':>9s} {'vs torch':>8s}")
@@ -373,9 +373,10 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
 
         def fn(x, _p=path.split("-")[0], _only=path.endswith("-score"),
                _k="mma" if "-mma" in path else "wgmma-single" if "-single" in path else "ws" if "-ws" in path
-               else "wgmma" if "-wgmma" in path else "ks" if "-ks" in path else "auto"):
+               else "wgmma" if "-wgmma" in path else "ks" if "-ks" in path else "dense" if "-dense" in path
+               else "auto"):
             # fast-single: rows of a sequence scored one by one (no shared key tiles); fast-ws,
-            # fast-wgmma: the warp-specialised or the single-warpgroup scoring kernel
+            # fast-wgmma, fast-ks, fast-dense: that scoring kernel forced
             return call_case(cuda_ops, x, case.top_k, precision=_p, validate=False, _score_only=_only,
                              _fast_kernel=_k, workspace=ws)
         # extra device memory: everything one call allocates beyond its output
