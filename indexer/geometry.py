@@ -299,19 +299,25 @@ def dense_image_bytes(seqs: int, max_len: int) -> int:
     return seqs * dense_units(max_len) * DENSE_UNIT_BYTES
 
 
-#: the dense kernel is the default from this many (row, entry) pairs a call: below it its
-#: fixed costs (the key image's launch, each CTA's schedule and first staging, ~10 us) lose
-#: to the pair and keys-stationary kernels. Measured (whole calls, graph, dense against the
-#: kernel taken before): prefill-8K (8,192 causal rows over 2,048 entries) 459 / 483 us,
-#: 4,096 over 1,024 180 / 178, 512 full rows over 2,176 69.8 / 69.6, 64 over 2,048 32.6 / 24.3.
-DENSE_MIN_WORK = 1 << 24
+#: the dense kernel is the default from this many (row, entry) pairs a call (T x max_len),
+#: with at least a quarter as many rows a sequence as entries: below either its fixed costs
+#: (the key image's launch, each CTA's schedule and first staging, ~10 us) or its image's
+#: L2 traffic (every unit read again by each item of four rows) lose to the pair and
+#: keys-stationary kernels. Measured (v33, whole calls, graph, dense against the kernel
+#: taken before): 8,192 causal rows over 2,048 entries 424 / 483 us (pairs), 6,144 over
+#: 1,536 287 / 317, 4,096 over 2,048 232 / 251, 4,096 over 1,024 171 / 176, 2,048 rows
+#: over 4,096 144 / 224 (keys-stationary); before the epilogue's last cut: 2,048 over 512
+#: 85 / 77 (pairs), 512 full rows over 2,176 69.8 / 69.6, 64 over 2,048 32.6 / 24.3 (ks).
+DENSE_MIN_WORK = 1 << 22
 
 
 def dense_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64, seqs: int = 1) -> bool:
     """Whether ``fast_kernel='auto'`` scores the T rows of ``seqs`` sequences with the dense
-    kernel: many rows a sequence (16 or more on average) and much work (T x max_len at least
-    DENSE_MIN_WORK) over a key image small enough to stay in L2 (DENSE_MAX_IMAGE_BYTES)."""
-    return (1 <= seqs <= DENSE_MAX_SEQS and T // max(seqs, 1) >= 16 and T * max_len >= DENSE_MIN_WORK
+    kernel: many rows a sequence (16 or more, and at least max_len / 4, on average), much
+    work (T x max_len at least DENSE_MIN_WORK) and a key image small enough to stay in L2
+    (DENSE_MAX_IMAGE_BYTES)."""
+    per_seq = T // max(seqs, 1)
+    return (1 <= seqs <= DENSE_MAX_SEQS and per_seq >= 16 and 4 * per_seq >= max_len and T * max_len >= DENSE_MIN_WORK
             and dense_image_bytes(seqs, max_len) <= DENSE_MAX_IMAGE_BYTES and dense_supported(H, D, dev, E))
 
 

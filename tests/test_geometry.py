@@ -232,9 +232,12 @@ def test_keys_stationary_rule_counts_rows_a_sequence(T, seqs, max_len, ok):
 
 @pytest.mark.parametrize("T,seqs,max_len,ok", [
     (8192, 1, 2048, True),       # prefill-8K: 8,192 causal rows over 2,048 entries
-    (8192, 4, 4096, True),       # four such sequences (an image of 4 x 64 units)
-    (4096, 1, 1024, False),      # too little work: the pair kernel measured as fast
+    (8192, 4, 4096, True),       # four sequences of 2,048 rows over 4,096
+    (4096, 1, 1024, True),       # the least work measured faster than pairs
+    (2048, 1, 4096, True),       # half as many rows as entries: faster than keys-stationary
+    (2048, 1, 512, False),       # too little work: the pair kernel measured faster
     (512, 1, 2176, False),       # the keys-stationary kernel's shape
+    (256, 1, 32_768, False),     # enough work, but few rows over many entries: keys-stationary
     (8192, 1, 263_168, False),   # a long pool: its fp16 image would not stay in L2
     (8192, 1024, 2048, False),   # eight rows a sequence (and more sequences than a launch takes)
     (130, 1, 1 << 17, False),    # enough work, but an image of 32 MB
