@@ -143,22 +143,18 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     whose alignment or layout the forced kernel cannot take."""
     if precision == "exact":
         return "fp32"
-    if fast_kernel == "dense":
-        if not geometry.dense_supported(prob.H, prob.D, dev, prob.E):
-            raise ValueError("fast_kernel: 'dense' needs sm_90, H <= 64, D = 128 and a power-of-two E")
-        if cu_seqlens is None or not 2 <= cu_seqlens.shape[0] <= geometry.DENSE_MAX_SEQS + 1:
-            raise ValueError(f"fast_kernel: 'dense' scores the rows of 1 to {geometry.DENSE_MAX_SEQS} sequences "
-                             "(cu_seqlens of 2 to 257 offsets)")
-        _check_alignment("q", q, 16)
-        return "dense"
-    if fast_kernel == "ks":
-        if not geometry.ks_supported(prob.H, prob.D, dev, prob.E):
-            raise ValueError("fast_kernel: 'ks' needs sm_90, H <= 64, D = 128 and a power-of-two E")
-        if cu_seqlens is None or not 2 <= cu_seqlens.shape[0] <= geometry.KS_MAX_SEQS + 1:
-            raise ValueError(f"fast_kernel: 'ks' scores the rows of 1 to {geometry.KS_MAX_SEQS} sequences "
-                             "(cu_seqlens of 2 to 257 offsets)")
-        _check_alignment("key_scale", key_scale, 16)
-        return "ks"
+    if fast_kernel in ("dense", "ks"):  # the grouped kernels forced: the shapes and offsets they take
+        supported, max_seqs = ((geometry.dense_supported, geometry.DENSE_MAX_SEQS) if fast_kernel == "dense"
+                               else (geometry.ks_supported, geometry.KS_MAX_SEQS))
+        if not supported(prob.H, prob.D, dev, prob.E):
+            raise ValueError(f"fast_kernel: '{fast_kernel}' needs sm_90, H <= 64, D = 128 and a power-of-two E")
+        if cu_seqlens is None or not 2 <= cu_seqlens.shape[0] <= max_seqs + 1:
+            raise ValueError(f"fast_kernel: '{fast_kernel}' scores the rows of 1 to {max_seqs} sequences "
+                             f"(cu_seqlens of 2 to {max_seqs + 1} offsets)")
+        # the dense kernel stages the fp32 query by 16-byte loads; the keys-stationary kernel
+        # copies whole blocks' scale rows in 16-byte pieces
+        _check_alignment(*(("q", q) if fast_kernel == "dense" else ("key_scale", key_scale)), 16)
+        return fast_kernel
     # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
     # loads; a query view off that alignment takes the kernels that read it through the
     # staging kernel instead

@@ -95,25 +95,14 @@ __global__ void __launch_bounds__(256) dense_keys_kernel(const u8* __restrict__ 
     const int blk0 = s < max_len ? block_table[(long long)s_first * L + (s >> e_shift)] : -1;
     const bool ok = blk0 >= 0 && blk0 < P;
     unsigned char* dst = kimg + ((long long)b * J + j) * kImg;
-    uint4 code = make_uint4(0u, 0u, 0u, 0u);
+    uint4 code = make_uint4(0u, 0u, 0u, 0u);  // zeros decode to zeros
     u32 scale2 = 0u;
     if (ok) {
         const long long ent = (long long)blk0 * E + (s & (E - 1));
         code = *reinterpret_cast<const uint4*>(keys_fp4 + ent * (kDim / 2) + 16 * qd);
         scale2 = *reinterpret_cast<const unsigned short*>(key_scale + ent * (kDim / 16) + 2 * qd);
     }
-    const u32 sv = scales_to_f16x2<score_wgmma::kScaleMul>(scale2);  // scale groups 2 qd, 2 qd + 1
-    const u32 words[4] = {code.x, code.y, code.z, code.w};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-        u32 d[4];
-        e2m1x8_to_f16x2_cvt(words[w], d);  // dims 8 kc + {0,2}, {1,3}, {4,6}, {5,7}
-        const u32 sc = w < 2 ? splat_lo(sv) : splat_hi(sv);
-        const int kc = 4 * qd + w;
-        *reinterpret_cast<uint4*>(dst + kc * kALbo + (e >> 3) * 128 + (e & 7) * 16) =
-            ok ? make_uint4(hmul2(d[0], sc), hmul2(d[1], sc), hmul2(d[2], sc), hmul2(d[3], sc))
-               : make_uint4(0u, 0u, 0u, 0u);
-    }
+    decode_quarter_chunked(dst, kALbo, e, qd, code, scale2);
     if (qd == 0) reinterpret_cast<float*>(dst + kImgA)[e] = ok ? key_gscale[blk0] : __int_as_float(0x7fc00000);
 }
 

@@ -420,6 +420,27 @@ __device__ __forceinline__ void read_stage_row(const unsigned char* st, int row,
 }
 
 
+// One entry's 32 dims (its 16 code bytes and scale groups 2 qd, 2 qd + 1) decoded from
+// E2M1 x E4M3 to fp16 (times 2^-8, exact) into K chunks 4 qd .. 4 qd + 3 of a K-major
+// core-matrix layout: entry e's 16-byte row of chunk kc at dst + kc * lbo + (e / 8) * 128 +
+// (e % 8) * 16, in score_ws.cu's K order (QueryStaging::store_chunked's). Zero codes and
+// scales give zeros. score_dense.cu decodes its key image with it; score_ws.cu keeps its own
+// copy of the loop, which through this function measured 0.3-0.4 us slower at batch 1
+// (the kernel's register allocation moved; docs/performance.md v33).
+__device__ __forceinline__ void decode_quarter_chunked(unsigned char* dst, int lbo, int e, int qd, uint4 code,
+                                                       u32 scale2) {
+    const u32 sv = scales_to_f16x2<score_wgmma::kScaleMul>(scale2);
+    const u32 words[4] = {code.x, code.y, code.z, code.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        u32 d[4];
+        e2m1x8_to_f16x2_cvt(words[w], d);  // dims 8 kc + {0,2}, {1,3}, {4,6}, {5,7}
+        const u32 sc = w < 2 ? splat_lo(sv) : splat_hi(sv);
+        *reinterpret_cast<uint4*>(dst + (4 * qd + w) * lbo + (e >> 3) * 128 + (e & 7) * 16) =
+            make_uint4(hmul2(d[0], sc), hmul2(d[1], sc), hmul2(d[2], sc), hmul2(d[3], sc));
+    }
+}
+
 // The A fragments (kDim/16 k-steps) of one 64-entry sub-tile of a BulkRing stage (score_wgmma.cu;
 // kernels/probe_wgmma.cu times them):
 // my rows r0 = base + 16*warp + g and r0 + 8, decoded from E2M1 x E4M3 to fp16.

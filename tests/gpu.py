@@ -60,3 +60,28 @@ def check_threads(problems, device_of):
     for i, batch in enumerate(problems):
         for p, (idx, sc) in zip(batch, done[i]):
             testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
+
+
+def check_grouped_kernel_limits(kernel, max_seqs, grouped_problem):
+    """A forced grouped kernel ('ks', 'dense') refuses more than ``max_seqs`` sequences by
+    name, and with validation off takes offsets out of order and past the rows without
+    reading or writing outside the arrays. ``grouped_problem`` is tests.test_ragged's."""
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(5)
+    counts = [1] * (max_seqs + 1)
+    q, w, k, s, g, table, cu, lens = grouped_problem(rng, counts, H=64, D=128, E=64,
+                                                     seq_entries=[300] * len(counts), top_k=16)
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    with pytest.raises(ValueError, match=f"fast_kernel: '{kernel}' scores the rows of 1 to {max_seqs} sequences"):
+        cuda_ops.score_topk(*dev, 16, _cu_seqlens=cp.asarray(cu), _fast_kernel=kernel)
+    q, w, k, s, g, table, cu, lens = grouped_problem(rng, [30, 20], H=64, D=128, E=64, seq_entries=[3000, 2500],
+                                                     top_k=16)
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    idx = cuda_ops.score_topk(*dev, 16, validate=False, _cu_seqlens=cp.asarray(np.array([0, 90, 7], np.int32)),
+                              _fast_kernel=kernel)
+    cp.cuda.Device().synchronize()
+    assert idx.shape == (50, 16)

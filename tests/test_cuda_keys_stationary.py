@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import check_grouped_kernel_limits, requires_gpu
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -82,28 +82,11 @@ def test_several_sequences_each_read_their_own_keys(counts, entries, top_k):
 
 
 def test_keys_stationary_takes_at_most_256_sequences_and_stays_in_bounds_on_bad_offsets():
-    from indexer import cuda_ops, geometry
+    from indexer import geometry
 
     if not _hopper():
         pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
-    cp = arrays.cupy()
-    rng = np.random.default_rng(5)
-    counts = [1] * (geometry.KS_MAX_SEQS + 1)
-    q, w, k, s, g, table, cu, lens = grouped_problem(rng, counts, H=64, D=128, E=64,
-                                                     seq_entries=[300] * len(counts), top_k=16)
-    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
-    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
-    with pytest.raises(ValueError, match="fast_kernel: 'ks' scores the rows of 1 to 256 sequences"):
-        cuda_ops.score_topk(*dev, 16, _cu_seqlens=cp.asarray(cu), _fast_kernel="ks")
-    # offsets out of order and past the rows, validation off: no read or write outside the arrays
-    q, w, k, s, g, table, cu, lens = grouped_problem(rng, [30, 20], H=64, D=128, E=64, seq_entries=[3000, 2500],
-                                                     top_k=16)
-    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
-    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
-    idx = cuda_ops.score_topk(*dev, 16, validate=False, _cu_seqlens=cp.asarray(np.array([0, 90, 7], np.int32)),
-                              _fast_kernel="ks")
-    cp.cuda.Device().synchronize()
-    assert idx.shape == (50, 16)
+    check_grouped_kernel_limits("ks", geometry.KS_MAX_SEQS, grouped_problem)
 
 
 def test_rows_short_of_most_groups_skip_them():
