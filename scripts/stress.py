@@ -39,7 +39,7 @@ def determinism(cp, replays: int) -> int:
             same = sum(call() == first for _ in range(replays - 1)) + 1
             bad += same != replays
             print(f"determinism {name:15s} {precision:5s} {same}/{replays} bit-identical", flush=True)
-        del x
+        x = None  # the case's arrays freed (not deleted: the closure above reads the name)
         cp.get_default_memory_pool().free_all_blocks()
     return bad
 
