@@ -317,32 +317,31 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                     query = (qimg,)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
                 query = (run(q), run(w), i32(prob.H))
-            if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)
-                grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
-            elif kind == "ws":  # one CTA per SM, balanced
-                grid, sched_args = sl.grid, (i32(nr), *shape_args)
-            elif kind == "ks":  # one CTA per SM, equal shares of (sequence, key group, row) items
-                grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
-            elif kind == "dense":  # one CTA per SM, equal shares of (item of four rows, unit) work
-                grid, sched_args = sl.grid, ()
-            elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
-                grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
-            elif kind == "wgmma":
-                grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))
-            else:
-                grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
-            score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
-                          *sched_args, scores_ws, ld,
-                          *(() if not counts_keys else (0, 0) if row_select else (hist, count)))
-            if kind == "dense":  # the run's sequences' key images, then the GEMM over them
+            if kind == "dense":  # the run's sequences' key images, then the GEMM over them (not the pool)
                 keys_k((int(units), int(n_seq)), (256,), (keys_fp4, key_scale, key_gscale, table, cu_seqlens, n_seq,
                                                           i32(r0), i32(nr), *shape_args, ws["kimg"], units))
-                score_k(grid, sl.block, (*query, ws["kimg"], units, lens, cu_seqlens, n_seq, i32(r0), i32(nr),
-                                         i32(prob.L * prob.E), scores_ws, ld), shared_mem=sl.smem)
-            elif kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
-                after_previous(score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
+                score_k(sl.grid, sl.block, (*query, ws["kimg"], units, lens, cu_seqlens, n_seq, i32(r0), i32(nr),
+                                            i32(prob.max_len), scores_ws, ld), shared_mem=sl.smem)
             else:
-                score_k(grid, sl.block, score_args, shared_mem=sl.smem)
+                if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)
+                    grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
+                elif kind == "ws":  # one CTA per SM, balanced
+                    grid, sched_args = sl.grid, (i32(nr), *shape_args)
+                elif kind == "ks":  # one CTA per SM, equal shares of (sequence, key group, row) items
+                    grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
+                elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
+                    grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
+                elif kind == "wgmma":
+                    grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))
+                else:
+                    grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
+                score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
+                              *sched_args, scores_ws, ld,
+                              *(() if not counts_keys else (0, 0) if row_select else (hist, count)))
+                if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
+                    after_previous(score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
+                else:
+                    score_k(grid, sl.block, score_args, shared_mem=sl.smem)
             if score_only:  # counted into the histogram, never selected
                 continue
             # every select kernel ends with the same arguments: where its winners go, and the
