@@ -279,8 +279,10 @@ DENSE_UNIT_BYTES = 64 * 128 * 2 + 64 * 4
 #: the largest key image the dense kernel is chosen for by default: every unit is read
 #: once for each item of four rows that sees it, so the image should stay in L2 (50 MB)
 DENSE_MAX_IMAGE_BYTES = 16 << 20
-_DENSE_MAX_ITEMS = 2560  # score_dense::kMaxItems
+_DENSE_MAX_ITEMS = 3072  # score_dense::kMaxItems
 _DENSE_STAGES = 4  # score_dense::kStages
+_DENSE_QUERIES = 3  # score_dense::kQueries: rows an item
+_DENSE_BUFFERS = 3  # score_dense::kBuffers
 
 
 def dense_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
@@ -325,8 +327,9 @@ def dense_smem_bytes(D: int = 128) -> int:
     """Dynamic shared memory of ``score_dense_kernel<D>`` (kernels/score_dense.cu: DenseSmem):
     two B buffers of four queries and their weights, the key ring, barriers, the rows'
     lengths and the schedule's item starts."""
-    return (2 * (D // 8) * 4096 + 2 * 256 * 4 + _DENSE_STAGES * DENSE_UNIT_BYTES + (_DENSE_STAGES + 4) * 8
-            + 2 * 8 * 4 + (_DENSE_MAX_ITEMS + 1) * 4)
+    n = 64 * _DENSE_QUERIES
+    return (_DENSE_BUFFERS * (D // 8) * (n // 8) * 128 + _DENSE_BUFFERS * n * 4 + _DENSE_STAGES * DENSE_UNIT_BYTES
+            + (_DENSE_STAGES + 2 * _DENSE_BUFFERS) * 8 + _DENSE_BUFFERS * 8 * 4 + (_DENSE_MAX_ITEMS + 1) * 4)
 
 
 def score_dense_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
