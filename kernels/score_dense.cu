@@ -211,7 +211,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     UnitCursor cursor{p_first, item_at(p_first).b};
     if (tid == 0)
         for (int u = u0; u < u1 && u < u0 + kStages; ++u) issue(u, cursor);
-    // my share's items with units in it, in order: il counts them (B buffer il % 2)
+    // my share's items with units in it, in order: il counts them (B buffer il % kBuffers)
     auto has_units = [&](int p) { return min(start[p + 1], u1) > max(start[p], u0); };
 
     if (wg == 0) {  // ---- staging: each item's queries into B buffer il % kBuffers
