@@ -136,7 +136,7 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     fast path 'ws' (warp-specialised wgmma, a single row), 'pairs' (wgmma, rows of one
     sequence in pairs sharing each key tile), 'wgmma' (one query a tile), 'ks' (keys
     stationary: every row of a sequence streamed past its key groups decoded once; see
-    geometry.ks_preferred), 'dense' (a sequence's keys decoded once to an fp16 image, four
+    geometry.ks_preferred), 'dense' (a sequence's keys decoded once to an fp16 image, three
     rows at a time multiplied against it; see geometry.dense_preferred) or 'mma' (mma.sync:
     other shapes and GPUs). ``fast_kernel`` ('auto', 'mma', 'wgmma', 'wgmma-single', 'ws',
     'ks', 'dense') forces a choice, for tests and benchmarks; raises ValueError for an array

@@ -270,17 +270,19 @@ def score_ks_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E:
 
 
 #: rows of one run of the dense kernel (kernels/score_dense.cu: its schedule holds
-#: DENSE_MAX_ROWS / 4 + DENSE_MAX_SEQS items of four rows)
+#: ceil(DENSE_MAX_ROWS / 3) + DENSE_MAX_SEQS items of three rows)
 DENSE_MAX_ROWS = 8192
 #: sequences one launch of the dense kernel takes (score_dense::kMaxSeqs)
 DENSE_MAX_SEQS = 256
 #: bytes of one 64-entry unit of the dense kernel's fp16 key image (score_dense::kImg)
 DENSE_UNIT_BYTES = 64 * 128 * 2 + 64 * 4
 #: the largest key image the dense kernel is chosen for by default: every unit is read
-#: once for each item of four rows that sees it, so the image should stay in L2 (50 MB)
+#: once for each item of three rows that sees it, so the image should stay in L2 (50 MB)
 DENSE_MAX_IMAGE_BYTES = 16 << 20
-_DENSE_MAX_ITEMS = 2560  # score_dense::kMaxItems
+_DENSE_MAX_ITEMS = 3072  # score_dense::kMaxItems
 _DENSE_STAGES = 4  # score_dense::kStages
+_DENSE_QUERIES = 3  # score_dense::kQueries: rows an item
+_DENSE_BUFFERS = 3  # score_dense::kBuffers
 
 
 def dense_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
@@ -302,7 +304,7 @@ def dense_image_bytes(seqs: int, max_len: int) -> int:
 #: the dense kernel is the default from this many (row, entry) pairs a call (T x max_len),
 #: with at least a quarter as many rows a sequence as entries: below either its fixed costs
 #: (the key image's launch, each CTA's schedule and first staging, ~10 us) or its image's
-#: L2 traffic (every unit read again by each item of four rows) lose to the pair and
+#: L2 traffic (every unit read again by each item of rows) lose to the pair and
 #: keys-stationary kernels. Measured (v33, whole calls, graph, dense against the kernel
 #: taken before): 8,192 causal rows over 2,048 entries 424 / 483 us (pairs), 6,144 over
 #: 1,536 287 / 317, 4,096 over 2,048 232 / 251, 4,096 over 1,024 171 / 176, 2,048 rows
@@ -323,15 +325,16 @@ def dense_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E:
 
 def dense_smem_bytes(D: int = 128) -> int:
     """Dynamic shared memory of ``score_dense_kernel<D>`` (kernels/score_dense.cu: DenseSmem):
-    two B buffers of four queries and their weights, the key ring, barriers, the rows'
+    three B buffers of three queries and their weights, the key ring, barriers, the rows'
     lengths and the schedule's item starts."""
-    return (2 * (D // 8) * 4096 + 2 * 256 * 4 + _DENSE_STAGES * DENSE_UNIT_BYTES + (_DENSE_STAGES + 4) * 8
-            + 2 * 8 * 4 + (_DENSE_MAX_ITEMS + 1) * 4)
+    n = 64 * _DENSE_QUERIES
+    return (_DENSE_BUFFERS * (D // 8) * (n // 8) * 128 + _DENSE_BUFFERS * n * 4 + _DENSE_STAGES * DENSE_UNIT_BYTES
+            + (_DENSE_STAGES + 2 * _DENSE_BUFFERS) * 8 + _DENSE_BUFFERS * 8 * 4 + (_DENSE_MAX_ITEMS + 1) * 4)
 
 
 def score_dense_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:
     """Geometry of ``score_dense_kernel``: one CTA an SM, each an equal share of the run's
-    (item of four rows, 64-entry unit) work."""
+    (item of three rows, 64-entry unit) work."""
     if not dense_supported(H, D, dev, E):
         raise ValueError(f"q: the dense kernel needs sm_90, H <= 64, D = 128 and a power-of-two E, "
                          f"got H = {H}, D = {D}, E = {E}")

@@ -7,11 +7,11 @@
 // are decoded once, by dense_keys_kernel, into an fp16 image of wgmma A operands (64
 // entries a unit, 16 KB, with the entries' global scales beside it: 16,640 bytes, small
 // enough to stay in L2), and score_dense_kernel runs a plain GEMM over it:
-//   * an item is four consecutive rows of one sequence; their queries, staged from fp32
-//     by the CTA itself (QueryStaging: each head scaled by a power of two, rounded to
-//     fp16), are one B operand of 256 columns (4 queries x 64 heads);
+//   * an item is kQueries (3) consecutive rows of one sequence; their queries, staged from
+//     fp32 by the CTA itself (QueryStaging: each head scaled by a power of two, rounded to
+//     fp16), are one B operand of 192 columns (3 queries x 64 heads);
 //   * a unit is one 64-entry sub-tile of an item's keys: one bulk copy of its image into
-//     a ring stage, then eight m64n256k16 MMAs with both operands in shared memory;
+//     a ring stage, then eight m64n192k16 MMAs with both operands in shared memory;
 //   * the epilogue is the other kernels' arithmetic (ReLU keeping NaN, head weights, the
 //     sum over the heads in the thread and its quad, the entry's global scale), its quad
 //     sums scattered so that lane c stores query c's scores, for entries below each row's
@@ -20,7 +20,8 @@
 // No histogram: the select counts one by its own kernel where it needs one.
 //
 // CTA: three warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
-// into two B buffers (the next item's while the current one's units run); warpgroups 1
+// into three B buffers (up to two items ahead of the MMAs: with two buffers, v33, an item
+// of short causal rows left too little time for the next item's staging); warpgroups 1
 // and 2 take the units alternately (one's epilogue under the other's MMAs), each
 // refilling the ring stage it has just read with its unit four ahead. The run's units are
 // cut into equal shares, one a CTA; items are taken in a zigzag order (first, last,
@@ -33,7 +34,8 @@
 namespace score_dense {
 constexpr int kDim = 128;                      // the head dim this kernel takes
 constexpr int kSub = 64;                       // entries a unit (M of the MMA)
-constexpr int kQueries = 4;                    // rows an item
+constexpr int kQueries = 3;                    // rows an item (3 or 4)
+constexpr int kBuffers = 3;                    // B buffers: items staged ahead of the MMAs' (kBuffers - 1)
 constexpr int kN = 64 * kQueries;              // N of the MMA: the item's queries' heads
 constexpr int kALbo = (kSub / 8) * 128;        // A: bytes between core matrices along K
 constexpr int kBLbo = (kN / 8) * 128;          // B: the same
@@ -42,20 +44,32 @@ constexpr int kImg = kImgA + kSub * 4;         // ... and their global scales (g
 constexpr int kBBytes = (kDim / 8) * kBLbo;    // one B buffer
 constexpr int kStages = 4;                     // the key ring (units in flight)
 constexpr int kThreads = 384;                  // staging warpgroup, two MMA warpgroups
-constexpr int kMaxItems = 2560;                // items a run (geometry.DENSE_MAX_ROWS / 4 + DENSE_MAX_SEQS)
+constexpr int kMaxItems = 3072;                // items a run (geometry.DENSE_MAX_ROWS / kQueries + DENSE_MAX_SEQS)
 constexpr int kMaxSeqs = 256;                  // sequences a launch (geometry.DENSE_MAX_SEQS)
 constexpr int kTurnBarrier = 3;                // named barriers 3, 4: MMA warpgroup 1 + m's turn
 }  // namespace score_dense
 
 struct DenseSmem {
-    static constexpr int kB = 0;                                                   // [2][kBBytes]
-    static constexpr int kW = kB + 2 * score_dense::kBBytes;                       // float [2][kN]: scaled weights
-    static constexpr int kRing = kW + 2 * score_dense::kN * 4;                     // [kStages][kImg]
-    static constexpr int kBars = kRing + score_dense::kStages * score_dense::kImg;  // u64: key full, B full, B empty
-    static constexpr int kMeta = kBars + (score_dense::kStages + 4) * 8;           // int [2][8]: lengths, rows
-    static constexpr int kStart = kMeta + 2 * 8 * 4;                               // int [kMaxItems + 1]
+    static constexpr int kB = 0;                                                          // [kBuffers][kBBytes]
+    static constexpr int kW = kB + score_dense::kBuffers * score_dense::kBBytes;          // float [kBuffers][kN]: scaled weights
+    static constexpr int kRing = kW + score_dense::kBuffers * score_dense::kN * 4;        // [kStages][kImg]
+    static constexpr int kBars = kRing + score_dense::kStages * score_dense::kImg;         // u64: key full, B full, B empty
+    static constexpr int kMeta = kBars + (score_dense::kStages + 2 * score_dense::kBuffers) * 8;  // int [kBuffers][8]
+    static constexpr int kStart = kMeta + score_dense::kBuffers * 8 * 4;                  // int [kMaxItems + 1]
     static constexpr int kBytes = kStart + (score_dense::kMaxItems + 1) * 4;
     static_assert(kRing % 128 == 0 && score_dense::kImg % 128 == 0 && kBars % 8 == 0, "operand and barrier alignment");
+};
+
+// The item's MMA: A (64 entries) x B (kQueries queries' 64 heads)
+template <int kCols>
+struct DenseMma;
+template <>
+struct DenseMma<256> {
+    __device__ static void run(float (&d)[128], u64 a, u64 b, int acc) { wgmma_m64n256k16_ss(d, a, b, acc); }
+};
+template <>
+struct DenseMma<192> {
+    __device__ static void run(float (&d)[96], u64 a, u64 b, int acc) { wgmma_m64n192k16_ss(d, a, b, acc); }
 };
 
 // The rows of sequence b in the run [run_first, run_first + T): [start(b), start(b + 1)),
@@ -131,12 +145,12 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     const int g = lane >> 2, c = lane & 3;
     u64* kfull = reinterpret_cast<u64*>(smem + DenseSmem::kBars);  // ring stage j's unit landed
     u64* bfull = kfull + kStages;                                   // B buffer j's item staged
-    u64* bempty = bfull + 2;                                        // both MMA warpgroups done with it
+    u64* bempty = bfull + kBuffers;                                 // both MMA warpgroups done with it
     int* meta = reinterpret_cast<int*>(smem + DenseSmem::kMeta);
     int* start = reinterpret_cast<int*>(smem + DenseSmem::kStart);
     if (tid == 0) {
         for (int j = 0; j < kStages; ++j) mbar_init(kfull + j, 1);
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < kBuffers; ++j) {
             mbar_init(bfull + j, 128);
             mbar_init(bempty + j, 256);
         }
@@ -197,10 +211,10 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     UnitCursor cursor{p_first, item_at(p_first).b};
     if (tid == 0)
         for (int u = u0; u < u1 && u < u0 + kStages; ++u) issue(u, cursor);
-    // my share's items with units in it, in order: il counts them (B buffer il % 2)
+    // my share's items with units in it, in order: il counts them (B buffer il % kBuffers)
     auto has_units = [&](int p) { return min(start[p + 1], u1) > max(start[p], u0); };
 
-    if (wg == 0) {  // ---- staging: each item's four queries into B buffer il % 2
+    if (wg == 0) {  // ---- staging: each item's queries into B buffer il % kBuffers
         // the next item's rows, asked of L2 while this one's are staged: their loads then
         // wait on L2, not on HBM (prefill-8K scoring -4%; two items ahead measured +1%)
         int ahead = p_first;  // the next item to prefetch
@@ -219,8 +233,8 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
         for (int p = p_first; p < n_items && start[p] < u1; ++p) {
             if (!has_units(p)) continue;
             if (wtid == 0) prefetch_next();
-            const int buf = il & 1;
-            if (il >= 2) mbar_wait(bempty + buf, (u32)((il - 2) >> 1) & 1u);
+            const int buf = il % kBuffers;
+            if (il >= kBuffers) mbar_wait(bempty + buf, (u32)((il - kBuffers) / kBuffers) & 1u);
             const Item it = item_at(p);
             unsigned char* qb = smem + DenseSmem::kB + buf * kBBytes;
             float* wsm = reinterpret_cast<float*>(smem + DenseSmem::kW) + buf * kN;
@@ -231,7 +245,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
                 staging.load(q, w, H, it.first + qq);
                 staging.store_chunked(qb + qq * (64 / 8) * 128, wsm + 64 * qq, kBLbo);
             }
-            if (wtid < kQueries) {  // rows past the item's end: length 0, nothing stored
+            if (wtid < 4) {  // rows past the item's end (and lane 3's with three queries): length 0
                 meta[buf * 8 + wtid] = wtid < it.rows ? visible_len(valid_lens, it.first + wtid, max_len) : 0;
                 meta[buf * 8 + 4 + wtid] = it.first + min(wtid, it.rows - 1);
             }
@@ -252,10 +266,10 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     int il = 0;
     for (int p = p_first; p < n_items && start[p] < u1; ++p) {
         if (!has_units(p)) continue;
-        const int buf = il & 1;
+        const int buf = il % kBuffers;
         // waited for even without a unit here, so that this warpgroup's release of the buffer
         // below cannot count towards an earlier item's
-        mbar_wait(bfull + buf, (u32)(il >> 1) & 1u);
+        mbar_wait(bfull + buf, (u32)(il / kBuffers) & 1u);
         const int lo = max(start[p], u0), hi = min(start[p + 1], u1);
         // lane c stores query c's scores (see the epilogue): its length and score row
         const int my_len = meta[buf * 8 + c];
@@ -272,9 +286,10 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             named_barrier(kTurnBarrier + m, 256);  // my turn
             wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < kDim / 16; ++ks)
-                wgmma_m64n256k16_ss(acc, desc_a + (u64)((2 * ks * kALbo) >> 4), desc_b + (u64)((2 * ks * kBLbo) >> 4),
-                                    ks > 0);
+            for (int ks = 0; ks < kDim / 16; ++ks) {
+                const u64 da = desc_a + (u64)((2 * ks * kALbo) >> 4), db = desc_b + (u64)((2 * ks * kBLbo) >> 4);
+                DenseMma<kN>::run(acc, da, db, ks > 0);
+            }
             wgmma_commit();
             asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier + 1 - m) : "memory");  // the other's turn
             wgmma_wait<0>();
@@ -282,12 +297,13 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             // every thread's MMAs have read the stage: refill it with my unit four ahead
             named_barrier(1 + m, 128);
             if (wtid == 0 && u + kStages < u1) issue(u + kStages, cursor);
-            // each lane's weighted head sums of rows r0, r0 + 8 for the four queries, then
+            // each lane's weighted head sums of rows r0, r0 + 8 for the item's queries, then
             // the quad's sums scattered so that lane c holds query c's: lanes c, c ^ 1
             // first (the parity of c keeps queries of that parity), then c, c ^ 2: the
             // association of weighted_head_sums, so the sums are its bits, in half the
             // shuffles and with no lane idle at the stores
-            float2 part[kQueries];
+            float2 part[4];  // a fourth query of zeros where an item has three (its lane stores nothing)
+            part[3] = make_float2(0.0f, 0.0f);
 #pragma unroll
             for (int qq = 0; qq < kQueries; ++qq)
                 part[qq] = weighted_head_partials(reinterpret_cast<const float(&)[32]>(acc[32 * qq]), [&](int j) {

@@ -113,6 +113,31 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], u64 desc_a, u
 
 
 // d (+)= A (shared memory descriptor, 64 x 16 fp16, K-major) * B (shared memory descriptor,
+// 16 x 192 fp16, K-major): three queries side by side (d[32 qq .. 32 qq + 31]: query qq's
+// 64 heads in the m64n64 fragment layout)
+__device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], u64 desc_a, u64 desc_b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+        "%96, %97, p, 1, 1, 0, 0;\n}\n"
+        : WGMMA_ACC8(d, 0), WGMMA_ACC8(d, 8), WGMMA_ACC8(d, 16), WGMMA_ACC8(d, 24),
+          WGMMA_ACC8(d, 32), WGMMA_ACC8(d, 40), WGMMA_ACC8(d, 48), WGMMA_ACC8(d, 56),
+          WGMMA_ACC8(d, 64), WGMMA_ACC8(d, 72), WGMMA_ACC8(d, 80), WGMMA_ACC8(d, 88)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();  // sm_90a only; the launcher never picks this kernel elsewhere
+#endif
+}
+
+// d (+)= A (shared memory descriptor, 64 x 16 fp16, K-major) * B (shared memory descriptor,
 // 16 x 256 fp16, K-major): score_dense.cu's four queries side by side (d[32 qq .. 32 qq + 31]:
 // query qq's 64 heads in the m64n64 fragment layout)
 __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], u64 desc_a, u64 desc_b, int accumulate) {

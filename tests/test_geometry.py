@@ -257,7 +257,7 @@ def test_dense_launch_fits_one_cta_an_sm():
     assert sl.grid == (H200.sm_count, 1) and sl.block == (384,) and sl.balanced
     assert sl.smem == geometry.dense_smem_bytes(128) and sl.smem + 2304 <= H200.max_smem_per_block
     assert sl.ld % geometry.TILE_ENTRIES == 0 and sl.ld >= 2048
-    assert geometry.DENSE_MAX_ROWS // 4 + geometry.DENSE_MAX_SEQS <= geometry._DENSE_MAX_ITEMS
+    assert -(-geometry.DENSE_MAX_ROWS // geometry._DENSE_QUERIES) + geometry.DENSE_MAX_SEQS <= geometry._DENSE_MAX_ITEMS
     assert geometry.dense_image_bytes(3, 130) == 3 * 3 * geometry.DENSE_UNIT_BYTES  # units rounded up
     with pytest.raises(ValueError, match="at most 8192 rows a run"):
         geometry.score_dense_launch(8193, 64, 128, 2048, H200, 64)
