@@ -1,0 +1,72 @@
+"""The short-row select (topk_row_kernel<128, 1024, 16>: rows of up to 2,048 entries, top-k
+up to 1,024) on score rows built to reach each of its orderings of the winners: buckets of
+spread keys, buckets holding ties (the index decides), plateaus too large for a bucket (the
+sort instead), keys over every exponent (the bucket shift), rows shorter than k (padding),
+NaN scores (never selected). Against NumPy: score descending, then index ascending."""
+
+import numpy as np
+import pytest
+
+from indexer import arrays
+from tests.gpu import requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+
+def _expected(row, n, k):
+    s = row[:n]
+    ok = np.flatnonzero(~np.isnan(s))
+    order = ok[np.lexsort((ok, -s[ok].astype(np.float64)))][:k]
+    idx = np.full(k, -1, dtype=np.int32)
+    sc = np.full(k, -np.inf, dtype=np.float32)
+    idx[: order.size] = order
+    sc[: order.size] = s[order]
+    return idx, sc
+
+
+def _rows(kind, rng, rows, width):
+    if kind == "random":
+        return rng.standard_normal((rows, width)).astype(np.float32)
+    if kind == "small-ties":  # 20 copies of a few values among the winners: buckets with ties
+        x = rng.standard_normal((rows, width)).astype(np.float32)
+        for r in range(rows):
+            x[r, rng.choice(width, 20, replace=False)] = np.float32(2.5)
+            x[r, rng.choice(width, 7, replace=False)] = np.float32(3.0)
+        return x
+    if kind == "plateau":  # 600 equal scores at the top: a bucket past its limit
+        x = rng.standard_normal((rows, width)).astype(np.float32) - np.float32(10)
+        for r in range(rows):
+            x[r, rng.choice(width, 600, replace=False)] = np.float32(0.0)
+        return x
+    if kind == "exponents":  # magnitudes from 2^-120 to 2^120, both signs
+        e = rng.integers(-120, 121, size=(rows, width)).astype(np.float32)
+        return (np.sign(rng.standard_normal((rows, width))) * np.exp2(e)).astype(np.float32)
+    if kind == "nan":
+        x = rng.standard_normal((rows, width)).astype(np.float32)
+        x[rng.random((rows, width)) < 0.3] = np.nan
+        return x
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["random", "small-ties", "plateau", "exponents", "nan"])
+@pytest.mark.parametrize("top_k", [1, 100, 512, 1024])
+def test_short_row_select_orders_the_winners_like_numpy(kind, top_k):
+    from indexer import _jit
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(top_k * 13 + len(kind))
+    rows, width = 12, 2048
+    scores = _rows(kind, rng, rows, width)
+    lens = rng.integers(0, width + 1, size=rows).astype(np.int32)
+    lens[0], lens[1], lens[2] = width, top_k // 2, 0  # a full row, one short of k, an empty one
+    kernel = _jit.get_kernel("select_fast.cu", "topk_row_kernel<128, 1024, 16>")
+    out_idx = cp.full((rows, top_k), 7, dtype=cp.int32)
+    out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
+    table = cp.zeros((rows, 1), dtype=cp.int32)
+    kernel((rows,), (128,), (cp.asarray(scores), np.int64(width), cp.asarray(lens), np.int32(width), np.int32(top_k),
+                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc))
+    got_idx, got_sc = out_idx.get(), out_sc.get()
+    for r in range(rows):
+        want_idx, want_sc = _expected(scores[r], int(lens[r]), top_k)
+        np.testing.assert_array_equal(got_idx[r], want_idx, err_msg=f"row {r} (n = {lens[r]})")
+        np.testing.assert_array_equal(got_sc[r], want_sc, err_msg=f"row {r} (n = {lens[r]})")
