@@ -1,7 +1,8 @@
 """The short-row select (topk_row_kernel<128, 1024, 16>: rows of up to 2,048 entries, top-k
 up to 1,024) on score rows built to reach each of its orderings of the winners: buckets of
-spread keys, buckets holding ties (the index decides), plateaus too large for a bucket (the
-sort instead), keys over every exponent (the bucket shift), rows shorter than k (padding),
+spread scores, buckets holding ties (the index decides), plateaus too large for a bucket (the
+sort instead), scores over every exponent, rows shorter than k (padding),
+outliers, spans of a few ulps, subnormal spans, infinite scores and spans (the sort instead),
 NaN scores (never selected). Against NumPy: score descending, then index ascending."""
 
 import numpy as np
@@ -41,6 +42,24 @@ def _rows(kind, rng, rows, width):
     if kind == "exponents":  # magnitudes from 2^-120 to 2^120, both signs
         e = rng.integers(-120, 121, size=(rows, width)).astype(np.float32)
         return (np.sign(rng.standard_normal((rows, width))) * np.exp2(e)).astype(np.float32)
+    if kind == "outlier":  # one score far above the rest: the others crowd into a few buckets
+        x = rng.standard_normal((rows, width)).astype(np.float32)
+        x[:, 5] = np.float32(1e30)
+        return x
+    if kind == "ulps":  # winners a few ulps apart: a span of ulps spread over the buckets
+        return (np.float32(1.0) + rng.integers(0, 3000, size=(rows, width)) * np.float32(2.0**-23)).astype(np.float32)
+    if kind == "subnormal":  # a span whose inverse overflows (the sort instead)
+        return (rng.integers(-500, 500, size=(rows, width)) * np.float32(2.0**-149)).astype(np.float32)
+    if kind == "infinite":  # +-inf and +-3e38 among normal scores: an infinite span (the sort instead)
+        x = rng.standard_normal((rows, width)).astype(np.float32)
+        for r in range(rows):
+            pick = rng.choice(width, 8, replace=False)
+            x[r, pick] = np.array([np.inf, -np.inf, 3e38, -3e38] * 2, dtype=np.float32)
+        return x
+    if kind == "wide":  # +-3e38 among normal scores: a span that overflows to infinity
+        x = rng.standard_normal((rows, width)).astype(np.float32)
+        x[:, 3], x[:, 9] = np.float32(3e38), np.float32(-3e38)
+        return x
     if kind == "nan":
         x = rng.standard_normal((rows, width)).astype(np.float32)
         x[rng.random((rows, width)) < 0.3] = np.nan
@@ -48,7 +67,8 @@ def _rows(kind, rng, rows, width):
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["random", "small-ties", "plateau", "exponents", "nan"])
+@pytest.mark.parametrize("kind", ["random", "small-ties", "plateau", "exponents", "outlier", "ulps", "subnormal",
+                                  "infinite", "wide", "nan"])
 @pytest.mark.parametrize("top_k", [1, 100, 512, 1024])
 def test_short_row_select_orders_the_winners_like_numpy(kind, top_k):
     from indexer import _jit
