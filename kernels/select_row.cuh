@@ -19,27 +19,30 @@ __device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { r
 
 // The m winners cand[0, m) (any order; distinct, none zero) written to output slots
 // 0 .. m - 1 by (score descending, index ascending), and padding to slots m .. top_k - 1,
-// without a sort: each winner's bucket is (largest score - its score) * kBuckets / (the
-// winners' score span), rounded down, a monotone map (each step rounds monotonically), so
-// larger scores take lower buckets and equal ones the same; linear in the score, where
-// buckets of key bits crowded winners that span zero or many binades into a few buckets
-// (prefill-8K: 48% of rows fell back). Its slot is its bucket's offset (a block scan of the
-// bucket counts) plus the members of its bucket ahead of it (compared as candidates, so
-// the slot is exact and deterministic whatever order the atomics placed them in). ~250
-// instructions a thread for 512 winners at 128 threads, where the bitonic sort takes ~900.
+// without a sort: each winner's bucket is the top bits of its key's distance below the
+// largest key, on keys whose interval (-eps, eps) is collapsed to one point, eps the
+// winners' largest magnitude times 2^-16 (a monotone map, so larger scores take lower
+// buckets and equal ones the same). Key bits space the buckets by binades, as the scores
+// of a row spread; the collapse keeps the ~250 binades of magnitudes near zero, which
+// winners of both signs span, from crowding the winners into a few buckets (without it
+// 48% of prefill-8K's rows fell back to the sort; with it none of 160 emulated). Its
+// slot is its bucket's offset (a block scan of the bucket counts) plus the members of its
+// bucket ahead of it (compared as candidates, so the slot is exact and deterministic
+// whatever order the atomics placed them in).
 // Returns false, having written nothing and left cand as it was, when a bucket holds more
-// than kMaxBucket winners (a plateau of equal keys) or the span is not a finite positive
-// float with a finite inverse (NaN or infinite winners, extreme scales): the caller sorts.
+// than kMaxBucket winners (a plateau of equal scores, or winners crowded by an outlier or
+// inside (-eps, eps)): the caller sorts instead.
 template <int kThreads, int kMaxK>
 __device__ __forceinline__ bool write_winners_bucketed(u64* cand, u32 m, int top_k, const int* __restrict__ bt_row,
                                                        int E, int num_blocks, int physical, int* __restrict__ out_idx,
                                                        float* __restrict__ out_scores, u32* scratch) {
     constexpr int kPer = kMaxK / kThreads;  // winners a thread at most
     constexpr int kBuckets = kMaxK / 2;      // ~1 winner a bucket at m = kMaxK / 2
+    constexpr int kBucketBits = kBuckets >= 2048 ? 11 : kBuckets >= 1024 ? 10 : kBuckets >= 512 ? 9 : 8;  // log2
     constexpr int kBinsPer = kBuckets / kThreads;
     constexpr int kWarps = kThreads / 32;
     constexpr u32 kMaxBucket = 32;
-    static_assert(kBinsPer >= 1 && kBuckets % kThreads == 0, "buckets per thread");
+    static_assert(kBinsPer >= 1 && kBuckets % kThreads == 0 && (1 << kBucketBits) == kBuckets, "buckets per thread");
     __shared__ u32 start[kBuckets + 1];  // counts, then offsets (start[kBuckets] = m)
     __shared__ u32 s_lo[kWarps], s_hi[kWarps], s_big;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -68,18 +71,20 @@ __device__ __forceinline__ bool write_winners_bucketed(u64* cand, u32 m, int top
         lo = min(lo, s_lo[w]);
         hi = max(hi, s_hi[w]);
     }
-    // the same in every thread: a NaN winner (key 0), an infinite score or span, or a span
-    // whose inverse overflows leaves the order to the sort (span 0: one bucket, the sort
-    // unless m <= kMaxBucket)
-    const float top = key_to_score(hi), span = __fsub_rn(top, key_to_score(lo));
-    const float inv = span > 0.0f ? __fdiv_rn((float)kBuckets, span) : 0.0f;
-    if (lo == 0u || !isfinite(top) || !isfinite(span) || !isfinite(inv)) return false;  // cand untouched
+    // the collapse: keys in (key(-eps), key(eps)) map to key(-eps) + 1, keys above shift down
+    // to follow it (u32 wrap-around: a gap of 0 or 1 shifts up by 2 or 1; +inf's key has room)
+    const float mag = fmaxf(fabsf(key_to_score(hi)), fabsf(key_to_score(lo)));
+    const float eps = mag * (1.0f / 65536.0f);  // exact: a power of two
+    const u32 kn = score_to_key(-eps), kp = score_to_key(eps), gap = kp - kn - 2u;
+    auto collapsed = [&](u32 key) { return key <= kn ? key : key < kp ? kn + 1u : key - gap; };
+    const u32 top = collapsed(hi), range = top - collapsed(lo);  // m >= 1: lo <= hi
+    const int bits = range ? 32 - __clz((int)range) : 0;
+    const int shift = bits > kBucketBits ? bits - kBucketBits : 0;  // range >> shift < kBuckets
     u32 bucket[kPer], slot[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
         if ((u32)(tid + j * kThreads) < m) {
-            const float below = __fmul_rn(__fsub_rn(top, key_to_score(candidate_key(c[j]))), inv);  // >= 0
-            bucket[j] = min((u32)(kBuckets - 1), (u32)below);
+            bucket[j] = (top - collapsed(candidate_key(c[j]))) >> shift;
             slot[j] = atomicAdd(&start[bucket[j]], 1u);
         }
     }

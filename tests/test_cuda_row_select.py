@@ -1,9 +1,10 @@
 """The short-row select (topk_row_kernel<128, 1024, 16>: rows of up to 2,048 entries, top-k
 up to 1,024) on score rows built to reach each of its orderings of the winners: buckets of
-spread scores, buckets holding ties (the index decides), plateaus too large for a bucket (the
-sort instead), scores over every exponent, rows shorter than k (padding),
-outliers, spans of a few ulps, spans whose inverse overflows, infinite scores and spans (the sort instead),
-NaN scores (never selected). Against NumPy: score descending, then index ascending."""
+spread scores, buckets holding ties (the index decides), plateaus too large for a bucket
+(the sort instead), scores over every exponent, outliers, scores near zero (collapsed into
+one bucket), spans of a few ulps (large and tiny scores), infinite scores, rows shorter
+than k (padding), NaN scores (never selected). Against NumPy: score descending, then index
+ascending."""
 
 import numpy as np
 import pytest
@@ -46,18 +47,25 @@ def _rows(kind, rng, rows, width):
         x = rng.standard_normal((rows, width)).astype(np.float32)
         x[:, 5] = np.float32(1e30)
         return x
+    if kind == "near-zero":  # scores inside the collapsed (-eps, eps), signed zeros among them
+        x = rng.standard_normal((rows, width)).astype(np.float32)
+        for r in range(rows):
+            pick = rng.choice(width, 40, replace=False)
+            x[r, pick[:36]] = (rng.standard_normal(36) * 1e-7).astype(np.float32)
+            x[r, pick[36:]] = np.array([0.0, -0.0, 0.0, -0.0], dtype=np.float32)
+        return x
     if kind == "ulps":  # winners a few ulps apart: a span of ulps spread over the buckets
         return (np.float32(1.0) + rng.integers(0, 3000, size=(rows, width)) * np.float32(2.0**-23)).astype(np.float32)
-    if kind == "tiny-span":  # normal scores near 2^-110 a few ulps apart: a span whose inverse overflows
+    if kind == "tiny-span":  # normal scores near 2^-110 a few ulps apart
         return (np.float32(2.0**-110) * (np.float32(1.0) + rng.integers(0, 3000, size=(rows, width))
                                          * np.float32(2.0**-23))).astype(np.float32)
-    if kind == "infinite":  # +-inf and +-3e38 among normal scores: an infinite span (the sort instead)
+    if kind == "infinite":  # +-inf and +-3e38 among normal scores
         x = rng.standard_normal((rows, width)).astype(np.float32)
         for r in range(rows):
             pick = rng.choice(width, 8, replace=False)
             x[r, pick] = np.array([np.inf, -np.inf, 3e38, -3e38] * 2, dtype=np.float32)
         return x
-    if kind == "wide":  # +-3e38 among normal scores: a span that overflows to infinity
+    if kind == "wide":  # +-3e38 among normal scores: the widest finite span
         x = rng.standard_normal((rows, width)).astype(np.float32)
         x[:, 3], x[:, 9] = np.float32(3e38), np.float32(-3e38)
         return x
@@ -68,7 +76,7 @@ def _rows(kind, rng, rows, width):
     raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["random", "small-ties", "plateau", "exponents", "outlier", "ulps", "tiny-span",
+@pytest.mark.parametrize("kind", ["random", "small-ties", "plateau", "exponents", "outlier", "near-zero", "ulps", "tiny-span",
                                   "infinite", "wide", "nan"])
 @pytest.mark.parametrize("top_k", [1, 100, 512, 1024])
 def test_short_row_select_orders_the_winners_like_numpy(kind, top_k):
