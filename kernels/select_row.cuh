@@ -17,9 +17,8 @@
 // Returns the key of entry i of the row (0 for NaN).
 __device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { return score_to_key(row[i]); }
 
-// The m winners cand[0, m) (any order; distinct, none zero) written to output slots
-// 0 .. m - 1 by (score descending, index ascending), and padding to slots m .. top_k - 1,
-// without a sort: each winner's bucket is the top bits of its key's distance below the
+// The m winners cand[0, m) (any order; distinct, none zero) put in order, by (score
+// descending, index ascending), in place without a sort: each winner's bucket is the top bits of its key's distance below the
 // largest key, on keys whose interval (-eps, eps) is collapsed to one point, eps the
 // winners' largest magnitude times 2^-16 (a monotone map, so larger scores take lower
 // buckets and equal ones the same). Key bits space the buckets by binades, as the scores
@@ -28,14 +27,14 @@ __device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { r
 // 48% of prefill-8K's rows fell back to the sort; with it none of 160 emulated). Its
 // slot is its bucket's offset (a block scan of the bucket counts) plus the members of its
 // bucket ahead of it (compared as candidates, so the slot is exact and deterministic
-// whatever order the atomics placed them in).
-// Returns false, having written nothing and left cand as it was, when a bucket holds more
+// whatever order the atomics placed them in). The caller stores them from cand in slot
+// order: stored straight from each winner's slot, the scattered stores cost more than the
+// ordering (prefill-8K's select 102.5 us, against 118 with the sort).
+// Returns false, having left cand as it was, when a bucket holds more
 // than kMaxBucket winners (a plateau of equal scores, or winners crowded by an outlier or
 // inside (-eps, eps)): the caller sorts instead.
 template <int kThreads, int kMaxK>
-__device__ __forceinline__ bool write_winners_bucketed(u64* cand, u32 m, int top_k, const int* __restrict__ bt_row,
-                                                       int E, int num_blocks, int physical, int* __restrict__ out_idx,
-                                                       float* __restrict__ out_scores, u32* scratch) {
+__device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* scratch) {
     constexpr int kPer = kMaxK / kThreads;  // winners a thread at most
     constexpr int kBuckets = kMaxK / 2;      // ~1 winner a bucket at m = kMaxK / 2
     constexpr int kBucketBits = kBuckets >= 2048 ? 11 : kBuckets >= 1024 ? 10 : kBuckets >= 512 ? 9 : 8;  // log2
@@ -112,17 +111,21 @@ __device__ __forceinline__ bool write_winners_bucketed(u64* cand, u32 m, int top
     for (int j = 0; j < kPer; ++j)
         if ((u32)(tid + j * kThreads) < m) cand[start[bucket[j]] + slot[j]] = c[j];
     __syncthreads();
+    u32 final_slot[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
         if ((u32)(tid + j * kThreads) < m) {
             const u32 first = start[bucket[j]], end = start[bucket[j] + 1];
             u32 ahead = 0u;
             for (u32 p = first; p < end; ++p) ahead += cand[p] > c[j] ? 1u : 0u;
-            write_slot((int)(first + ahead), c[j], true, bt_row, E, num_blocks, physical, out_idx, out_scores);
+            final_slot[j] = first + ahead;
         }
     }
-    for (int i = (int)m + tid; i < top_k; i += kThreads) write_slot(i, 0ull, false, bt_row, E, num_blocks, physical,
-                                                                     out_idx, out_scores);
+    __syncthreads();  // every bucket read: cand rewritten in order, for the caller's coalesced stores
+#pragma unroll
+    for (int j = 0; j < kPer; ++j)
+        if ((u32)(tid + j * kThreads) < m) cand[final_slot[j]] = c[j];
+    __syncthreads();
     return true;
 }
 
@@ -281,16 +284,17 @@ __device__ __forceinline__ void select_row_radix(
 
     // ---- the winners in order: by buckets where the row's keys spread them (the row kernels
     // of up to 8 winners a thread), else a bitonic sort, descending by (key, ~index)
+    bool sorted = false;
     if constexpr (kRegs > 0 && kMaxK / kThreads <= 8) {
         __syncthreads();  // every winner in cand (the index-ordered collection ends on a store)
-        if (m > 0u && write_winners_bucketed<kThreads, kMaxK>(cand, m, top_k, bt_row, E, num_blocks, physical, out_idx,
-                                                               out_scores, scratch))
-            return;  // the same in every thread
+        sorted = m > 0u && order_winners_bucketed<kThreads, kMaxK>(cand, m, scratch);  // the same in every thread
     }
-    const u32 size = sort_size(m);  // m <= top_k <= kMaxK; zero keys sort last
-    for (u32 i = m + tid; i < size; i += kThreads) cand[i] = 0ull;
-    __syncthreads();
-    bitonic_sort_desc<kThreads>(cand, size);
+    if (!sorted) {
+        const u32 size = sort_size(m);  // m <= top_k <= kMaxK; zero keys sort last
+        for (u32 i = m + tid; i < size; i += kThreads) cand[i] = 0ull;
+        __syncthreads();
+        bitonic_sort_desc<kThreads>(cand, size);
+    }
 
     // ---- write indices (logical or physical) and scores; -1 / -inf padding
     for (int i = tid; i < top_k; i += kThreads)
