@@ -80,8 +80,11 @@ __device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* sc
     const int bits = range ? 32 - __clz((int)range) : 0;
     const int shift = bits > kBucketBits ? bits - kBucketBits : 0;  // range >> shift < kBuckets
     u32 bucket[kPer], slot[kPer];
+    // below, groups j * kThreads past m are skipped whole (the same j in every thread): k =
+    // 512 in a kernel of kMaxK = 1,024 takes half of them
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
+        if ((u32)(j * kThreads) >= m) break;
         if ((u32)(tid + j * kThreads) < m) {
             bucket[j] = (top - collapsed(candidate_key(c[j]))) >> shift;
             slot[j] = atomicAdd(&start[bucket[j]], 1u);
@@ -108,23 +111,31 @@ __device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* sc
     __syncthreads();
     if (s_big > kMaxBucket) return false;  // the same in every thread; cand untouched
 #pragma unroll
-    for (int j = 0; j < kPer; ++j)
+    for (int j = 0; j < kPer; ++j) {
+        if ((u32)(j * kThreads) >= m) break;
         if ((u32)(tid + j * kThreads) < m) cand[start[bucket[j]] + slot[j]] = c[j];
+    }
     __syncthreads();
     u32 final_slot[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
+        if ((u32)(j * kThreads) >= m) break;
         if ((u32)(tid + j * kThreads) < m) {
             const u32 first = start[bucket[j]], end = start[bucket[j] + 1];
             u32 ahead = 0u;
-            for (u32 p = first; p < end; ++p) ahead += cand[p] > c[j] ? 1u : 0u;
+            if (end - first > 1u) {  // most buckets hold one winner: its slot is the bucket's
+#pragma unroll 1
+                for (u32 p = first; p < end; ++p) ahead += cand[p] > c[j] ? 1u : 0u;
+            }
             final_slot[j] = first + ahead;
         }
     }
     __syncthreads();  // every bucket read: cand rewritten in order, for the caller's coalesced stores
 #pragma unroll
-    for (int j = 0; j < kPer; ++j)
+    for (int j = 0; j < kPer; ++j) {
+        if ((u32)(j * kThreads) >= m) break;
         if ((u32)(tid + j * kThreads) < m) cand[final_slot[j]] = c[j];
+    }
     __syncthreads();
     return true;
 }
