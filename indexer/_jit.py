@@ -107,7 +107,7 @@ INSTANCES = {
                        "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>",
                        "topk_rank_kernel<256, false>", "topk_rank_kernel<256, true>", "topk_final_kernel<1024, 8192>",
                        "topk_row_kernel<256, 4096, 16>", "topk_row_kernel<256, 4096, 0>",
-                       "topk_row_kernel<128, 1024, 16>", "block_sort_kernel<1024>", "block_sort_kernel<256>", "block_sort_kernel<128>"],
+                       "topk_row_kernel<128, 1024, 16>", "topk_row_kernel<128, 512, 16>", "block_sort_kernel<1024>", "block_sort_kernel<256>", "block_sort_kernel<128>"],
 }
 
 

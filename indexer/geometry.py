@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -443,15 +443,20 @@ ROW_SELECT_MAX_LEN = 4096
 #: select (16 entries a thread; eight CTAs a SM: more rows in flight, fewer warps a barrier)
 SHORT_ROW_SELECT_MAX_LEN = 2048
 SHORT_ROW_SELECT_MAX_K = 1024
+#: ... of which k <= this takes an instance holding half the winners' slots (prefill-8K's
+#: k = 512: its select 90.6 -> 87.8 us, v34)
+SHORT_ROW_SELECT_HALF_K = 512
 
 
 def row_select_kernel(ld: int, top_k: int, max_top_k: int) -> tuple[str, int]:
     """(instance name, threads) of ``topk_row_kernel`` for score rows of ``ld`` entries:
-    128 threads for short rows and k <= SHORT_ROW_SELECT_MAX_K, else 256 with every top-k up
+    128 threads for short rows and k <= SHORT_ROW_SELECT_MAX_K (with SHORT_ROW_SELECT_HALF_K
+    winners' slots for k up to that), else 256 with every top-k up
     to ``max_top_k``; rows past ROW_SELECT_MAX_LEN (the row select forced) are read by every
     pass instead of held in registers."""
     if ld <= SHORT_ROW_SELECT_MAX_LEN and top_k <= SHORT_ROW_SELECT_MAX_K:
-        return f"topk_row_kernel<128, {SHORT_ROW_SELECT_MAX_K}, {SHORT_ROW_SELECT_MAX_LEN // 128}>", 128
+        max_k = SHORT_ROW_SELECT_HALF_K if top_k <= SHORT_ROW_SELECT_HALF_K else SHORT_ROW_SELECT_MAX_K
+        return f"topk_row_kernel<128, {max_k}, {SHORT_ROW_SELECT_MAX_LEN // 128}>", 128
     regs = ROW_SELECT_MAX_LEN // 256 if ld <= ROW_SELECT_MAX_LEN else 0
     return f"topk_row_kernel<256, {max_top_k}, {regs}>", 256
 

@@ -427,7 +427,7 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
 // Prefill's thousands of short causal rows go here. kRegs > 0: rows of at most
 // kRegs * kThreads entries (ROW_SELECT_MAX_LEN), read once into registers; kRegs = 0: rows
 // of any length, read by every pass (the row select forced on long rows, for tests).
-// kThreads = 128 (rows of at most 2,048 entries, k <= kMaxK = 1,024: prefill's causal rows):
+// kThreads = 128 (rows of at most 2,048 entries, k <= kMaxK = 1,024 or 512: prefill's causal rows):
 // eight CTAs a SM (64 registers, no spills), more rows in flight than the 256-thread form's
 // five, half the warps at each of its barriers.
 template <int kThreads, int kMaxK, int kRegs>

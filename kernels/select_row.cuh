@@ -18,25 +18,23 @@
 __device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { return score_to_key(row[i]); }
 
 // The m winners cand[0, m) (any order; distinct, none zero) put in order, by (score
-// descending, index ascending), in place without a sort: each winner's bucket is the top bits of its key's distance below the
-// largest key, on keys whose interval (-eps, eps) is collapsed to one point, eps the
-// winners' largest magnitude times 2^-16 (a monotone map, so larger scores take lower
-// buckets and equal ones the same). Key bits space the buckets by binades, as the scores
-// of a row spread; the collapse keeps the ~250 binades of magnitudes near zero, which
-// winners of both signs span, from crowding the winners into a few buckets (without it
-// 48% of prefill-8K's rows fell back to the sort; with it none of 160 emulated). Its
+// descending, index ascending), in place without a sort. Each winner's bucket is the top
+// bits of its key's distance below the largest key, on keys whose interval (-eps, eps) is
+// collapsed to one point, eps the winners' largest magnitude times 2^-16: a monotone map,
+// so larger scores take lower buckets and equal ones the same. Key bits space the buckets
+// by binades, as a row's scores spread; the collapse keeps the ~250 binades of tiny
+// magnitudes, which winners of both signs span, from crowding the rest into a few buckets
+// (without it 48% of prefill-8K's rows fell back to the sort; with it none). A winner's
 // slot is its bucket's offset (a block scan of the bucket counts) plus the members of its
-// bucket ahead of it (compared as candidates, so the slot is exact and deterministic
-// whatever order the atomics placed them in). The caller stores them from cand in slot
-// order: stored straight from each winner's slot, the scattered stores cost more than the
-// ordering (prefill-8K's select 102.5 us, against 118 with the sort).
-// Returns false, having left cand as it was, when a bucket holds more
-// than kMaxBucket winners (a plateau of equal scores, or winners crowded by an outlier or
+// bucket ahead of it, compared as candidates, so it is exact and deterministic whatever
+// order the atomics placed them in. The caller then stores the winners from cand in slot
+// order. Returns false, having left cand as it was, when a bucket holds more than
+// kMaxBucket winners (a plateau of equal scores, or winners crowded by an outlier or
 // inside (-eps, eps)): the caller sorts instead.
 template <int kThreads, int kMaxK>
 __device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* scratch) {
     constexpr int kPer = kMaxK / kThreads;  // winners a thread at most
-    constexpr int kBuckets = kMaxK / 2;      // ~1 winner a bucket at m = kMaxK / 2
+    constexpr int kBuckets = kMaxK / 2 > 512 ? kMaxK / 2 : 512;  // >= 1 a winner for k up to kMaxK / 2 or 512
     constexpr int kBucketBits = kBuckets >= 2048 ? 11 : kBuckets >= 1024 ? 10 : kBuckets >= 512 ? 9 : 8;  // log2
     constexpr int kBinsPer = kBuckets / kThreads;
     constexpr int kWarps = kThreads / 32;

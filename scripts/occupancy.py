@@ -44,6 +44,7 @@ def main() -> None:
          geometry.score_dense_launch(8192, 64, 128, 2048).grid[0] // geometry.H200.sm_count),
         ("select_fast.cu", "topk_row_kernel<256, 4096, 16>", 256, 0, None),
         ("select_fast.cu", "topk_row_kernel<128, 1024, 16>", 128, 0, None),
+        ("select_fast.cu", "topk_row_kernel<128, 512, 16>", 128, 0, None),
         ("select_fast.cu", "topk_rank_kernel<256, false>", 256, 0, None),
         ("select_fast.cu", "topk_rank_kernel<256, true>", 256, 0, None),
         ("select_fast.cu", "topk_filter_kernel<256, 16>", 256, 0, None),

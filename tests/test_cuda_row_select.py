@@ -1,5 +1,5 @@
-"""The short-row select (topk_row_kernel<128, 1024, 16>: rows of up to 2,048 entries, top-k
-up to 1,024) on score rows built to reach each of its orderings of the winners: buckets of
+"""The short-row selects (topk_row_kernel<128, 1024, 16> and <128, 512, 16>: rows of up to
+2,048 entries, top-k up to 1,024 or 512) on score rows built to reach each of its orderings of the winners: buckets of
 spread scores, buckets holding ties (the index decides), plateaus too large for a bucket
 (the sort instead), scores over every exponent, outliers, scores near zero (collapsed into
 one bucket), spans of a few ulps (large and tiny scores), infinite scores, rows shorter
@@ -78,17 +78,18 @@ def _rows(kind, rng, rows, width):
 
 @pytest.mark.parametrize("kind", ["random", "small-ties", "plateau", "exponents", "outlier", "near-zero", "ulps", "tiny-span",
                                   "infinite", "wide", "nan"])
-@pytest.mark.parametrize("top_k", [1, 100, 512, 1024])
-def test_short_row_select_orders_the_winners_like_numpy(kind, top_k):
+@pytest.mark.parametrize("max_k, top_k", [(1024, 1), (1024, 100), (1024, 512), (1024, 1024), (512, 1), (512, 100),
+                                          (512, 512)])
+def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
     from indexer import _jit
 
     cp = arrays.cupy()
-    rng = np.random.default_rng(top_k * 13 + len(kind))
+    rng = np.random.default_rng(top_k * 13 + max_k + len(kind))
     rows, width = 12, 2048
     scores = _rows(kind, rng, rows, width)
     lens = rng.integers(0, width + 1, size=rows).astype(np.int32)
     lens[0], lens[1], lens[2] = width, top_k // 2, 0  # a full row, one short of k, an empty one
-    kernel = _jit.get_kernel("select_fast.cu", "topk_row_kernel<128, 1024, 16>")
+    kernel = _jit.get_kernel("select_fast.cu", f"topk_row_kernel<128, {max_k}, 16>")
     out_idx = cp.full((rows, top_k), 7, dtype=cp.int32)
     out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
     table = cp.zeros((rows, 1), dtype=cp.int32)

@@ -114,8 +114,6 @@ def test_cu_seqlens_on_device(cu, T, bad):
 def test_large_table_checked_fully():
     """A prefill-sized per-token table (4,096 rows x 4,112 blocks): a bad id in the last
     visible cell of the last row is found, one past it is not looked at."""
-    import cupy as cp
-
     T, L, E, P = 4096, 4112, 64, 5000
     lens = np.full(T, L * E - 100, np.int32)
     bt = np.random.default_rng(0).integers(0, P, (T, L), dtype=np.int32)

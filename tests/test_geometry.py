@@ -189,8 +189,11 @@ def test_row_select_kernel_takes_128_threads_for_short_rows_and_k_up_to_1024():
     # prefill's causal rows (<= 2,048 entries, k <= 1,024): the 128-thread form, 16 keys a
     # thread; longer rows or larger k: 256 threads with every top-k; past 4,096 entries the
     # rows are read by every pass (no registers)
+    # (k <= 512: the instance with half the winners' slots)
     assert geometry.row_select_kernel(2048, 1024, 4096) == ("topk_row_kernel<128, 1024, 16>", 128)
-    assert geometry.row_select_kernel(128, 1, 4096) == ("topk_row_kernel<128, 1024, 16>", 128)
+    assert geometry.row_select_kernel(2048, 513, 4096) == ("topk_row_kernel<128, 1024, 16>", 128)
+    assert geometry.row_select_kernel(2048, 512, 4096) == ("topk_row_kernel<128, 512, 16>", 128)
+    assert geometry.row_select_kernel(128, 1, 4096) == ("topk_row_kernel<128, 512, 16>", 128)
     assert geometry.row_select_kernel(2176, 512, 4096) == ("topk_row_kernel<256, 4096, 16>", 256)
     assert geometry.row_select_kernel(2048, 1025, 4096) == ("topk_row_kernel<256, 4096, 16>", 256)
     assert geometry.row_select_kernel(4224, 64, 4096) == ("topk_row_kernel<256, 4096, 0>", 256)

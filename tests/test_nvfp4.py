@@ -452,7 +452,7 @@ def _half_step(v):
 def _assert_round_trip_bound(x, codes, scales, g):
     """Every element within half an E2M1 step of s*g of its input, or saturated at 6 s g."""
     x = x.astype(np.float64)
-    batch, d = x.shape[:-1], x.shape[-1]
+    batch = x.shape[:-1]
     out = nvfp4.dequantize(codes, scales, g).astype(np.float64)
     s = np.repeat(nvfp4.e4m3_decode(scales).astype(np.float64), 16, axis=-1)
     sg = s * np.broadcast_to(np.asarray(g, np.float64), batch)[..., None]
