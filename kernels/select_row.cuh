@@ -5,8 +5,10 @@
 // histogram passes, most significant digit first, narrow down the key of the k-th best
 // entry; they stop as soon as the bin holding it is needed whole (usually after three on
 // random rows): then exactly the winners have keys at or above that bin's lower edge, and
-// one collection pass gathers them in any order (warp-aggregated slots), since a bitonic
-// sort orders the k winners by (score descending, index ascending) anyway. Only when the
+// one collection pass gathers them in any order (warp-aggregated slots), since they are
+// put in order by (score descending, index ascending) afterwards anyway: by buckets of
+// their keys in the short-row kernels (order_winners_bucketed), else, or where a bucket
+// is crowded, by a bitonic sort. Only when the
 // k-th key itself ties with entries that are not taken (a plateau) does the collection run
 // in index order (a block scan per group), taking the lowest-indexed equal entries. No
 // locks, no divergent barriers: every loop that contains a barrier has the same trip count
