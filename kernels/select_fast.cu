@@ -437,7 +437,7 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
                 int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
     wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
-    __shared__ u64 cand[kMaxK];
+    __shared__ u64 cand[row_cand_slots<kThreads, kMaxK, kRegs>()];
     const int row = blockIdx.x;
     const int n = visible_len(valid_lens, row, max_len);
     select_row_radix<kThreads, kMaxK, kRegs>(scores + (long long)row * ld, n, top_k, block_table + (long long)row * L, E,

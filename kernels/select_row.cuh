@@ -19,20 +19,43 @@
 // Returns the key of entry i of the row (0 for NaN).
 __device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { return score_to_key(row[i]); }
 
+// Buckets of keys: the top kBucketBits bits of a key's distance below the largest key hi,
+// on keys whose interval (key(-eps), key(eps)) is collapsed to one point, eps the larger
+// magnitude of hi's and lo's scores times 2^-16. A monotone map (each step is), so larger
+// keys take lower buckets and equal keys the same one. Key bits space the buckets by
+// binades, as a row's scores spread; the collapse keeps the ~250 binades of tiny
+// magnitudes, which keys of both signs span, from crowding the rest into a few buckets
+// (without it 48% of prefill-8K's rows crowded a bucket past 32 winners; with it none).
+template <int kBucketBits>
+struct KeyBuckets {
+    u32 kn, kp, gap, top;
+    int shift;
+    // hi >= lo, both selectable (non-zero) keys
+    __device__ __forceinline__ KeyBuckets(u32 hi, u32 lo) {
+        const float mag = fmaxf(fabsf(key_to_score(hi)), fabsf(key_to_score(lo)));
+        const float eps = mag * (1.0f / 65536.0f);  // exact: a power of two
+        // keys in (kn, kp) map to kn + 1, keys from kp up shift down to follow it (u32
+        // wrap-around: a gap of 0 or 1 shifts up by 2 or 1; +inf's key has room)
+        kn = score_to_key(-eps);
+        kp = score_to_key(eps);
+        gap = kp - kn - 2u;
+        top = collapsed(hi);
+        const u32 range = top - collapsed(lo);
+        const int bits = range ? 32 - __clz((int)range) : 0;
+        shift = bits > kBucketBits ? bits - kBucketBits : 0;  // range >> shift < 2^kBucketBits
+    }
+    __device__ __forceinline__ u32 collapsed(u32 key) const { return key <= kn ? key : key < kp ? kn + 1u : key - gap; }
+    __device__ __forceinline__ u32 operator()(u32 key) const { return (top - collapsed(key)) >> shift; }
+};
+
 // The m winners cand[0, m) (any order; distinct, none zero) put in order, by (score
-// descending, index ascending), in place without a sort. Each winner's bucket is the top
-// bits of its key's distance below the largest key, on keys whose interval (-eps, eps) is
-// collapsed to one point, eps the winners' largest magnitude times 2^-16: a monotone map,
-// so larger scores take lower buckets and equal ones the same. Key bits space the buckets
-// by binades, as a row's scores spread; the collapse keeps the ~250 binades of tiny
-// magnitudes, which winners of both signs span, from crowding the rest into a few buckets
-// (without it 48% of prefill-8K's rows fell back to the sort; with it none). A winner's
-// slot is its bucket's offset (a block scan of the bucket counts) plus the members of its
-// bucket ahead of it, compared as candidates, so it is exact and deterministic whatever
-// order the atomics placed them in. The caller then stores the winners from cand in slot
-// order. Returns false, having left cand as it was, when a bucket holds more than
-// kMaxBucket winners (a plateau of equal scores, or winners crowded by an outlier or
-// inside (-eps, eps)): the caller sorts instead.
+// descending, index ascending), in place without a sort: each winner in its KeyBuckets
+// bucket over the winners' own range, its slot its bucket's offset (a block scan of the
+// bucket counts) plus the members of its bucket ahead of it, compared as candidates, so it
+// is exact and deterministic whatever order the atomics placed them in. The caller then
+// stores the winners from cand in slot order. Returns false, having left cand as it was,
+// when a bucket holds more than kMaxBucket winners (a plateau of equal scores, or winners
+// crowded by an outlier or inside (-eps, eps)): the caller sorts instead.
 template <int kThreads, int kMaxK>
 __device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* scratch) {
     constexpr int kPer = kMaxK / kThreads;  // winners a thread at most
@@ -70,15 +93,7 @@ __device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* sc
         lo = min(lo, s_lo[w]);
         hi = max(hi, s_hi[w]);
     }
-    // the collapse: keys in (key(-eps), key(eps)) map to key(-eps) + 1, keys above shift down
-    // to follow it (u32 wrap-around: a gap of 0 or 1 shifts up by 2 or 1; +inf's key has room)
-    const float mag = fmaxf(fabsf(key_to_score(hi)), fabsf(key_to_score(lo)));
-    const float eps = mag * (1.0f / 65536.0f);  // exact: a power of two
-    const u32 kn = score_to_key(-eps), kp = score_to_key(eps), gap = kp - kn - 2u;
-    auto collapsed = [&](u32 key) { return key <= kn ? key : key < kp ? kn + 1u : key - gap; };
-    const u32 top = collapsed(hi), range = top - collapsed(lo);  // m >= 1: lo <= hi
-    const int bits = range ? 32 - __clz((int)range) : 0;
-    const int shift = bits > kBucketBits ? bits - kBucketBits : 0;  // range >> shift < kBuckets
+    const KeyBuckets<kBucketBits> bucket_of(hi, lo);  // m >= 1: lo <= hi
     u32 bucket[kPer], slot[kPer];
     // below, groups j * kThreads past m are skipped whole (the same j in every thread): k =
     // 512 in a kernel of kMaxK = 1,024 takes half of them
@@ -86,7 +101,7 @@ __device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* sc
     for (int j = 0; j < kPer; ++j) {
         if ((u32)(j * kThreads) >= m) break;
         if ((u32)(tid + j * kThreads) < m) {
-            bucket[j] = (top - collapsed(candidate_key(c[j]))) >> shift;
+            bucket[j] = bucket_of(candidate_key(c[j]));
             slot[j] = atomicAdd(&start[bucket[j]], 1u);
         }
     }
@@ -140,8 +155,161 @@ __device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* sc
     return true;
 }
 
-// The whole select for one row, run by one CTA of kThreads threads; `cand` is kMaxK u64 of
-// shared memory. Also the fallback of select_fast.cu when a row's candidates overflow.
+// The short-row kernels of up to 4 winners a thread (keys in registers) select by buckets
+// first: ~one bucket a row entry, kRegs * kThreads of them. (At 8 winners a thread, the
+// 1,024-slot kernel, the gathered entries' registers spill: 48 bytes.)
+template <int kThreads, int kMaxK, int kRegs>
+constexpr bool kRowSelectBucketed = kRegs > 0 && kMaxK / kThreads <= 4 && kRegs % 4 == 0 &&
+                                    (kRegs * kThreads == 1024 || kRegs * kThreads == 2048 || kRegs * kThreads == 4096);
+// the most entries of one bucket the bucketed select and order rank by comparison
+constexpr u32 kRowBucketMax = 32;
+// slots of the candidate buffer a row select needs: kMaxK, and for the bucketed select the
+// k-th key's bucket gathered whole (at most kRowBucketMax - 1 past k)
+template <int kThreads, int kMaxK, int kRegs>
+__host__ __device__ constexpr int row_cand_slots() { return kMaxK + (kRowSelectBucketed<kThreads, kMaxK, kRegs> ? (int)kRowBucketMax : 0); }
+
+// The whole select of a short row whose keys sit in registers (keys past the row and NaN's
+// are 0), by buckets instead of radix passes: the row's KeyBuckets, ~one entry a bucket;
+// one histogram of the row's keys and a block scan of it give each bucket's offset and the
+// bucket of the k-th key; the entries of the buckets up to it are gathered in bucket order
+// (cand), each then ranked within its bucket by comparison (exact, ties by index) and
+// written to its final slot. One pass over the keys where the radix select takes three or
+// four, and no separate ordering. Returns false, having changed nothing but its own
+// shared memory, where a bucket up to the k-th key's holds more than kRowBucketMax entries
+// (a plateau, or a row crowded by an outlier): the caller runs the radix select instead.
+// On true, cand[0, *m_out) holds the winners in order (score descending, index ascending).
+template <int kThreads, int kMaxK, int kRegs>
+__device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs], int top_k, u64* cand, u32* scratch,
+                                                    u32* m_out) {
+    constexpr int kBuckets = kRegs * kThreads;
+    constexpr int kBucketBits = kBuckets == 4096 ? 12 : kBuckets == 2048 ? 11 : 10;
+    constexpr int kQuads = kRegs / 4;  // a thread's bins, four at a time (kBinsPer = kRegs)
+    constexpr int kWarps = kThreads / 32;
+    constexpr int kSlots = (kMaxK + (int)kRowBucketMax + kThreads - 1) / kThreads;  // gathered entries a thread
+    static_assert(kRowSelectBucketed<kThreads, kMaxK, kRegs> && (1 << kBucketBits) == kBuckets, "bucket geometry");
+    __shared__ __align__(16) u32 bins[kBuckets];  // counts, then offsets, then ends
+    __shared__ u32 s_lo[kWarps], s_hi[kWarps], s_thr, s_end, s_big;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    uint4* quads = reinterpret_cast<uint4*>(bins);
+
+    // ---- the row's largest and smallest selectable keys; the bins zeroed
+    u32 lo = 0xffffffffu, hi = 0u;
+#pragma unroll
+    for (int j = 0; j < kRegs; ++j)
+        if (reg_keys[j]) {
+            lo = min(lo, reg_keys[j]);
+            hi = max(hi, reg_keys[j]);
+        }
+    lo = __reduce_min_sync(FULL_MASK, lo);
+    hi = __reduce_max_sync(FULL_MASK, hi);
+    if (lane == 0) {
+        s_lo[warp] = lo;
+        s_hi[warp] = hi;
+    }
+    for (int i = tid; i < kBuckets / 4; i += kThreads) quads[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (tid == 0) s_big = 0u;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+        lo = min(lo, s_lo[w]);
+        hi = max(hi, s_hi[w]);
+    }
+    if (hi == 0u) {  // nothing selectable (the same in every thread): all padding
+        *m_out = 0u;
+        return true;
+    }
+    const KeyBuckets<kBucketBits> bucket_of(hi, lo);
+
+    // ---- histogram
+#pragma unroll
+    for (int j = 0; j < kRegs; ++j)
+        if (reg_keys[j]) atomicAdd(&bins[bucket_of(reg_keys[j])], 1u);
+    __syncthreads();
+
+    // ---- offsets: thread t scans bins [kRegs t, kRegs (t + 1)), in bucket order (largest
+    // keys first); the k-th key's bucket thr is the one with offset < m <= offset + count
+    u32 mine = 0u;
+#pragma unroll
+    for (int i = 0; i < kQuads; ++i) {
+        const uint4 v = quads[tid * kQuads + i];
+        mine += v.x + v.y + v.z + v.w;
+    }
+    u32 total;
+    u32 base = block_exclusive_scan<kThreads>(mine, scratch, &total);  // its barriers: every count read
+    const u32 m = min((u32)top_k, total);  // total >= 1: hi is a selectable key
+    u32 big = 0u;  // the largest count of the buckets up to thr
+#pragma unroll
+    for (int i = 0; i < kQuads; ++i) {
+        const uint4 v = quads[tid * kQuads + i];
+        const u32 cnt[4] = {v.x, v.y, v.z, v.w};
+        u32 off[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            off[e] = base;
+            if (base < m) {
+                big = max(big, cnt[e]);
+                if (m <= base + cnt[e]) {  // exactly one bucket of the row
+                    s_thr = (u32)(tid * kRegs + 4 * i + e);
+                    s_end = base + cnt[e];
+                }
+            }
+            base += cnt[e];
+        }
+        quads[tid * kQuads + i] = make_uint4(off[0], off[1], off[2], off[3]);
+    }
+    big = __reduce_max_sync(FULL_MASK, big);
+    if (lane == 0 && big) atomicMax(&s_big, big);
+    __syncthreads();
+    if (s_big > kRowBucketMax) return false;  // the same in every thread
+    const u32 thr = s_thr, end = s_end;  // end < m + kRowBucketMax <= kMaxK + kRowBucketMax
+
+    // ---- gather the buckets up to thr, each entry at its bucket's next slot: afterwards
+    // bins[b] is bucket b's end, and bucket b starts at bins[b - 1] (0 for b = 0)
+#pragma unroll
+    for (int j = 0; j < kRegs; ++j) {
+        const u32 key = reg_keys[j];
+        if (key) {
+            const u32 b = bucket_of(key);
+            if (b <= thr) cand[atomicAdd(&bins[b], 1u)] = make_candidate(key, j * kThreads + tid);
+        }
+    }
+    __syncthreads();
+
+    // ---- rank within the bucket: consecutive slots to consecutive threads, so a warp's
+    // lanes share buckets and their compare loops' lengths
+    u64 c[kSlots];
+    u32 final_slot[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+        if ((u32)(j * kThreads) >= end) break;  // the same j in every thread
+        const u32 p = (u32)(tid + j * kThreads);
+        final_slot[j] = 0xffffffffu;
+        if (p < end) {
+            c[j] = cand[p];
+            const u32 b = bucket_of(candidate_key(c[j]));
+            const u32 first = b ? bins[b - 1] : 0u, last = bins[b];
+            u32 ahead = 0u;
+            if (last - first > 1u) {
+#pragma unroll 1
+                for (u32 q = first; q < last; ++q) ahead += cand[q] > c[j] ? 1u : 0u;
+            }
+            final_slot[j] = first + ahead;
+        }
+    }
+    __syncthreads();  // every bucket read: cand rewritten in order
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+        if ((u32)(j * kThreads) >= end) break;
+        if ((u32)(tid + j * kThreads) < end && final_slot[j] < m) cand[final_slot[j]] = c[j];
+    }
+    __syncthreads();
+    *m_out = m;
+    return true;
+}
+
+// The whole select for one row, run by one CTA of kThreads threads; `cand` is
+// row_cand_slots<kThreads, kMaxK, kRegs>() u64 of shared memory. Also the fallback of
+// select_fast.cu when a row's candidates overflow.
 // kRegs > 0: the row has at most kRegs * kThreads entries, read once into registers (all
 // loads in flight together) for the five passes; kRegs = 0: each pass reads the row again.
 template <int kThreads, int kMaxK, int kRegs = 0>
@@ -169,6 +337,14 @@ __device__ __forceinline__ void select_row_radix(
         for (int j = 0; j < kRegs; ++j) v[j] = r[max(min(tid + j * kThreads, n - 1), 0)];
 #pragma unroll
         for (int j = 0; j < kRegs; ++j) reg_keys[j] = tid + j * kThreads < n ? score_to_key(v[j]) : 0u;
+    }
+    if constexpr (kRowSelectBucketed<kThreads, kMaxK, kRegs>) {  // the short rows: buckets first
+        u32 m;
+        if (select_row_bucketed<kThreads, kMaxK, kRegs>(reg_keys, top_k, cand, scratch, &m)) {
+            for (int i = tid; i < top_k; i += kThreads)
+                write_winner(i, m, cand, bt_row, E, num_blocks, physical, out_idx, out_scores);
+            return;  // the same in every thread
+        }
     }
     // ---- radix select: find the threshold key `prefix` and how many equal to it to take
     u32 prefix = 0u, mask = 0u;

@@ -1,9 +1,11 @@
 """The short-row selects (topk_row_kernel<128, 1024, 16> and <128, 512, 16>: rows of up to
-2,048 entries, top-k up to 1,024 or 512) on score rows built to reach each of its orderings of the winners: buckets of
-spread scores, buckets holding ties (the index decides), plateaus too large for a bucket
-(the sort instead), scores over every exponent, outliers, scores near zero (collapsed into
-one bucket), spans of a few ulps (large and tiny scores), infinite scores, rows shorter
-than k (padding), NaN scores (never selected). Against NumPy: score descending, then index
+2,048 entries, top-k up to 1,024 or 512) on score rows built to reach each of their paths:
+the 512-slot kernel's whole-row buckets and its radix fallback, the bucketed order of the
+winners and its sort fallback. Rows: buckets of spread scores, buckets holding ties (the
+index decides), plateaus too large for a bucket, scores over every exponent, outliers,
+scores near zero (collapsed into one bucket), spans of a few ulps (large and tiny scores),
+infinite scores, 32 and 33 ties at the k-th score, rows shorter than k (padding), NaN
+scores (never selected; a row of them). Against NumPy: score descending, then index
 ascending."""
 
 import numpy as np
@@ -69,15 +71,26 @@ def _rows(kind, rng, rows, width):
         x = rng.standard_normal((rows, width)).astype(np.float32)
         x[:, 3], x[:, 9] = np.float32(3e38), np.float32(-3e38)
         return x
-    if kind == "nan":
+    if kind in ("ties-32", "ties-33"):  # 96 distinct scores on top, then 32 or 33 copies of one:
+        # at k = 100 the k-th key's bucket holds them all (ranked by comparison, or the radix
+        # select past 32)
+        copies = int(kind[-2:])
+        x = (rng.standard_normal((rows, width)) - 3).astype(np.float32)
+        for r in range(rows):
+            pick = rng.choice(width, 96 + copies, replace=False)
+            x[r, pick[:96]] = (10 + rng.random(96)).astype(np.float32)
+            x[r, pick[96:]] = np.float32(5.0)
+        return x
+    if kind == "nan":  # row 3 all NaN: nothing selectable
         x = rng.standard_normal((rows, width)).astype(np.float32)
         x[rng.random((rows, width)) < 0.3] = np.nan
+        x[3] = np.nan
         return x
     raise ValueError(kind)
 
 
 @pytest.mark.parametrize("kind", ["random", "small-ties", "plateau", "exponents", "outlier", "near-zero", "ulps", "tiny-span",
-                                  "infinite", "wide", "nan"])
+                                  "infinite", "wide", "ties-32", "ties-33", "nan"])
 @pytest.mark.parametrize("max_k, top_k", [(1024, 1), (1024, 100), (1024, 512), (1024, 1024), (512, 1), (512, 100),
                                           (512, 512)])
 def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
