@@ -283,6 +283,8 @@ _DENSE_MAX_ITEMS = 3072  # score_dense::kMaxItems
 _DENSE_STAGES = 4  # score_dense::kStages
 _DENSE_QUERIES = 3  # score_dense::kQueries: rows an item
 _DENSE_BUFFERS = 3  # score_dense::kBuffers
+#: threads of a score_dense_kernel CTA (score_dense::kThreads): the staging warpgroup and three MMA warpgroups
+DENSE_THREADS = 512
 
 
 def dense_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
@@ -340,7 +342,7 @@ def score_dense_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
                          f"got H = {H}, D = {D}, E = {E}")
     if T > DENSE_MAX_ROWS:
         raise ValueError(f"q: the dense kernel takes at most {DENSE_MAX_ROWS} rows a run, got {T}")
-    return ScoreLaunch(name=f"score_dense_kernel<{D}>", grid=(dev.sm_count, 1), block=(384,),
+    return ScoreLaunch(name=f"score_dense_kernel<{D}>", grid=(dev.sm_count, 1), block=(DENSE_THREADS,),
                        smem=dense_smem_bytes(D), tiles_per_cta=0, ld=tiles_per_row(max_len) * TILE_ENTRIES,
                        balanced=True)
 

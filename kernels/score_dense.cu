@@ -19,11 +19,15 @@
 //     operands, K order and association).
 // No histogram: the select counts one by its own kernel where it needs one.
 //
-// CTA: three warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
+// CTA: four warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
 // into three B buffers (up to two items ahead of the MMAs: with two buffers, v33, an item
-// of short causal rows left too little time for the next item's staging); warpgroups 1
-// and 2 take the units alternately (one's epilogue under the other's MMAs), each
-// refilling the ring stage it has just read with its unit four ahead. The run's units are
+// of short causal rows left too little time for the next item's staging); warpgroups 1-3
+// take the units round robin, each refilling the ring stage it has just read with its unit
+// four ahead. A unit's epilogue (~300 instructions a thread) takes longer than one unit's
+// MMAs: with two MMA warpgroups (v34) the tensor cores idled a third of the time, waiting
+// for it; with three, each epilogue has two units' MMAs to hide under. The warpgroups
+// issue their MMAs as they come: v34's turns (each warpgroup's MMAs issued after the
+// previous unit's) gained 1.6% with two and nothing with three (v35). The run's units are
 // cut into equal shares, one a CTA; items are taken in a zigzag order (first, last,
 // second, ...) so that every share holds short and long causal rows alike, and its
 // query staging is spread over the whole kernel.
@@ -43,10 +47,10 @@ constexpr int kImgA = kSub * kDim * 2;         // a unit's fp16 keys
 constexpr int kImg = kImgA + kSub * 4;         // ... and their global scales (geometry.DENSE_UNIT_BYTES)
 constexpr int kBBytes = (kDim / 8) * kBLbo;    // one B buffer
 constexpr int kStages = 4;                     // the key ring (units in flight)
-constexpr int kThreads = 384;                  // staging warpgroup, two MMA warpgroups
+constexpr int kMmaGroups = 3;                  // MMA warpgroups, taking the units round robin
+constexpr int kThreads = 128 * (1 + kMmaGroups);  // staging warpgroup, the MMA warpgroups (geometry.DENSE_THREADS)
 constexpr int kMaxItems = 3072;                // items a run (geometry.DENSE_MAX_ROWS / kQueries + DENSE_MAX_SEQS)
 constexpr int kMaxSeqs = 256;                  // sequences a launch (geometry.DENSE_MAX_SEQS)
-constexpr int kTurnBarrier = 3;                // named barriers 3, 4: MMA warpgroup 1 + m's turn
 }  // namespace score_dense
 
 struct DenseSmem {
@@ -145,14 +149,14 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     const int g = lane >> 2, c = lane & 3;
     u64* kfull = reinterpret_cast<u64*>(smem + DenseSmem::kBars);  // ring stage j's unit landed
     u64* bfull = kfull + kStages;                                   // B buffer j's item staged
-    u64* bempty = bfull + kBuffers;                                 // both MMA warpgroups done with it
+    u64* bempty = bfull + kBuffers;                                 // every MMA warpgroup done with it
     int* meta = reinterpret_cast<int*>(smem + DenseSmem::kMeta);
     int* start = reinterpret_cast<int*>(smem + DenseSmem::kStart);
     if (tid == 0) {
         for (int j = 0; j < kStages; ++j) mbar_init(kfull + j, 1);
         for (int j = 0; j < kBuffers; ++j) {
             mbar_init(bfull + j, 128);
-            mbar_init(bempty + j, 256);
+            mbar_init(bempty + j, 128 * kMmaGroups);
         }
         mbar_init_fence();
     }
@@ -256,13 +260,10 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
         return;
     }
 
-    // ---- MMA warpgroups: warpgroup 1 + m takes the share's units u with (u - u0) % 2 == m
+    // ---- MMA warpgroups: warpgroup 1 + m takes the share's units u with (u - u0) % kMmaGroups == m
     const int m = wg - 1;
     const int r0 = 16 * warp + g;  // my first entry of a unit
     float acc[kN / 2];
-    // turns: the units' MMAs are issued in unit order, alternating between the warpgroups,
-    // so that one's epilogue runs under the other's MMAs rather than both at once (-1.6%)
-    if (m == 1) asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier) : "memory");
     int il = 0;
     for (int p = p_first; p < n_items && start[p] < u1; ++p) {
         if (!has_units(p)) continue;
@@ -276,14 +277,13 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
         float* my_out = scores + (long long)meta[buf * 8 + 4 + c] * ld;
         const u64 desc_b = wgmma_desc(smem + DenseSmem::kB + buf * kBBytes, kBLbo, 128);
         const float* wsm = reinterpret_cast<const float*>(smem + DenseSmem::kW) + buf * kN;
-        for (int u = lo + (((lo - u0) & 1) != m); u < hi; u += 2) {
+        for (int u = lo + (m - (lo - u0) % kMmaGroups + kMmaGroups) % kMmaGroups; u < hi; u += kMmaGroups) {
             const int st = (u - u0) % kStages;
             mbar_wait(kfull + st, (u32)((u - u0) / kStages) & 1u);
             const unsigned char* stage = smem + DenseSmem::kRing + st * kImg;
             const float g0 = reinterpret_cast<const float*>(stage + kImgA)[r0];
             const float g1 = reinterpret_cast<const float*>(stage + kImgA)[r0 + 8];
             const u64 desc_a = wgmma_desc(stage, kALbo, 128);
-            named_barrier(kTurnBarrier + m, 256);  // my turn
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < kDim / 16; ++ks) {
@@ -291,7 +291,6 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
                 DenseMma<kN>::run(acc, da, db, ks > 0);
             }
             wgmma_commit();
-            asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier + 1 - m) : "memory");  // the other's turn
             wgmma_wait<0>();
             fence_accumulators(acc);
             // every thread's MMAs have read the stage: refill it with my unit four ahead
@@ -327,7 +326,4 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
         mbar_arrive(bempty + buf);  // my reads of the buffer's queries and weights are done
         ++il;
     }
-    // every arrival at my turn barrier matched: the warpgroup without the share's last unit
-    // has one turn left over
-    if (((u1 - 1 - u0) & 1) != m) named_barrier(kTurnBarrier + m, 256);
 }

@@ -40,7 +40,7 @@ def main() -> None:
          geometry.score_ws_launch(1, 64, 128, 262_144).grid[0] // geometry.H200.sm_count),
         ("score_ks.cu", "score_ks_kernel<128>", 384, geometry.ks_smem_bytes(128),
          geometry.score_ks_launch(4096, 64, 128, 263_168).grid[0] // geometry.H200.sm_count),
-        ("score_dense.cu", "score_dense_kernel<128>", 384, geometry.dense_smem_bytes(128),
+        ("score_dense.cu", "score_dense_kernel<128>", geometry.DENSE_THREADS, geometry.dense_smem_bytes(128),
          geometry.score_dense_launch(8192, 64, 128, 2048).grid[0] // geometry.H200.sm_count),
         ("select_fast.cu", "topk_row_kernel<256, 4096, 16>", 256, 0, None),
         ("select_fast.cu", "topk_row_kernel<128, 1024, 16>", 128, 0, None),

@@ -1,5 +1,8 @@
 """Launch geometry is pure: checked on the CPU against the kernels' constraints."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from indexer import geometry
@@ -257,7 +260,9 @@ def test_dense_launch_fits_one_cta_an_sm():
     # one persistent CTA an SM: its dynamic shared memory and the kernel's static 2.3 KB
     # under the opt-in limit; its schedule holds every item of a full run
     sl = geometry.score_dense_launch(8192, 64, 128, 2048, H200, 64)
-    assert sl.grid == (H200.sm_count, 1) and sl.block == (384,) and sl.balanced
+    src = (Path(__file__).resolve().parent.parent / "kernels" / "score_dense.cu").read_text()
+    mma_groups = int(re.search(r"constexpr int kMmaGroups = (\d+);", src).group(1))
+    assert sl.grid == (H200.sm_count, 1) and sl.block == (128 * (1 + mma_groups),) and sl.balanced
     assert sl.smem == geometry.dense_smem_bytes(128) and sl.smem + 2304 <= H200.max_smem_per_block
     assert sl.ld % geometry.TILE_ENTRIES == 0 and sl.ld >= 2048
     assert -(-geometry.DENSE_MAX_ROWS // geometry._DENSE_QUERIES) + geometry.DENSE_MAX_SEQS <= geometry._DENSE_MAX_ITEMS
