@@ -22,12 +22,13 @@
 // CTA: four warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
 // into three B buffers (up to two items ahead of the MMAs: with two buffers, v33, an item
 // of short causal rows left too little time for the next item's staging); warpgroups 1-3
-// take the units round robin, each refilling the ring stage it has just read with its unit
+// take the units in turn, each refilling the ring stage it has just read with its unit
 // four ahead. A unit's epilogue (~300 instructions a thread) takes longer than one unit's
 // MMAs: with two MMA warpgroups (v34) the tensor cores idled a third of the time, waiting
-// for it; with three, each epilogue has two units' MMAs to hide under. The warpgroups
-// issue their MMAs as they come: v34's turns (each warpgroup's MMAs issued after the
-// previous unit's) gained 1.6% with two and nothing with three (v35). The run's units are
+// for it; with three, each epilogue has two units' MMAs to hide under. The turns (below)
+// keep the ring's phases in order: unit u + 4 is a different warpgroup's than unit u, and
+// only the turns make sure that unit u has landed (its phase of the stage completed)
+// before anyone waits for unit u + 4's phase, which has the same parity. The run's units are
 // cut into equal shares, one a CTA; items are taken in a zigzag order (first, last,
 // second, ...) so that every share holds short and long causal rows alike, and its
 // query staging is spread over the whole kernel.
@@ -47,10 +48,11 @@ constexpr int kImgA = kSub * kDim * 2;         // a unit's fp16 keys
 constexpr int kImg = kImgA + kSub * 4;         // ... and their global scales (geometry.DENSE_UNIT_BYTES)
 constexpr int kBBytes = (kDim / 8) * kBLbo;    // one B buffer
 constexpr int kStages = 4;                     // the key ring (units in flight)
-constexpr int kMmaGroups = 3;                  // MMA warpgroups, taking the units round robin
+constexpr int kMmaGroups = 3;                  // MMA warpgroups, taking the units in turn
 constexpr int kThreads = 128 * (1 + kMmaGroups);  // staging warpgroup, the MMA warpgroups (geometry.DENSE_THREADS)
 constexpr int kMaxItems = 3072;                // items a run (geometry.DENSE_MAX_ROWS / kQueries + DENSE_MAX_SEQS)
 constexpr int kMaxSeqs = 256;                  // sequences a launch (geometry.DENSE_MAX_SEQS)
+constexpr int kTurnBarrier = 1 + kMmaGroups;   // named barriers 1 + m: MMA warpgroup m's own; kTurnBarrier + m: its turn
 }  // namespace score_dense
 
 struct DenseSmem {
@@ -262,8 +264,17 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
 
     // ---- MMA warpgroups: warpgroup 1 + m takes the share's units u with (u - u0) % kMmaGroups == m
     const int m = wg - 1;
+    const int next = m + 1 == kMmaGroups ? 0 : m + 1;  // the warpgroup whose turn follows mine
     const int r0 = 16 * warp + g;  // my first entry of a unit
     float acc[kN / 2];
+    // turns: the units' MMAs are issued in unit order, warpgroup after warpgroup. Needed
+    // for the ring's phases: the warpgroup waiting for unit u + 4 has had its turn for unit
+    // u + 1, which follows the wait for unit u by unit u's warpgroup. Without the turns the
+    // warpgroups drift apart, a wait for unit u + 4 can find the stage's earlier phase (unit
+    // u) not yet complete and pass at once (same parity two phases on): v35's build
+    // without them failed launches under load. (With two warpgroups, unit u + 4 was the
+    // same warpgroup's; the turns were worth 1.6% there.)
+    if (m == kMmaGroups - 1) asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier) : "memory");
     int il = 0;
     for (int p = p_first; p < n_items && start[p] < u1; ++p) {
         if (!has_units(p)) continue;
@@ -284,6 +295,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             const float g0 = reinterpret_cast<const float*>(stage + kImgA)[r0];
             const float g1 = reinterpret_cast<const float*>(stage + kImgA)[r0 + 8];
             const u64 desc_a = wgmma_desc(stage, kALbo, 128);
+            named_barrier(kTurnBarrier + m, 256);  // my turn
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < kDim / 16; ++ks) {
@@ -291,6 +303,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
                 DenseMma<kN>::run(acc, da, db, ks > 0);
             }
             wgmma_commit();
+            asm volatile("bar.arrive %0, 256;" ::"r"(kTurnBarrier + next) : "memory");  // the next one's turn
             wgmma_wait<0>();
             fence_accumulators(acc);
             // every thread's MMAs have read the stage: refill it with my unit four ahead
@@ -326,4 +339,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
         mbar_arrive(bempty + buf);  // my reads of the buffer's queries and weights are done
         ++il;
     }
+    // every arrival at my turn barrier matched: the warpgroup whose turn would follow the
+    // share's last unit has one turn left over
+    if ((u1 - u0) % kMmaGroups == m) named_barrier(kTurnBarrier + m, 256);
 }
