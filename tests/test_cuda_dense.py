@@ -1,6 +1,7 @@
 """The dense scoring kernel (kernels/score_dense.cu; the default for many rows of a sequence
 over a short pool, e.g. prefill from an empty cache; forced with fast_kernel='dense'): each
-sequence's keys decoded once into an fp16 image, four rows at a time multiplied against it.
+sequence's keys decoded once into an fp16 image, three rows at a time multiplied against it
+by three MMA warpgroups in turn.
 It stages the same fp16 queries and keys as the warp-specialised kernel (score_ws.cu), in
 the same K order, with the same epilogue, so its scores must be that kernel's bit for bit,
 and its answers the reference's."""
