@@ -28,6 +28,8 @@ __device__ __forceinline__ u64 wgmma_desc(const void* smem_ptr, u32 lbo, u32 sbo
     const u32 addr = (u32)__cvta_generic_to_shared(smem_ptr);
     return (u64)((addr & 0x3ffffu) >> 4) | ((u64)((lbo >> 4) & 0x3fffu) << 16) | ((u64)((sbo >> 4) & 0x3fffu) << 32);
 }
+// ... from its low word (address and leading byte offset, as wgmma_desc builds them) and sbo
+__device__ __forceinline__ u64 wgmma_desc_of(u32 low, u32 sbo) { return (u64)low | ((u64)((sbo >> 4) & 0x3fffu) << 32); }
 
 // The wgmma instructions exist on sm_90a only; elsewhere the launcher never picks this
 // kernel, and the guards let the file compile for every target.
