@@ -429,7 +429,16 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
 // of any length, read by every pass (the row select forced on long rows, for tests).
 // kThreads = 128 (rows of at most 2,048 entries, k <= kMaxK = 1,024 or 512: prefill's causal rows):
 // eight CTAs a SM (64 registers, no spills), more rows in flight than the 256-thread form's
-// five, half the warps at each of its barriers.
+// five, half the warps at each of its barriers; a row of at most 1,024 entries takes the
+// 8-register form (v36).
+// (not inlined: beside the 16-register form in one body, the register allocation spilled)
+template <int kThreads, int kMaxK, int kRegs>
+__device__ __noinline__ void select_row_radix_call(const float* __restrict__ r, int n, int top_k, const int* __restrict__ bt_row,
+                                                   int E, int num_blocks, int physical, int* __restrict__ oi,
+                                                   float* __restrict__ os, u64* cand) {
+    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand);
+}
+
 template <int kThreads, int kMaxK, int kRegs>
 __global__ void __launch_bounds__(kThreads, kThreads == 128 ? 8 : 5)  // at most 64 / 51 registers
 topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
@@ -440,9 +449,20 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
     __shared__ u64 cand[row_cand_slots<kThreads, kMaxK, kRegs>()];
     const int row = blockIdx.x;
     const int n = visible_len(valid_lens, row, max_len);
-    select_row_radix<kThreads, kMaxK, kRegs>(scores + (long long)row * ld, n, top_k, block_table + (long long)row * L, E,
-                                      num_blocks, physical, out_idx + (long long)row * top_k,
-                                      out_scores ? out_scores + (long long)row * top_k : nullptr, cand);
+    const float* r = scores + (long long)row * ld;
+    const int* bt_row = block_table + (long long)row * L;
+    int* oi = out_idx + (long long)row * top_k;
+    float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
+    if constexpr (kThreads == 128 && kRegs == 16) {
+        // a row of at most half the slots (prefill's shorter causal half) by the 8-register
+        // form: half the loads and key conversions, half the bins to clear and scan
+        static_assert(row_cand_slots<kThreads, kMaxK, 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>(), "cand");
+        if (n <= 8 * kThreads) {  // the same in every thread
+            select_row_radix_call<kThreads, kMaxK, 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand);
+            return;
+        }
+    }
+    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand);
 }
 
 // The block sort alone: out[0, sort_size(n)) = in[0, n) and zero padding, sorted descending,

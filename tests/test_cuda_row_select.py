@@ -5,8 +5,9 @@ winners and its sort fallback. Rows: buckets of spread scores, buckets holding t
 index decides), plateaus too large for a bucket, scores over every exponent, outliers,
 scores near zero (collapsed into one bucket), spans of a few ulps (large and tiny scores),
 infinite scores, 32 and 33 ties at the k-th score, rows shorter than k (padding), NaN
-scores (never selected; a row of them). Against NumPy: score descending, then index
-ascending."""
+scores (never selected; a row of them). Rows of up to 1,024 entries take the kernels'
+8-register form, longer ones the 16-register form; each test has rows of 1,024 and 1,025.
+Against NumPy: score descending, then index ascending."""
 
 import numpy as np
 import pytest
@@ -102,6 +103,7 @@ def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
     scores = _rows(kind, rng, rows, width)
     lens = rng.integers(0, width + 1, size=rows).astype(np.int32)
     lens[0], lens[1], lens[2] = width, top_k // 2, 0  # a full row, one short of k, an empty one
+    lens[3], lens[4] = width // 2, width // 2 + 1  # the longest row of the 8-register form, the shortest past it
     kernel = _jit.get_kernel("select_fast.cu", f"topk_row_kernel<128, {max_k}, 16>")
     out_idx = cp.full((rows, top_k), 7, dtype=cp.int32)
     out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
