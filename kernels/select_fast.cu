@@ -422,6 +422,15 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     for (int i = tid; i < top_k; i += kThreads) write_winner(i, m, buf, bt_row, E, num_blocks, physical, oi, os);
 }
 
+// select_row_radix as a function of its own, for the row kernel's 8-register form: inlined
+// beside the 16-register form in one body, the kernel's registers spilled.
+template <int kThreads, int kMaxK, int kRegs>
+__device__ __noinline__ void select_row_radix_call(const float* __restrict__ r, int n, int top_k, const int* __restrict__ bt_row,
+                                                   int E, int num_blocks, int physical, int* __restrict__ oi,
+                                                   float* __restrict__ os, u64* cand) {
+    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand);
+}
+
 // Short rows: the whole exact select of a row in one CTA (select_row.cuh), straight from its
 // scores: no histogram, threshold, filter or candidate buffer in global memory, one launch.
 // Prefill's thousands of short causal rows go here. kRegs > 0: rows of at most
@@ -431,14 +440,6 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
 // eight CTAs a SM (64 registers, no spills), more rows in flight than the 256-thread form's
 // five, half the warps at each of its barriers; a row of at most 1,024 entries takes the
 // 8-register form (v36).
-// (not inlined: beside the 16-register form in one body, the register allocation spilled)
-template <int kThreads, int kMaxK, int kRegs>
-__device__ __noinline__ void select_row_radix_call(const float* __restrict__ r, int n, int top_k, const int* __restrict__ bt_row,
-                                                   int E, int num_blocks, int physical, int* __restrict__ oi,
-                                                   float* __restrict__ os, u64* cand) {
-    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand);
-}
-
 template <int kThreads, int kMaxK, int kRegs>
 __global__ void __launch_bounds__(kThreads, kThreads == 128 ? 8 : 5)  // at most 64 / 51 registers
 topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
