@@ -268,10 +268,32 @@ def time_it(cp, fn, sets, warmup=3, repeats=20, max_seconds=20.0):  # gpu-only
     return statistics.median(times)
 
 
+#: cycles the busy kernel runs before each timed graph replay: ~200 us, far longer than the
+#: host takes to enqueue the start event, the graph and the stop event behind it
+BUSY_CYCLES = 400_000
+
+
+def busy(cp, stream, cycles: int = BUSY_CYCLES):  # gpu-only
+    """Keep every SM of the current device busy for ``cycles`` on ``stream``
+    (kernels/bench_probes.cu), so that what is enqueued next waits behind it."""
+    from . import _jit  # noqa: PLC0415
+
+    kern = _jit.get_kernel("bench_probes.cu", "busy_kernel")
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    with stream:
+        kern((4 * sms,), (128,), (cp.int64(cycles),))
+
+
 def time_graph(cp, fn, sets, repeats=20, echo=print):  # gpu-only
     """Median milliseconds of CUDA-graph replays of fn (one graph per input set): the
-    device time without Python's launch overhead, as an engine running decode steps in
-    graphs sees it. None if capture fails."""
+    device time without the host's launch overhead, as an engine running decode steps in
+    graphs sees it. None if capture fails.
+
+    Each replay is timed alone, its start event, graph and stop event enqueued behind a
+    kernel that keeps every SM busy (``busy``): the GPU reaches them only after the host has
+    submitted all three, so the interval holds the graph's own launch on the device, its
+    kernels and the gaps between them, and not the host's submission (timed from an idle
+    GPU, the medians of small graphs held ~1.4-1.8 us of it: docs/performance.md, v37)."""
     stream = cp.cuda.Stream(non_blocking=True)
     graphs = []
     try:
@@ -287,10 +309,12 @@ def time_graph(cp, fn, sets, repeats=20, echo=print):  # gpu-only
         return None
     for g in graphs:
         g.launch(stream)
+    busy(cp, stream)  # compiled and loaded before the timed replays
     stream.synchronize()
     times = []
     for i in range(repeats):
         start, stop = cp.cuda.Event(), cp.cuda.Event()
+        busy(cp, stream)
         start.record(stream)
         graphs[i % len(graphs)].launch(stream)
         stop.record(stream)

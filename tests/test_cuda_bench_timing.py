@@ -1,0 +1,28 @@
+"""The benchmark's CUDA-graph timing on the GPU (indexer/bench.py: time_graph): each timed
+interval holds the replayed graph's device time, neither the busy kernel queued before its
+start event nor the host's submission of the graph."""
+
+import pytest
+
+from tests.gpu import requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+
+def _max_clock_khz(cp):
+    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["clockRate"]
+
+
+@pytest.mark.parametrize("cycles", [200_000, 2_000_000])
+def test_a_graph_of_one_busy_kernel_times_as_its_cycles(cycles):
+    import cupy as cp
+
+    from indexer import bench
+
+    ms = bench.time_graph(cp, lambda _: bench.busy(cp, cp.cuda.get_current_stream(), cycles), [None], repeats=9)
+    at_max_clock = cycles / _max_clock_khz(cp)  # ms: the least the kernel can take
+    assert ms >= at_max_clock
+    # not the busy kernel before the start event (BUSY_CYCLES more), nor a submission's
+    # ~10 us: the graph's launch on the device and clocks ~10% under the maximum at most
+    assert ms < 1.25 * at_max_clock + 0.015
+
