@@ -1,14 +1,39 @@
-"""The floor's tensor rate under sustained load, and what a benchmark case draws (GPU only).
+"""The floor's tensor rate under sustained load, what a benchmark case draws, and the
+power floor: the least time a case can take at the board's power cap (GPU only).
 
     python scripts/sustained_rate.py [CASES] [SECONDS]    # e.g. prefill-chunk,decode-1M 4
 
 bench.py's ceiling is ten 8,192^3 fp16 GEMMs (~15 ms), short enough to run at boost clock.
 A case that runs for seconds sits at the board's power cap instead. This script runs, for
-SECONDS each, back-to-back GEMMs and back-to-back whole calls of each of CASES (a comma
-list, on a Workspace),
-samples the SM clock and board power with nvidia-smi every 100 ms, and prints the steady
-part's medians with the sustained GEMM rate and the time a call (docs/performance.md, v31:
-630 TFLOP/s at 1,440 MHz and 691 W sustained, against ~750 in the short probe).
+SECONDS each, back to back: fp16 GEMMs, a pure HBM read stream, SMs spinning with no work
+(kernels/bench_probes.cu), and whole calls of each of CASES (a comma list, on a
+Workspace); it samples the SM clock and board power with nvidia-smi every 100 ms and
+prints the steady part's medians with the sustained GEMM rate, the read bandwidth and the
+time a call (docs/performance.md, v31: 630 TFLOP/s at 1,440 MHz and 691 W sustained,
+against ~750 in the short probe).
+
+The power floor (v37). At the cap, time follows energy. Count the energy above the
+spinning SMs' power P0 (the board with every SM clocked and idle: static power, clocks,
+fans' share): a flop on the tensor cores costs (P_gemm - P0) / R_gemm, the sustained GEMM's
+rate R_gemm at its power P_gemm, and a byte read from HBM (P_read - P0) / B_read. A case of
+F flops that must read B bytes then needs at least
+
+    F / R_gemm * (P_gemm - P0) / (P_cap - P0)  +  B / B_read * (P_read - P0) / (P_cap - P0)
+
+seconds at the cap P_cap, however its kernels are written: the GEMM's own time at the cap
+(its first term, exactly F / R_gemm when the GEMM runs at the cap) plus the share of the
+cap the key reads take. It counts neither the FP4 decode, the epilogue nor the select, so
+it is below what any implementation can reach. The larger P0 is, the smaller the second
+term: P0 measured with the SMs at full clock (more than at the cap's lower clock) keeps the
+bound on the safe side. The model's one assumption, that the tensor cores' and the reads'
+energies add, is checked by running both at once on the same SMs (an MMA probe and the read
+stream, on two streams, grids that fit an SM together): if they share the cap as energy,
+the shares of their alone-rates that they keep sum to ~1.0; without interplay, to ~2.0.
+Measured 1.14 (v37): together they run 14% faster than their energies added, so the lines
+also give the floor divided by that sum ("with the overlap"), never below the sustained
+GEMM's own time. For the single-query decode cases the lines add the time of their tiles'
+core work alone (the FP4 decode, the MMAs and the epilogue without memory: a probe that
+runs under the cap, so a limit on time, not on power).
 """
 import subprocess
 import sys
@@ -22,7 +47,8 @@ from indexer import bench  # noqa: E402
 
 
 def sample(cp, tag, fn, seconds):
-    """Run fn back to back for `seconds`, sampling clock and power; returns seconds a call."""
+    """Run fn back to back for `seconds`, sampling clock and power; returns (seconds a
+    call, median SM clock in MHz, median board power in W)."""
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                             "-lms", "100"], stdout=subprocess.PIPE, text=True)
     t0, calls = time.time(), 0
@@ -38,28 +64,152 @@ def sample(cp, tag, fn, seconds):
     power = sorted(v[1] for v in steady)
     print(f"{tag}: {calls} calls in {elapsed:.2f} s; SM clock median {clock[len(clock) // 2]:.0f} MHz "
           f"(min {clock[0]:.0f}), power median {power[len(power) // 2]:.0f} W", flush=True)
-    return elapsed / calls
+    return elapsed / calls, clock[len(clock) // 2], power[len(power) // 2]
+
+
+def power_cap_watts() -> float:
+    """The board's enforced power limit (nvidia-smi)."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=enforced.power.limit", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.split()[0])
+
+
+def power_floor_seconds(flops, nbytes, gemm_rate, gemm_watts, read_bw, read_watts, idle_watts, cap_watts):
+    """The power floor above: (seconds, its GEMM term, its read term)."""
+    budget = cap_watts - idle_watts
+    t_gemm = flops / gemm_rate * (gemm_watts - idle_watts) / budget
+    t_read = nbytes / read_bw * (read_watts - idle_watts) / budget
+    return t_gemm + t_read, t_gemm, t_read
+
+
+def mma_probe(cp, sms):
+    """A launch of wgmma_rate_kernel<128> (kernels/probe_wgmma.cu: the scoring kernels' MMA
+    shape from registers and shared memory, no memory traffic) at two CTAs an SM, ~1 ms."""
+    from indexer import _jit  # noqa: PLC0415
+
+    kern = _jit.get_kernel("probe_wgmma.cu", "wgmma_rate_kernel<128>")
+    rng = cp.random.default_rng(7)  # random operands: the tensor cores' power depends on the data
+    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
+    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    out = cp.empty(2 * sms * 128, dtype=cp.float32)
+    return lambda: kern((2 * sms,), (128,), (a, b, cp.int32(1000), out), shared_mem=16 * 1024)
+
+
+def core_probe(cp, sms, rounds=2000):
+    """A launch of wgmma_overlap_kernel<3> (kernels/probe_wgmma.cu) at three CTAs an SM: the
+    single-query scoring kernel's core work on `rounds` 128-entry tiles a CTA (the FP4
+    decode, the MMAs, the ReLU and weights; no loads, stores or addresses). Returns (launch,
+    tiles a launch)."""
+    from indexer import _jit  # noqa: PLC0415
+
+    kern = _jit.get_kernel("probe_wgmma.cu", "wgmma_overlap_kernel<3>")
+    rng = cp.random.default_rng(11)
+    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
+    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    grid = 3 * sms
+    out = cp.empty(grid * 128, dtype=cp.float32)
+    clk = cp.zeros(2 * grid, dtype=cp.int64)
+    return (lambda: kern((grid,), (128,), (a, b, cp.int32(rounds), out, clk), shared_mem=16 * 1024)), grid * rounds
+
+
+def concurrent_check(cp, first, second, t_first, t_second, seconds):
+    """first() and second() back to back on two streams at once (grids that fit an SM
+    together), about `seconds` of each by their sustained-alone times t_first and t_second:
+    prints the board's power and what share of its alone-rate each kept."""
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    n_first, n_second = max(1, round(seconds / t_first)), max(1, round(seconds / t_second))
+    marks = [cp.cuda.Event() for _ in range(4)]
+    cp.cuda.Device().synchronize()
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "100"], stdout=subprocess.PIPE, text=True)
+    marks[0].record(a)
+    marks[1].record(b)
+    for i in range(max(n_first, n_second)):
+        if i < n_first:
+            with a:
+                first()
+        if i < n_second:
+            with b:
+                second()
+    marks[2].record(a)
+    marks[3].record(b)
+    cp.cuda.Device().synchronize()
+    smi.terminate()
+    lines = [ln for ln in smi.communicate()[0].splitlines() if ln.strip()]
+    power = sorted(float(ln.split(",")[1]) for ln in lines[len(lines) // 3:])
+    s_first = cp.cuda.get_elapsed_time(marks[0], marks[2]) * 1e-3
+    s_second = cp.cuda.get_elapsed_time(marks[1], marks[3]) * 1e-3
+    k_first, k_second = n_first * t_first / s_first, n_second * t_second / s_second
+    print(f"  at once: power median {power[len(power) // 2]:.0f} W; the MMAs kept {k_first:.2f} of their alone-rate "
+          f"({s_first:.2f} s), the reads {k_second:.2f} ({s_second:.2f} s): sum {k_first + k_second:.2f} "
+          f"(1.0: the cap shared as energy; 2.0: no interplay)", flush=True)
+    return k_first + k_second
 
 
 def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
     cp = bench.require_gpu()
-    from indexer import cuda_ops  # noqa: PLC0415  (imports CuPy)
+    from indexer import _jit, cuda_ops  # noqa: PLC0415  (imports CuPy)
 
+    cap = power_cap_watts()
+    print(f"power cap {cap:.0f} W")
     x, y = bench.gemm_operands(cp)
     m = x.shape[0]
-    per = sample(cp, f"fp16 GEMM {m}^3", lambda: cp.matmul(x, y), seconds)
-    print(f"  {2 * m**3 / per / 1e12:.0f} TFLOP/s sustained (host-timed)")
+    z = cp.empty_like(x)
+    t_gemm, _, gemm_watts = sample(cp, f"fp16 GEMM {m}^3", lambda: cp.matmul(x, y, out=z), seconds)
+    gemm_rate = 2 * m**3 / t_gemm
+    print(f"  {gemm_rate / 1e12:.0f} TFLOP/s sustained (host-timed)")
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    src = cp.random.default_rng(4).integers(0, 2**31, size=1 << 30, dtype=cp.int32)  # 4 GiB, not zeros
+    sink = cp.zeros(1, cp.uint32)
+    read_k = _jit.get_kernel("bench_probes.cu", "read_stream_kernel")
+    n16 = src.nbytes // 16
+
+    def read():
+        read_k((8 * sms,), (256,), (src, cp.int64(n16), cp.uint32(0x9E3779B9), sink))
+
+    t_read, _, read_watts = sample(cp, "HBM read stream (4 GiB a call)", read, seconds)
+    read_bw = src.nbytes / t_read
+    print(f"  {read_bw / 1e12:.2f} TB/s read sustained (host-timed)")
+    probe = mma_probe(cp, sms)
+    t_probe, _, _ = sample(cp, "MMA probe (two CTAs an SM)", probe, seconds)
+
+    def read_beside():  # three CTAs an SM: they fit beside the probe's two (registers)
+        read_k((3 * sms,), (256,), (src, cp.int64(n16), cp.uint32(0x9E3779B9), sink))
+
+    t_beside, _, _ = sample(cp, "HBM read stream at three CTAs an SM", read_beside, seconds)
+    overlap = concurrent_check(cp, probe, read_beside, t_probe, t_beside, seconds)
+    core, core_tiles = core_probe(cp, sms)
+    t_core, _, core_watts = sample(cp, "core probe (decode, MMAs, epilogue of one query's tiles; no memory)",
+                                   core, seconds)
+    tile_s = t_core / core_tiles
+    x = y = z = src = None  # freed before the cases' inputs
+    busy_k = _jit.get_kernel("bench_probes.cu", "busy_kernel")
+    _, _, idle_watts = sample(cp, "SMs spinning, no work", lambda: busy_k((4 * sms,), (128,), (cp.int64(400_000),)),
+                              seconds)
     ws = indexer.Workspace()
     for case in bench.select_cases(case_names):
-        sets, _ = bench.input_sets(case, cp, 0)
+        sets, counts = bench.input_sets(case, cp, 0)
 
         def call():
             bench.call_case(cuda_ops, sets[0], case.top_k, validate=False, workspace=ws)
 
         call()
         cp.cuda.Device().synchronize()
-        per = sample(cp, f"{case.name} whole calls", call, seconds)
-        print(f"  {per * 1e3:.3f} ms a call (host-timed)")
+        per, _, _ = sample(cp, f"{case.name} whole calls", call, seconds)
+        pf, t_gemm, t_read = power_floor_seconds(counts["flops"], counts["bytes"], gemm_rate, gemm_watts,
+                                                 read_bw, read_watts, idle_watts, cap)
+        # with the overlap measured above (a sum over 1.0 lets the two run that much faster
+        # together than their energies added), never below the sustained GEMM's own time
+        low = max(t_gemm, pf / max(overlap, 1.0))
+        print(f"  {per * 1e3:.3f} ms a call (host-timed); power floor {pf * 1e3:.3f} ms "
+              f"(GEMM at the cap {t_gemm * 1e3:.3f} + reads {t_read * 1e3:.3f}), {low * 1e3:.3f} with the overlap; "
+              f"a call / those {per / pf:.2f} / {per / low:.2f}", flush=True)
+        if case.queries_per_seq == 1 and case.kind != "prefill":  # one query a key: the core probe's tile
+            t_core_case = counts["pairs"] / 128 * tile_s
+            print(f"  its tiles' core work alone {t_core_case * 1e3:.3f} ms at the core probe's sustained rate "
+                  f"({core_watts:.0f} W: a time, not a power, limit)", flush=True)
+        sets = None
+        bench.free_device_memory(cp)
 
 
 if __name__ == "__main__":
