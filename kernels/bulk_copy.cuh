@@ -36,6 +36,12 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 by
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
+// the same, its lines marked first to leave L2 (keys read once a call: they should not push
+// out the scores the select reads next)
+__device__ __forceinline__ void bulk_copy_g2s_evict_first(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(l2_evict_first()) : "memory");
+}
 // order this thread's earlier shared-memory accesses before later async-proxy ones
 // (shared memory written with ordinary stores, then read by wgmma or overwritten by a bulk copy)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -46,5 +52,6 @@ __device__ __forceinline__ void mbar_arrive(u64*) { __trap(); }
 __device__ __forceinline__ void mbar_arrive_expect_tx(u64*, u32) { __trap(); }
 __device__ __forceinline__ void mbar_wait(u64*, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s(void*, const void*, u32, u64*) { __trap(); }
+__device__ __forceinline__ void bulk_copy_g2s_evict_first(void*, const void*, u32, u64*) { __trap(); }
 __device__ __forceinline__ void fence_proxy_async() {}
 #endif

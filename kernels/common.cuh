@@ -51,6 +51,20 @@ __device__ __forceinline__ void clear_candidate_counts(u32* __restrict__ count, 
 }
 
 // ---------------------------------------------------------------------------
+// L2 residency of the scores (sm_90+). A decode call writes its rows' scores once and the
+// select reads them right after, while the keys stream through L2 once. The keys' copies
+// are marked first to leave L2, so that a run's scores (up to ~34 MB in the decode cases)
+// can still be there when the filter reads them, and a dirty line that the next call's
+// scores overwrite in place need not go back to HBM.
+__device__ __forceinline__ u64 l2_evict_first() {
+    u64 p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+#endif
+    return p;
+}
+
+// ---------------------------------------------------------------------------
 // NVFP4 element and scale decoding
 // ---------------------------------------------------------------------------
 

@@ -392,8 +392,8 @@ struct BulkRing {
         unsigned char* st = ring + slot * kStageBytes;
         const u32 code_bytes = rows * kCodeBytes, scale_bytes = rows * kScaleBytes;
         mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
-        bulk_copy_g2s(st + r * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
-        bulk_copy_g2s(st + kScaleOffset + r * scale_bytes, key_scale + ent * kScaleBytes, scale_bytes, bar);
+        bulk_copy_g2s_evict_first(st + r * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
+        bulk_copy_g2s_evict_first(st + kScaleOffset + r * scale_bytes, key_scale + ent * kScaleBytes, scale_bytes, bar);
         // The global scale is stored after the copies are on their way: at a segment's start
         // g is a load that depends on b, and waiting for it first would delay the tile by a
         // round trip. Readers see it: they read the stage only after the __syncthreads of the
