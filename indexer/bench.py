@@ -293,7 +293,8 @@ def time_graph(cp, fn, sets, repeats=20, echo=print):  # gpu-only
     kernel that keeps every SM busy (``busy``): the GPU reaches them only after the host has
     submitted all three, so the interval holds the graph's own launch on the device, its
     kernels and the gaps between them, and not the host's submission (timed from an idle
-    GPU, the medians of small graphs held ~1.4-1.8 us of it: docs/performance.md, v37)."""
+    GPU, an empty graph's median held 0.6-1.8 us of it, decode-latency's 0.2-0.4 us:
+    docs/performance.md, v37)."""
     stream = cp.cuda.Stream(non_blocking=True)
     graphs = []
     try:

@@ -30,8 +30,8 @@ energies add, is checked by running both at once on the same SMs (an MMA probe a
 stream, on two streams, grids that fit an SM together): if they share the cap as energy,
 the shares of their alone-rates that they keep sum to ~1.0; without interplay, to ~2.0.
 Measured 1.14 (v37): together they run 14% faster than their energies added, so the lines
-also give the floor divided by that sum ("with the overlap"), never below the sustained
-GEMM's own time. For the single-query decode cases the lines add the time of their tiles'
+also give the floor divided by that sum ("with the overlap"), never below its GEMM term
+alone. For the single-query decode cases the lines add the time of their tiles'
 core work alone (the FP4 decode, the MMAs and the epilogue without memory: a probe that
 runs under the cap, so a limit on time, not on power).
 """
@@ -82,15 +82,22 @@ def power_floor_seconds(flops, nbytes, gemm_rate, gemm_watts, read_bw, read_watt
     return t_gemm + t_read, t_gemm, t_read
 
 
+def _probe_operands(cp, seed):
+    """The probes' random fp16 A fragments and B tile (the tensor cores' power depends on
+    the data: never zeros)."""
+    rng = cp.random.default_rng(seed)
+    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
+    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    return a, b
+
+
 def mma_probe(cp, sms):
     """A launch of wgmma_rate_kernel<128> (kernels/probe_wgmma.cu: the scoring kernels' MMA
-    shape from registers and shared memory, no memory traffic) at two CTAs an SM, ~1 ms."""
+    shape from registers and shared memory, no memory traffic) at two CTAs an SM, ~0.7 ms."""
     from indexer import _jit  # noqa: PLC0415
 
     kern = _jit.get_kernel("probe_wgmma.cu", "wgmma_rate_kernel<128>")
-    rng = cp.random.default_rng(7)  # random operands: the tensor cores' power depends on the data
-    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
-    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    a, b = _probe_operands(cp, 7)
     out = cp.empty(2 * sms * 128, dtype=cp.float32)
     return lambda: kern((2 * sms,), (128,), (a, b, cp.int32(1000), out), shared_mem=16 * 1024)
 
@@ -103,9 +110,7 @@ def core_probe(cp, sms, rounds=2000):
     from indexer import _jit  # noqa: PLC0415
 
     kern = _jit.get_kernel("probe_wgmma.cu", "wgmma_overlap_kernel<3>")
-    rng = cp.random.default_rng(11)
-    a = rng.standard_normal(8 * 4 * 128 * 2, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
-    b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
+    a, b = _probe_operands(cp, 11)
     grid = 3 * sms
     out = cp.empty(grid * 128, dtype=cp.float32)
     clk = cp.zeros(2 * grid, dtype=cp.int64)
@@ -155,8 +160,8 @@ def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
     x, y = bench.gemm_operands(cp)
     m = x.shape[0]
     z = cp.empty_like(x)
-    t_gemm, _, gemm_watts = sample(cp, f"fp16 GEMM {m}^3", lambda: cp.matmul(x, y, out=z), seconds)
-    gemm_rate = 2 * m**3 / t_gemm
+    gemm_call, _, gemm_watts = sample(cp, f"fp16 GEMM {m}^3", lambda: cp.matmul(x, y, out=z), seconds)
+    gemm_rate = 2 * m**3 / gemm_call
     print(f"  {gemm_rate / 1e12:.0f} TFLOP/s sustained (host-timed)")
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
     src = cp.random.default_rng(4).integers(0, 2**31, size=1 << 30, dtype=cp.int32)  # 4 GiB, not zeros
@@ -167,8 +172,8 @@ def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
     def read():
         read_k((8 * sms,), (256,), (src, cp.int64(n16), cp.uint32(0x9E3779B9), sink))
 
-    t_read, _, read_watts = sample(cp, "HBM read stream (4 GiB a call)", read, seconds)
-    read_bw = src.nbytes / t_read
+    read_call, _, read_watts = sample(cp, "HBM read stream (4 GiB a call)", read, seconds)
+    read_bw = src.nbytes / read_call
     print(f"  {read_bw / 1e12:.2f} TB/s read sustained (host-timed)")
     probe = mma_probe(cp, sms)
     t_probe, _, _ = sample(cp, "MMA probe (two CTAs an SM)", probe, seconds)
@@ -196,13 +201,13 @@ def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
         call()
         cp.cuda.Device().synchronize()
         per, _, _ = sample(cp, f"{case.name} whole calls", call, seconds)
-        pf, t_gemm, t_read = power_floor_seconds(counts["flops"], counts["bytes"], gemm_rate, gemm_watts,
-                                                 read_bw, read_watts, idle_watts, cap)
+        pf, pf_gemm, pf_read = power_floor_seconds(counts["flops"], counts["bytes"], gemm_rate, gemm_watts,
+                                                   read_bw, read_watts, idle_watts, cap)
         # with the overlap measured above (a sum over 1.0 lets the two run that much faster
-        # together than their energies added), never below the sustained GEMM's own time
-        low = max(t_gemm, pf / max(overlap, 1.0))
+        # together than their energies added), never below the GEMM term alone
+        low = max(pf_gemm, pf / max(overlap, 1.0))
         print(f"  {per * 1e3:.3f} ms a call (host-timed); power floor {pf * 1e3:.3f} ms "
-              f"(GEMM at the cap {t_gemm * 1e3:.3f} + reads {t_read * 1e3:.3f}), {low * 1e3:.3f} with the overlap; "
+              f"(GEMM at the cap {pf_gemm * 1e3:.3f} + reads {pf_read * 1e3:.3f}), {low * 1e3:.3f} with the overlap; "
               f"a call / those {per / pf:.2f} / {per / low:.2f}", flush=True)
         if case.queries_per_seq == 1 and case.kind != "prefill":  # one query a key: the core probe's tile
             t_core_case = counts["pairs"] / 128 * tile_s
