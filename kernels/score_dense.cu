@@ -39,7 +39,7 @@
 namespace score_dense {
 constexpr int kDim = 128;                      // the head dim this kernel takes
 constexpr int kSub = 64;                       // entries a unit (M of the MMA)
-constexpr int kQueries = 3;                    // rows an item (3 or 4)
+constexpr int kQueries = 3;                    // rows an item (a fourth's B buffers would not fit beside the ring)
 constexpr int kBuffers = 3;                    // B buffers: items staged ahead of the MMAs' (kBuffers - 1)
 constexpr int kN = 64 * kQueries;              // N of the MMA: the item's queries' heads
 constexpr int kALbo = (kSub / 8) * 128;        // A: bytes between core matrices along K
@@ -69,10 +69,6 @@ struct DenseSmem {
 // The item's MMA: A (64 entries) x B (kQueries queries' 64 heads)
 template <int kCols>
 struct DenseMma;
-template <>
-struct DenseMma<256> {
-    __device__ static void run(float (&d)[128], u64 a, u64 b, int acc) { wgmma_m64n256k16_ss(d, a, b, acc); }
-};
 template <>
 struct DenseMma<192> {
     __device__ static void run(float (&d)[96], u64 a, u64 b, int acc) { wgmma_m64n192k16_ss(d, a, b, acc); }

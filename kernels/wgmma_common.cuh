@@ -139,33 +139,6 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], u64 desc_a, 
 #endif
 }
 
-// d (+)= A (shared memory descriptor, 64 x 16 fp16, K-major) * B (shared memory descriptor,
-// 16 x 256 fp16, K-major): score_dense.cu's four queries side by side (d[32 qq .. 32 qq + 31]:
-// query qq's 64 heads in the m64n64 fragment layout)
-__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], u64 desc_a, u64 desc_b, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-        "%128, %129, p, 1, 1, 0, 0;\n}\n"
-        : WGMMA_ACC8(d, 0), WGMMA_ACC8(d, 8), WGMMA_ACC8(d, 16), WGMMA_ACC8(d, 24),
-          WGMMA_ACC8(d, 32), WGMMA_ACC8(d, 40), WGMMA_ACC8(d, 48), WGMMA_ACC8(d, 56),
-          WGMMA_ACC8(d, 64), WGMMA_ACC8(d, 72), WGMMA_ACC8(d, 80), WGMMA_ACC8(d, 88),
-          WGMMA_ACC8(d, 96), WGMMA_ACC8(d, 104), WGMMA_ACC8(d, 112), WGMMA_ACC8(d, 120)
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#else
-    __trap();  // sm_90a only; the launcher never picks this kernel elsewhere
-#endif
-}
-
 // Weighted head sums of my two rows of a finished m64n64 sub-tile (accumulators d; rows r0
 // and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed): .x row r0, .y
 // row r0 + 8, in every lane of the quad. weights(j): the float2 weights of heads 8j + 2c, +1.
