@@ -448,7 +448,9 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
 {
     wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
     __shared__ u64 cand[row_cand_slots<kThreads, kMaxK, kRegs>()];
-    const int row = blockIdx.x;
+    // rows in reverse: a causal prefill's rows grow with their index, so its longest rows
+    // start first and the last wave is of its shortest (the grid's tail less uneven)
+    const int row = gridDim.x - 1 - blockIdx.x;
     const int n = visible_len(valid_lens, row, max_len);
     const float* r = scores + (long long)row * ld;
     const int* bt_row = block_table + (long long)row * L;
