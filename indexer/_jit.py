@@ -106,6 +106,8 @@ INSTANCES = {
     "bench_probes.cu": ["busy_kernel", "read_stream_kernel"],  # bench.py, scripts/sustained_rate.py
     "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>",
                        "topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>",
+                       "topk_sample_kernel<256>", "topk_filter_kernel<256, 16, true>", "topk_filter_kernel<256, 4, true>",
+                       "topk_final_kernel<1024, 8192, true>",
                        "topk_rank_kernel<256, false>", "topk_rank_kernel<256, true>", "topk_final_kernel<1024, 8192>",
                        "topk_row_kernel<256, 4096, 16>", "topk_row_kernel<256, 4096, 0>",
                        "topk_row_kernel<128, 1024, 16>", "topk_row_kernel<128, 512, 16>", "block_sort_kernel<1024>", "block_sort_kernel<256>", "block_sort_kernel<128>"],

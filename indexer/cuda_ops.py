@@ -195,7 +195,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     the exact multi-CTA select. ``score_only`` stops after the scoring kernel (the
     benchmark's "scoring part alone"); ``fast_kernel`` picks the tensor-core kernel (see
     ``_scoring_kernel``) and ``select`` ('auto', 'rows': one CTA per row, 'multi': the
-    multi-CTA passes) the select, for tests and benchmarks. ``cu_seqlens`` (int32 (B+1,),
+    multi-CTA passes, 'sampled' / 'histogram': those with each row's candidate threshold
+    from a sample of its scores / from a histogram pass, where the scoring kernel counts no
+    histogram itself) the select, for tests and benchmarks. ``cu_seqlens`` (int32 (B+1,),
     the varlen layout of ``score_topk_ragged``) lets the wgmma path score consecutive rows
     of one sequence as pairs sharing each key tile."""
     i32 = np.int32
@@ -233,6 +235,12 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # run fills them. A scoring-only call (the benchmark's) counts into scratch it never
     # clears, so that the zeroed part stays zero for any graph captured on it.
     hist_bytes = 0 if row_select else rows * bins * 4
+    # runs whose scoring kernel counts no histogram (keys-stationary) take each row's
+    # candidate threshold from a sample of its scores (topk_sample_kernel: 32 KB a row read)
+    # instead of a histogram pass over all of them, where its ~2k candidates fit the buffer;
+    # runs that rank their candidates (few rows) keep the histogram
+    sampled_ok = (not row_select and not counts_keys and (select == "sampled" or (select == "auto" and kind == "ks"))
+                  and geometry.sampled_threshold_fits(prob.top_k, ld))
     zeroed = workspace.zeroed(hist_bytes) if workspace is not None and hist_bytes > 0 and not score_only else None
     at_rest = zeroed is not None  # None also while capturing before the part exists (see Workspace.zeroed)
     ws = _carve({
@@ -245,6 +253,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         "hist": 0 if at_rest else hist_bytes,
         "count": 0 if row_select else rows * 4,
         "cand": 0 if row_select else rows * cap * 8,             # candidate (key, index) pairs
+        "tau": rows * 4 if sampled_ok else 0,                    # sampled thresholds
     }, workspace=workspace)
     scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
     if at_rest:
@@ -293,6 +302,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
                      else geometry.rank_ctas_per_row(prob.top_k))
         final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
+        if sampled_ok:
+            sample_k = _kernel("select_fast.cu", "topk_sample_kernel<256>", device_id)
+            filter_sampled_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}, true>", device_id)
+            final_sampled_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}, true>", device_id, 8 * cap)
+            tau = ws["tau"].view(cp.uint32)
         chunks = geometry.select_fast_chunks(sl.ld, per)
 
     try:
@@ -352,6 +366,17 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 after_previous(row_k, device_id, (nr,), (row_threads,),
                                (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), *output_args))
                 continue
+            ranked = geometry.rank_select(nr, prob.top_k, dev) and not (sampled_ok and select == "sampled")
+            if sampled_ok and not ranked:  # each row's threshold key from a sample of its scores
+                after_previous(sample_k, device_id, (nr,), (256,),
+                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), count, tau))
+                after_previous(filter_sampled_k, device_id, (chunks, nr), (256,),
+                               (scores_ws, ld, lens, i32(prob.max_len), tau, i32(prob.top_k), count, cand, i32(cap)))
+                after_previous(final_sampled_k, device_id, (nr,), (1024,),
+                               (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(prob.top_k),
+                                *output_args, tau),
+                               shared_mem=8 * cap)
+                continue
             if not counts_keys:  # the other scoring kernels count the histogram in their epilogue
                 after_previous(hist_k, device_id, (chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, count))
             after_previous(filter_k, device_id, (chunks, nr), (256,),
@@ -360,14 +385,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             # is selected from its scores by one of them; the fewest rows compare every pair,
             # see geometry.rank_all_pairs); many rows: every row's candidates sorted by one CTA
             # (see geometry.rank_select). One launch either way.
-            if geometry.rank_select(nr, prob.top_k, dev):
+            if ranked:
                 after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
                                (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(cap),
                                 i32(prob.top_k), *output_args))
             else:
                 after_previous(final_k, device_id, (nr,), (1024,),
                                (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(prob.top_k),
-                                *output_args),
+                                *output_args, 0),  # no sampled thresholds
                                shared_mem=8 * cap)
     except BaseException:
         if at_rest:  # stopped between its launches: clear what the launched kernels counted

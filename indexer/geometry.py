@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -435,6 +435,19 @@ def select_fast_per_thread(rows: int, ld: int, dev: Device = H200) -> int:
 def select_fast_chunks(ld: int, per_thread: int = 16) -> int:
     """CTAs per row of the histogram and filter kernels."""
     return max(1, -(-ld // (256 * per_thread)))
+
+
+#: the sampled threshold (kernels/select_fast.cu: topk_sample_kernel) aims at ~2 x k candidates
+#: a row (at least 32 x ld / 8,192): it is taken where they fit the CANDIDATE_CAP buffer with
+#: room, k up to SAMPLED_MAX_K over rows up to SAMPLED_MAX_LEN entries
+SAMPLED_MAX_K = 2048
+SAMPLED_MAX_LEN = 1 << 19
+
+
+def sampled_threshold_fits(top_k: int, ld: int) -> bool:
+    """Whether rows of ``ld`` entries may take the sampled candidate threshold for ``top_k``
+    (its expected candidates, max(2 k, 32 ld / 8,192), at most half the buffer)."""
+    return top_k <= SAMPLED_MAX_K and ld <= SAMPLED_MAX_LEN
 
 
 #: rows up to this many entries (workspace row length) are selected by one CTA per row

@@ -2,7 +2,9 @@
 //
 //   1. histogram: count the top 11 bits of every score key of a row (2048 bins); the
 //      tensor-core scoring kernel does this in its epilogue, topk_histogram_kernel does it
-//      for the FP32 path;
+//      for the FP32 path; or, for runs scored without one (the keys-stationary kernel),
+//      topk_sample_kernel sets each row's candidate threshold key from a sample of its
+//      scores instead (one read of 32 KB a row where a histogram reads the whole row);
 //   2. topk_filter_kernel: every CTA finds the bin b* holding its row's k-th best key
 //      (threshold_bin), then every entry whose key is in a bin >= b* becomes a candidate,
 //      appended to a bounded per-row buffer of kCap (key, index) pairs; the counter keeps
@@ -25,6 +27,10 @@ constexpr int kBins = 2048;       // top 11 bits of a key
 constexpr int kBinShift = 21;
 constexpr int kRankMax = 4096;    // rows with more candidates are selected from their scores
 constexpr int kRankBins = 1024;   // fine key bins of a row's candidates in topk_rank_kernel
+constexpr int kSampleChunks = 512;                    // topk_sample_kernel: 16-entry chunks a row
+constexpr int kSampleEntries = kSampleChunks * 16;    // entries sampled a row (8,192)
+constexpr int kSampleFactor = 2;                      // candidates expected: about this x k
+constexpr int kSampleMin = 32;                        // sampled keys at or above tau, at least
 }  // namespace select_fast
 
 // Entry j of this thread's kPer entries of a chunk starting at `start`: runs of 4, so that
@@ -87,6 +93,102 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
     __syncthreads();
     for (int i = threadIdx.x; i < kBins; i += kThreads)
         if (h[i]) atomicAdd(&hist[(long long)row * kBins + i], h[i]);
+}
+
+// The m-th largest non-zero key among every thread's kPer keys (kThreads threads, all of
+// them calling; zero keys never count), or 0 when fewer than m are non-zero: four 8-bit
+// radix passes, most significant digit first. hist: 257 u32 of shared memory.
+template <int kThreads, int kPer>
+__device__ __forceinline__ u32 mth_largest_key(const u32 (&keys)[kPer], u32 m, u32* hist, u32* scratch,
+                                               u32* s_bin, u32* s_above) {
+    static_assert(kThreads == 256, "a bin a thread");
+    const int tid = threadIdx.x;
+    u32 prefix = 0u, mask = 0u, k_rem = m;
+    for (int pass = 0; pass < 4; ++pass) {  // the same trip count in every thread
+        const int shift = 24 - 8 * pass;
+        for (int b = tid; b < 257; b += kThreads) hist[b] = 0u;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const bool match = keys[j] != 0u && (keys[j] & mask) == prefix;
+            atomicAdd(&hist[match ? (keys[j] >> shift) & 255u : 256u], 1u);  // 256: not counted
+        }
+        __syncthreads();
+        const int b = 255 - tid;  // thread t: bin 255 - t, so the scan runs from the top bin down
+        const u32 cnt = hist[b];
+        u32 total;
+        const u32 above = block_exclusive_scan<kThreads>(cnt, scratch, &total);
+        if (pass == 0 && total < m) return 0u;  // the same in every thread
+        if (above < k_rem && k_rem <= above + cnt) {  // exactly one thread
+            *s_bin = (u32)b;
+            *s_above = above;
+        }
+        __syncthreads();
+        prefix |= *s_bin << shift;
+        mask |= 255u << shift;
+        k_rem -= *s_above;
+        __syncthreads();  // s_bin, s_above read by every thread before the next pass sets them
+    }
+    return prefix;
+}
+
+// grid (rows,), kThreads (256) threads: row r's candidate threshold key tau[r], for runs
+// whose scoring kernel counts no histogram (the keys-stationary kernel). kSampleChunks
+// chunks of 16 consecutive entries spread evenly over the row (the whole row when it has at
+// most kSampleEntries entries) are read, and tau is their m-th largest key, m set so that
+// about kSampleFactor x k of the row's entries lie at or above it: the filter then takes
+// every entry whose key is >= tau. When the sample is the row, m = k and tau is exactly the
+// k-th largest key; else the count at or above tau is a random ~2k (relative spread
+// 1/sqrt(m), m = 64 for k = 1,024 over 262,144 entries: below k about once in 30,000
+// rows), and topk_final_kernel checks it: fewer than k (tau too high) or more than its
+// buffer holds, and it selects that row from its scores instead. tau = 0 (fewer than m
+// selectable sampled entries): every non-NaN entry is a candidate. Also clears the run's
+// candidate counts (the kernel before the filter, as topk_histogram_kernel).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+topk_sample_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
+                   int top_k, u32* __restrict__ count, u32* __restrict__ tau)
+{
+    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
+    clear_candidate_counts(count, gridDim.x);
+    using namespace select_fast;
+    constexpr int kChunksPer = kSampleChunks / kThreads;  // chunks a thread
+    constexpr int kPer = 16 * kChunksPer;                  // keys a thread
+    static_assert(kChunksPer * kThreads == kSampleChunks, "whole chunks a thread");
+    __shared__ u32 hist[257];
+    __shared__ u32 scratch[32];
+    __shared__ u32 s_bin, s_above;
+    const int row = blockIdx.x, tid = threadIdx.x;
+    const int n = visible_len(valid_lens, row, max_len);
+    const bool whole = n <= kSampleEntries;  // the sample is the row
+    const float4* r4 = reinterpret_cast<const float4*>(scores + (long long)row * ld);
+    const long long ld4 = ld >> 2;  // ld a multiple of 4, >= 4
+    u32 keys[kPer];
+#pragma unroll
+    for (int c = 0; c < kChunksPer; ++c) {
+        const int chunk = c * kThreads + tid;
+        // 16-entry aligned starts, distinct (n / kSampleChunks > 16 when not whole), inside the row
+        const int start = whole ? 16 * chunk : (int)(((long long)chunk * n / kSampleChunks) & ~15ll);
+        float4 v[4];  // past the row's ld (a whole row shorter than the sample): its last vector again
+#pragma unroll
+        for (int q = 0; q < 4; ++q) v[q] = __ldcg(r4 + min((long long)(start >> 2) + q, ld4 - 1));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int i = start + 4 * q;
+            keys[16 * c + 4 * q] = i < n ? score_to_key(v[q].x) : 0u;
+            keys[16 * c + 4 * q + 1] = i + 1 < n ? score_to_key(v[q].y) : 0u;
+            keys[16 * c + 4 * q + 2] = i + 2 < n ? score_to_key(v[q].z) : 0u;
+            keys[16 * c + 4 * q + 3] = i + 3 < n ? score_to_key(v[q].w) : 0u;
+        }
+    }
+    // at least kSampleMin sampled keys above tau, so that the count's spread stays small
+    // for small k too (more candidates then, ~kSampleMin x n / kSampleEntries)
+    const u32 m = whole ? (u32)top_k
+                        : (u32)min((long long)kSampleEntries,
+                                   max((long long)kSampleMin,
+                                       ((long long)kSampleFactor * top_k * kSampleEntries + n - 1) / n));
+    const u32 t = mth_largest_key<kThreads, kPer>(keys, m, hist, scratch, &s_bin, &s_above);
+    if (tid == 0) tau[row] = t;
 }
 
 // Thread tid's kPer = kN / kThreads bins of h[0, kN), highest first (bins kN-1-kPer*tid-j,
@@ -172,7 +274,9 @@ __device__ __forceinline__ void clear_row_histogram(u32* __restrict__ hist_row) 
 // grid (chunks, rows): append every entry whose key bin is >= b* (threshold_bin of the row's
 // histogram, found by every CTA of the row while its scores are in flight: one launch less
 // than a kernel of its own) to the row's buffer.
-template <int kThreads, int kPerThread>
+// kSampled: the threshold is the row's key tau[row] (topk_sample_kernel; `hist` is tau
+// then), every entry with a key >= it a candidate.
+template <int kThreads, int kPerThread, bool kSampled = false>
 __global__ void __launch_bounds__(kThreads)
 topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                    const u32* __restrict__ hist, int top_k, u32* __restrict__ count, u64* __restrict__ cand, int cap)
@@ -192,14 +296,20 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     const int lane = threadIdx.x & 31;
     float v[kPerThread];
     load_chunk<kThreads>(r, start, n, v);
-    const RowBins bins = load_bins<kThreads>(hist + (long long)row * kBins);  // in flight with the scores
-    const u32 bin = threshold_bin<kThreads>(bins, top_k, scratch, &s_bin);
+    u32 thr;  // candidates: keys >= thr (kSampled), else keys in bins >= thr
+    if constexpr (kSampled) {
+        thr = hist[row];  // tau
+        __syncthreads();  // s_taken = 0 visible (threshold_bin's barrier does this otherwise)
+    } else {
+        const RowBins bins = load_bins<kThreads>(hist + (long long)row * kBins);  // in flight with the scores
+        thr = threshold_bin<kThreads>(bins, top_k, scratch, &s_bin);
+    }
     u32 takes = 0u;  // bit j: entry j of this thread is a candidate
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
         const int i = chunk_entry<kThreads>(start, j);
         const u32 key = i < n ? score_to_key(v[j]) : 0u;
-        if (key != 0u && (key >> kBinShift) >= bin) takes |= 1u << j;
+        if (key != 0u && (kSampled ? key : key >> kBinShift) >= thr) takes |= 1u << j;
     }
     // One global atomic per CTA, not per warp and entry: the rows' counters share a cache
     // line, so per-warp atomics (a thousand per row) queue behind each other in one L2 slice.
@@ -391,12 +501,16 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
 // One CTA per row, for runs whose candidates are not ranked (topk_rank_kernel takes the
 // others whole): sort them, or, where they overflowed the buffer, the full-row radix
 // select.
-template <int kThreads, int kCap>
+// kSampled: the candidates are the keys >= tau[row] (topk_sample_kernel, tau non-null), a
+// superset of the winners only when there are at least k of them (or tau is 0: every
+// selectable entry), so a row with fewer is selected from its scores too.
+template <int kThreads, int kCap, bool kSampled = false>
 __global__ void __launch_bounds__(kThreads)
 topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                   u32* __restrict__ hist, const u32* __restrict__ count, const u64* __restrict__ cand, int top_k,
                   const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
-                  int* __restrict__ out_idx, float* __restrict__ out_scores)
+                  int* __restrict__ out_idx, float* __restrict__ out_scores,
+                  const u32* __restrict__ tau)  // [rows] (kSampled), else unused
 {
     wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -408,7 +522,8 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
-    if (cnt > (u32)kCap) {  // the buffer overflowed: exact select over the whole row
+    // the buffer overflowed, or (kSampled) tau was above the k-th key: exact select over the whole row
+    if (cnt > (u32)kCap || (kSampled && n > 0 && cnt < (u32)top_k && tau[row] != 0u)) {
         select_row_radix<kThreads, kCap>(scores + (long long)row * ld, n, top_k, bt_row, E, num_blocks, physical,
                                          oi, os, buf);
         return;

@@ -143,9 +143,12 @@ def cases():
             bad = rows == 12
             if bad:
                 x[5][0, 1], x[5][4, 0], x[6][2] = 10**6, -7, 10**6
-            cuda_ops.score_topk(*x, 40, return_scores=not bad, validate=not bad, _cu_seqlens=cp.asarray(cu),
-                                _fast_kernel=kernel)
-            ran += 1
+            # the keys-stationary kernel's runs also with each row's threshold sampled (the
+            # default for its runs of many rows; these few would rank)
+            for select in ("auto", "sampled") if kernel == "ks" else ("auto",):
+                cuda_ops.score_topk(*x, 40, return_scores=not bad, validate=not bad, _cu_seqlens=cp.asarray(cu),
+                                    _fast_kernel=kernel, _select=select)
+                ran += 1
         q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [20, 0, 30, 1], 64, [3000, 100, 9000, 500])
         x = [cp.asarray(a) for a in (q, w, k, s, g, np.repeat(table, np.diff(cu), 0), lens)]
         for offsets, valid in ((cu, True), (np.array([0, 40, 7, 60, 2], np.int32), False)):
