@@ -1,5 +1,6 @@
 """What the GPU tests share: the skip rule (they run where CuPy sees a CUDA device, else
-skip), problem pairs for refilling captured inputs, and calls from several threads."""
+skip), problem pairs for refilling captured inputs, calls from several threads, and the
+NumPy answer for one score row of the select kernels' direct tests."""
 
 import concurrent.futures
 
@@ -10,6 +11,19 @@ import indexer
 from indexer import arrays, testing
 
 requires_gpu = pytest.mark.skipif(not arrays.gpu_available(), reason="needs CuPy and a CUDA GPU")
+
+
+def row_topk(row, n, k):
+    """NumPy's (indices int32 [k], scores float32 [k]) of a float32 score row's first n
+    entries: score descending, then index ascending, NaN never selected, -1 / -inf padding."""
+    s = row[:n]
+    ok = np.flatnonzero(~np.isnan(s))
+    order = ok[np.lexsort((ok, -s[ok].astype(np.float64)))][:k]
+    idx = np.full(k, -1, dtype=np.int32)
+    sc = np.full(k, -np.inf, dtype=np.float32)
+    idx[: order.size] = order
+    sc[: order.size] = s[order]
+    return idx, sc
 
 
 def pair_of_problems(seed, **kw):

@@ -13,20 +13,9 @@ import numpy as np
 import pytest
 
 from indexer import arrays
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, row_topk
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
-
-
-def _expected(row, n, k):
-    s = row[:n]
-    ok = np.flatnonzero(~np.isnan(s))
-    order = ok[np.lexsort((ok, -s[ok].astype(np.float64)))][:k]
-    idx = np.full(k, -1, dtype=np.int32)
-    sc = np.full(k, -np.inf, dtype=np.float32)
-    idx[: order.size] = order
-    sc[: order.size] = s[order]
-    return idx, sc
 
 
 def _rows(kind, rng, rows, width):
@@ -112,6 +101,6 @@ def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
                              table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc))
     got_idx, got_sc = out_idx.get(), out_sc.get()
     for r in range(rows):
-        want_idx, want_sc = _expected(scores[r], int(lens[r]), top_k)
+        want_idx, want_sc = row_topk(scores[r], int(lens[r]), top_k)
         np.testing.assert_array_equal(got_idx[r], want_idx, err_msg=f"row {r} (n = {lens[r]})")
         np.testing.assert_array_equal(got_sc[r], want_sc, err_msg=f"row {r} (n = {lens[r]})")

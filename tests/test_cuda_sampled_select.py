@@ -14,23 +14,12 @@ import numpy as np
 import pytest
 
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, row_topk
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
 SAMPLE_CHUNKS, SAMPLE_ENTRIES = 512, 8192  # kernels/select_fast.cu: kSampleChunks, kSampleEntries
-
-
-def _expected(row, n, k):
-    s = row[:n]
-    ok = np.flatnonzero(~np.isnan(s))
-    order = ok[np.lexsort((ok, -s[ok].astype(np.float64)))][:k]
-    idx = np.full(k, -1, dtype=np.int32)
-    sc = np.full(k, -np.inf, dtype=np.float32)
-    idx[: order.size] = order
-    sc[: order.size] = s[order]
-    return idx, sc
 
 
 def _sampled(n):
@@ -103,7 +92,7 @@ def test_sampled_select_orders_the_winners_like_numpy(kind, width, top_k):
     scores = _rows(kind, rng, rows, width, lens)
     got_idx, got_sc, count, tau = _select_sampled(scores, lens, top_k)
     for r in range(rows):
-        want_idx, want_sc = _expected(scores[r], int(lens[r]), top_k)
+        want_idx, want_sc = row_topk(scores[r], int(lens[r]), top_k)
         np.testing.assert_array_equal(got_idx[r], want_idx, err_msg=f"row {r} (n = {lens[r]}, count {count[r]})")
         np.testing.assert_array_equal(got_sc[r], want_sc, err_msg=f"row {r} (n = {lens[r]}, count {count[r]})")
     if kind == "random" and width == 40_000 and top_k == 1024:  # the common path: ~2k candidates, no fallback
@@ -128,7 +117,7 @@ def test_the_sample_of_a_whole_row_is_its_exact_kth_key():
     np.testing.assert_array_equal(count, [k, k, k, 17])
     assert tau[3] == 0  # fewer than k entries: every one a candidate
     for r in range(rows):
-        want_idx, _ = _expected(scores[r], int(lens[r]), k)
+        want_idx, _ = row_topk(scores[r], int(lens[r]), k)
         np.testing.assert_array_equal(got_idx[r], want_idx)
 
 

@@ -271,3 +271,14 @@ def test_dense_launch_fits_one_cta_an_sm():
         geometry.score_dense_launch(8193, 64, 128, 2048, H200, 64)
     with pytest.raises(ValueError, match="D = 128"):
         geometry.score_dense_launch(64, 64, 64, 2048, H200, 64)
+
+
+def test_the_sampled_threshold_is_taken_where_its_candidates_fit_the_buffer():
+    # ~max(2 k, 32 ld / 8,192) expected candidates, at most half of the 8,192-slot buffer:
+    # prefill-chunk's rows (263,168 entries, k = 1,024) take it; larger k or longer rows not
+    assert geometry.sampled_threshold_fits(1024, 263_168)
+    assert geometry.sampled_threshold_fits(geometry.SAMPLED_MAX_K, geometry.SAMPLED_MAX_LEN)
+    assert not geometry.sampled_threshold_fits(geometry.SAMPLED_MAX_K + 1, 8192)
+    assert not geometry.sampled_threshold_fits(16, geometry.SAMPLED_MAX_LEN + 128)
+    expected = max(2 * geometry.SAMPLED_MAX_K, 32 * geometry.SAMPLED_MAX_LEN // 8192)
+    assert expected <= geometry.CANDIDATE_CAP // 2
