@@ -101,7 +101,7 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
 template <int kThreads, int kPer>
 __device__ __forceinline__ u32 mth_largest_key(const u32 (&keys)[kPer], u32 m, u32* hist, u32* scratch,
                                                u32* s_bin, u32* s_above) {
-    static_assert(kThreads == 256, "a bin a thread");
+    static_assert(kThreads >= 256, "a bin a thread (threads past 256 hold none)");
     const int tid = threadIdx.x;
     u32 prefix = 0u, mask = 0u, k_rem = m;
     for (int pass = 0; pass < 4; ++pass) {  // the same trip count in every thread
@@ -115,7 +115,7 @@ __device__ __forceinline__ u32 mth_largest_key(const u32 (&keys)[kPer], u32 m, u
         }
         __syncthreads();
         const int b = 255 - tid;  // thread t: bin 255 - t, so the scan runs from the top bin down
-        const u32 cnt = hist[b];
+        const u32 cnt = tid < 256 ? hist[b] : 0u;
         u32 total;
         const u32 above = block_exclusive_scan<kThreads>(cnt, scratch, &total);
         if (pass == 0 && total < m) return 0u;  // the same in every thread
@@ -528,12 +528,39 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
                                          oi, os, buf);
         return;
     }
-    const u32 size = sort_size(cnt);  // cnt <= kCap; zero keys sort last
     const u64* src = cand + (long long)row * kCap;
-    for (u32 i = tid; i < size; i += kThreads) buf[i] = i < cnt ? src[i] : 0ull;
+    u32 keep = cnt;  // candidates sorted
+    if (sort_size(cnt) > sort_size((u32)top_k)) {  // the same in every thread
+        // more candidates than the winners' sort needs (the sampled threshold's ~2 k, the
+        // histogram bin's ~1.5 k): the k-th largest key among them (radix passes in shared
+        // memory), then only those at or above it sorted (k and its ties), a sort of k keys
+        // where there were 2 k or 4 k
+        __shared__ u32 t_hist[257], t_scratch[32], t_bin, t_above, t_kept;
+        constexpr int kPer = kCap / kThreads;
+        static_assert(kPer * kThreads == kCap, "whole candidates a thread");
+        u64 c[kPer];
+        u32 keys[kPer];
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            const u32 i = (u32)(j * kThreads + tid);
+            c[j] = i < cnt ? src[i] : 0ull;
+            keys[j] = candidate_key(c[j]);  // 0 past cnt: never counted, never kept
+        }
+        if (tid == 0) t_kept = 0u;
+        const u32 kth = mth_largest_key<kThreads, kPer>(keys, (u32)top_k, t_hist, t_scratch, &t_bin, &t_above);
+#pragma unroll
+        for (int j = 0; j < kPer; ++j)  // kth > 0: at least k non-zero keys (cnt > k)
+            if (keys[j] != 0u && keys[j] >= kth) buf[atomicAdd(&t_kept, 1u)] = c[j];
+        __syncthreads();
+        keep = t_kept;  // >= k
+    } else {
+        for (u32 i = tid; i < cnt; i += kThreads) buf[i] = src[i];
+    }
+    const u32 size = sort_size(keep);  // keep <= kCap; zero keys sort last
+    for (u32 i = keep + tid; i < size; i += kThreads) buf[i] = 0ull;
     __syncthreads();
     bitonic_sort_desc<kThreads>(buf, size);
-    const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
+    const u32 m = keep < (u32)top_k ? keep : (u32)top_k;
     for (int i = tid; i < top_k; i += kThreads) write_winner(i, m, buf, bt_row, E, num_blocks, physical, oi, os);
 }
 
