@@ -15,8 +15,9 @@
 //      the row's candidates, counted within its fine key bin by one of several CTAs per
 //      row (a row with more than kRankMax candidates: the single-CTA radix select over its
 //      scores); topk_final_kernel (runs of many rows): one CTA per row, a bitonic sort of
-//      the candidates, or, where they overflowed the buffer, the single-CTA radix select
-//      over the full score row.
+//      the candidates (first cut to those at or above the k-th key where there are more
+//      than the winners' sort holds), or, where they overflowed the buffer, the single-CTA
+//      radix select over the full score row.
 // Candidate order in the buffer depends on atomics; ranks and the sort make the output
 // deterministic.
 #include "common.cuh"
@@ -499,8 +500,8 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
 }
 
 // One CTA per row, for runs whose candidates are not ranked (topk_rank_kernel takes the
-// others whole): sort them, or, where they overflowed the buffer, the full-row radix
-// select.
+// others whole): sort them (cut to the k-th key first), or, where they overflowed the
+// buffer, the full-row radix select.
 // kSampled: the candidates are the keys >= tau[row] (topk_sample_kernel, tau non-null), a
 // superset of the winners only when there are at least k of them (or tau is 0: every
 // selectable entry), so a row with fewer is selected from its scores too.
