@@ -278,7 +278,7 @@ __device__ __forceinline__ void clear_row_histogram(u32* __restrict__ hist_row) 
 // kSampled: the threshold is the row's key tau[row] (topk_sample_kernel; `hist` is tau
 // then), every entry with a key >= it a candidate.
 template <int kThreads, int kPerThread, bool kSampled = false>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kSampled ? 8 : 0)  // kSampled: 32 registers, 8 CTAs a SM (0: no bound)
 topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                    const u32* __restrict__ hist, int top_k, u32* __restrict__ count, u64* __restrict__ cand, int cap)
 {
@@ -336,7 +336,15 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
         const u32 mask = __ballot_sync(FULL_MASK, take);
         if (take) {
             const u32 p = pos + (u32)__popc(mask & ((1u << lane) - 1u));
-            if (p < (u32)cap) out[p] = make_candidate(score_to_key(v[j]), chunk_entry<kThreads>(start, j));
+            if constexpr (kSampled) {
+                // the score read again (an L2 hit: this CTA read it a moment ago), so that the
+                // chunk's registers are free before the count's atomic: 32 registers a thread,
+                // eight CTAs a SM where 48 allowed five (more of the row's reads in flight)
+                const int i = chunk_entry<kThreads>(start, j);
+                if (p < (u32)cap) out[p] = make_candidate(score_to_key(__ldcg(r + i)), i);
+            } else {
+                if (p < (u32)cap) out[p] = make_candidate(score_to_key(v[j]), chunk_entry<kThreads>(start, j));
+            }
         }
         pos += __popc(mask);
     }
