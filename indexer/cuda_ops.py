@@ -234,13 +234,20 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # indexer/workspace.py); without one they come from the call's allocation and the first
     # run fills them. A scoring-only call (the benchmark's) counts into scratch it never
     # clears, so that the zeroed part stays zero for any graph captured on it.
-    hist_bytes = 0 if row_select else rows * bins * 4
-    # runs whose scoring kernel counts no histogram (keys-stationary) take each row's
+    # Runs whose scoring kernel counts no histogram (keys-stationary) take each row's
     # candidate threshold from a sample of its scores (topk_sample_kernel: 32 KB a row read)
     # instead of a histogram pass over all of them, where its ~2k candidates fit the buffer;
-    # runs that rank their candidates (few rows) keep the histogram
+    # runs that rank their candidates (few rows) keep the histogram.
     sampled_ok = (not row_select and not counts_keys and (select == "sampled" or (select == "auto" and kind == "ks"))
                   and geometry.sampled_threshold_fits(prob.top_k, ld))
+
+    def takes_sample(nr):  # whether a run of nr rows takes the sampled threshold
+        return sampled_ok and (select == "sampled" or not geometry.rank_select(nr, prob.top_k, dev))
+
+    # no histograms where every run takes the sample (the last run, the smallest, decides:
+    # rank_select holds for fewer rows where it holds for more)
+    last_run = prob.T - rows * ((prob.T - 1) // rows)
+    hist_bytes = 0 if row_select or takes_sample(last_run) else rows * bins * 4
     zeroed = workspace.zeroed(hist_bytes) if workspace is not None and hist_bytes > 0 and not score_only else None
     at_rest = zeroed is not None  # None also while capturing before the part exists (see Workspace.zeroed)
     ws = _carve({
@@ -261,8 +268,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         workspace.mark_zeroed(False)  # until this call's last launch is enqueued
     else:  # filled before the first run; a scoring-only call's are never read
         hist, hist_zero = ws["hist"], score_only
-    if not row_select:  # one CTA a row selects from the scores alone
+    if hist is None:  # none needed (the row select; runs that all take the sample): never filled
+        hist, hist_zero = 0, True  # a null pointer for the sampled final kernel, which ignores it
+    else:
         hist = hist.view(cp.uint32)                 # [rows, bins]
+    if not row_select:  # one CTA a row selects from the scores alone
         count = ws["count"].view(cp.uint32)         # [rows]
         cand = ws["cand"].view(cp.uint64)
     ld = np.int64(sl.ld)
@@ -366,33 +376,24 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 after_previous(row_k, device_id, (nr,), (row_threads,),
                                (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), *output_args))
                 continue
-            ranked = geometry.rank_select(nr, prob.top_k, dev) and not (sampled_ok and select == "sampled")
-            if sampled_ok and not ranked:  # each row's threshold key from a sample of its scores
-                after_previous(sample_k, device_id, (nr,), (256,),
-                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), count, tau))
-                after_previous(filter_sampled_k, device_id, (chunks, nr), (256,),
-                               (scores_ws, ld, lens, i32(prob.max_len), tau, i32(prob.top_k), count, cand, i32(cap)))
-                after_previous(final_sampled_k, device_id, (nr,), (1024,),
-                               (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(prob.top_k),
-                                *output_args, tau),
-                               shared_mem=8 * cap)
-                continue
-            if not counts_keys:  # the other scoring kernels count the histogram in their epilogue
-                after_previous(hist_k, device_id, (chunks, nr), (256,), (scores_ws, ld, lens, i32(prob.max_len), hist, count))
-            after_previous(filter_k, device_id, (chunks, nr), (256,),
-                           (scores_ws, ld, lens, i32(prob.max_len), hist, i32(prob.top_k), count, cand, i32(cap)))
+            row_args = (scores_ws, ld, lens, i32(prob.max_len))  # every select kernel's first four
+            sampled = takes_sample(nr)
+            if sampled:  # each row's threshold key from a sample of its scores
+                after_previous(sample_k, device_id, (nr,), (256,), (*row_args, i32(prob.top_k), count, tau))
+            elif not counts_keys:  # the other scoring kernels count the histogram in their epilogue
+                after_previous(hist_k, device_id, (chunks, nr), (256,), (*row_args, hist, count))
+            after_previous(filter_sampled_k if sampled else filter_k, device_id, (chunks, nr), (256,),
+                           (*row_args, tau if sampled else hist, i32(prob.top_k), count, cand, i32(cap)))
             # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
             # is selected from its scores by one of them; the fewest rows compare every pair,
             # see geometry.rank_all_pairs); many rows: every row's candidates sorted by one CTA
             # (see geometry.rank_select). One launch either way.
-            if ranked:
+            if not sampled and geometry.rank_select(nr, prob.top_k, dev):
                 after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
-                               (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(cap),
-                                i32(prob.top_k), *output_args))
-            else:
-                after_previous(final_k, device_id, (nr,), (1024,),
-                               (scores_ws, ld, lens, i32(prob.max_len), hist, count, cand, i32(prob.top_k),
-                                *output_args, 0),  # no sampled thresholds
+                               (*row_args, hist, count, cand, i32(cap), i32(prob.top_k), *output_args))
+            else:  # the sampled final kernel checks each row's count against tau
+                after_previous(final_sampled_k if sampled else final_k, device_id, (nr,), (1024,),
+                               (*row_args, hist, count, cand, i32(prob.top_k), *output_args, tau if sampled else 0),
                                shared_mem=8 * cap)
     except BaseException:
         if at_rest:  # stopped between its launches: clear what the launched kernels counted

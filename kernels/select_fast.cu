@@ -512,7 +512,7 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
 // buffer, the full-row radix select.
 // kSampled: the candidates are the keys >= tau[row] (topk_sample_kernel, tau non-null), a
 // superset of the winners only when there are at least k of them (or tau is 0: every
-// selectable entry), so a row with fewer is selected from its scores too.
+// selectable entry), so a row with fewer is selected from its scores too; `hist` is unused.
 template <int kThreads, int kCap, bool kSampled = false>
 __global__ void __launch_bounds__(kThreads)
 topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
@@ -527,7 +527,8 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     const int row = blockIdx.x, tid = threadIdx.x;
     const int n = visible_len(valid_lens, row, max_len);
     const u32 cnt = n > 0 ? count[row] : 0u;
-    clear_row_histogram<kThreads>(hist + (long long)row * select_fast::kBins);  // one CTA a row
+    if constexpr (!kSampled)  // sampled runs have no histograms (the launcher allocates none)
+        clear_row_histogram<kThreads>(hist + (long long)row * select_fast::kBins);  // one CTA a row
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;

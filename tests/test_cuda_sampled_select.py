@@ -151,3 +151,37 @@ def test_keys_stationary_calls_give_the_histogram_selects_answers(rows, entries,
     np.testing.assert_array_equal(got["sampled"][0], got["histogram"][0])
     assert got["sampled"][1].tobytes() == got["histogram"][1].tobytes()
     testing.check_topk(as_problem(*args, top_k), *got["sampled"], tol=testing.TOL_FAST)
+
+
+def test_sampled_runs_take_no_histograms_and_leave_the_workspace_at_rest():
+    # runs that take the sampled threshold count no histogram, so a call whose runs all take
+    # it allocates none (the workspace's zeroed part is not made) and clears none; calls of
+    # the histogram select on the same workspace, before and after, still find it zero
+    from indexer import Workspace, cuda_ops, geometry
+
+    cp = arrays.cupy()
+    if not geometry.ks_supported(64, 128, cuda_ops.device_facts(cp.cuda.Device().id)):
+        pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
+    rng = np.random.default_rng(5)
+    args = grouped_problem(rng, [24], H=64, D=128, E=64, seq_entries=[20_000], top_k=256)
+    q, w, k, s, g, table, cu, lens = args
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    ws = Workspace()
+    zeroed = (cp.cuda.Device().id, "zeroed")
+
+    def call(select):
+        res = cuda_ops.score_topk(*dev, 256, return_scores=True, workspace=ws, _cu_seqlens=cp.asarray(cu),
+                                  _fast_kernel="ks", _select=select)
+        return [x.get() for x in res]
+
+    first = call("sampled")
+    assert zeroed not in ws._buffers
+    hist = call("histogram")
+    assert not cp.any(ws._buffers[zeroed]), "the histogram select left its counts"
+    again = call("sampled")
+    assert not cp.any(ws._buffers[zeroed]), "a sampled call wrote into the zeroed part"
+    for got in (first, again):
+        np.testing.assert_array_equal(got[0], hist[0])
+        assert got[1].tobytes() == hist[1].tobytes()
+    testing.check_topk(as_problem(*args, 256), *first, tol=testing.TOL_FAST)
