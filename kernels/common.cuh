@@ -18,9 +18,12 @@ typedef unsigned long long u64;
 // such a kernel waits here until the previous grid has finished and its writes are
 // visible, before it touches anything that grid writes, and before any early exit (a grid
 // whose CTAs all left without waiting could end before its predecessor): the select
-// kernels as their first statement, the single-query wgmma scoring kernel once it has
-// scheduled its tiles and started its key copies. A no-op for ordinary launches and before
-// sm_90.
+// kernels at their start, the single-query wgmma scoring kernel once it has scheduled its
+// tiles and started its key copies. Before the wait a CTA may read only what no kernel of
+// the call writes: the histogram and filter kernels load their row's length (valid_lens, an
+// input) first. Whatever wrote it ran before the call's first launch, an ordinary one that
+// started after it ended, and each later kernel of the call starts after the one before it
+// has started. A no-op for ordinary launches and before sm_90.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

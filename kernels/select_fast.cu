@@ -72,14 +72,18 @@ topk_histogram_kernel(const float* __restrict__ scores, long long ld, const int*
                       u32* __restrict__ hist,  // [rows, kBins], zero at rest
                       u32* __restrict__ count)  // [rows] candidate counts, cleared here
 {
-    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
+    const int row = blockIdx.y;
+    const int n = visible_len(valid_lens, row, max_len);  // before the wait: as topk_filter_kernel
+    const int start = blockIdx.x * kThreads * kPerThread;
+    if (start >= n) {
+        wait_for_previous_grid();
+        clear_candidate_counts(count, gridDim.y);
+        return;
+    }
+    wait_for_previous_grid();  // the scores and counts come from the kernel before
     clear_candidate_counts(count, gridDim.y);
     using namespace select_fast;
     __shared__ u32 h[kBins];
-    const int row = blockIdx.y;
-    const int n = visible_len(valid_lens, row, max_len);
-    const int start = blockIdx.x * kThreads * kPerThread;
-    if (start >= n) return;
     const float* r = scores + (long long)row * ld;
     float v[kPerThread];
     load_chunk<kThreads>(r, start, n, v);  // in flight while the bins are cleared (loads stay above the barrier)
@@ -282,15 +286,23 @@ __global__ void __launch_bounds__(kThreads, kSampled ? 8 : 0)  // kSampled: 32 r
 topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                    const u32* __restrict__ hist, int top_k, u32* __restrict__ count, u64* __restrict__ cand, int cap)
 {
-    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
+    const int row = blockIdx.y;
+    // The row's length, an input of the call, is loaded before the wait (common.cuh): where
+    // this CTA was placed while the kernel before was ending, its chunk's loads go out as
+    // soon as the wait ends, one round trip earlier. The wait sits on each side of the early
+    // exit's branch, so that it follows the length's load (with one wait after the branch,
+    // ptxas hoisted it above the load: nothing held it there).
+    const int n = visible_len(valid_lens, row, max_len);
+    const int start = blockIdx.x * kThreads * kPerThread;
+    if (start >= n) {
+        wait_for_previous_grid();
+        return;
+    }
+    wait_for_previous_grid();  // the scores and the threshold come from the kernels before
     using namespace select_fast;
     static_assert(kThreads == 256, "threshold_bin splits the 2048 bins over 256 threads");
     __shared__ u32 s_taken, s_base, s_bin;
     __shared__ u32 scratch[32];
-    const int row = blockIdx.y;
-    const int n = visible_len(valid_lens, row, max_len);
-    const int start = blockIdx.x * kThreads * kPerThread;
-    if (start >= n) return;
     if (threadIdx.x == 0) s_taken = 0u;
     const float* r = scores + (long long)row * ld;
     u64* out = cand + (long long)row * cap;
