@@ -276,10 +276,10 @@ BUSY_CYCLES = 400_000
 def busy(cp, stream, cycles: int = BUSY_CYCLES):  # gpu-only
     """Keep every SM of the current device busy for ``cycles`` on ``stream``
     (kernels/bench_probes.cu), so that what is enqueued next waits behind it."""
-    from . import _jit  # noqa: PLC0415
+    from . import _jit, cuda_ops  # noqa: PLC0415
 
     kern = _jit.get_kernel("bench_probes.cu", "busy_kernel")
-    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    sms = cuda_ops.device_facts(cp.cuda.Device().id).sm_count  # cached: looked up once a device
     with stream:
         kern((4 * sms,), (128,), (cp.int64(cycles),))
 
