@@ -98,7 +98,7 @@ INSTANCES = {
     "score_wgmma.cu": [f"{k}<{d}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel",
                                                                           "score_wgmma_pairs_kernel")],
     "score_ws.cu": ["score_ws_kernel<128>"],
-    "score_ks.cu": ["score_ks_kernel<128>", "ks_restage_kernel<128>"],
+    "score_ks.cu": ["score_ks_kernel<128>", "ks_prep_kernel<128>"],
     "score_dense.cu": ["score_dense_kernel<128>", "dense_keys_kernel<128>"],
     "probe_wgmma.cu": ["wgmma_rate_kernel<128>"] + [f"wgmma_overlap_kernel<{m}>" for m in range(7)] + [
         f"wgmma_tile_kernel<{s}>" for s in (1, 2, 3)],  # scripts/probe_ceiling.py only

@@ -208,9 +208,10 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # the workspace is cut into runs of rows under the budget; the launch is sized for a run
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
-    # heads of the fp16 query that prep_query_kernel stages for the kernel (0: the kernel
-    # reads the fp32 query itself)
-    heads = 64 if kind in ("wgmma", "ks") else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
+    # heads of the fp16 query that prep_query_kernel stages for the kernel as rows (0: the
+    # kernel reads the fp32 query itself, or, keys-stationary, ks_prep_kernel writes the
+    # kernel's query images instead)
+    heads = 64 if kind == "wgmma" else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
     query_bytes = heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
@@ -286,11 +287,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         if kind == "dense":  # each sequence's keys decoded once a run, then the GEMM over them
             keys_k = _kernel("score_dense.cu", f"dense_keys_kernel<{prob.D}>", device_id)
             units = i32(geometry.dense_units(prob.max_len))
+        if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
+            prep_k = _kernel("score_ks.cu", f"ks_prep_kernel<{prob.D}>", device_id)
+            qimg = ws["qimg"]
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
-            if kind == "ks":
-                restage_k = _kernel("score_ks.cu", f"ks_restage_kernel<{prob.D}>", device_id)
-                qimg = ws["qimg"]
             q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
             w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
@@ -333,12 +334,12 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             if exact:
                 query = (run(q), run(w))
             elif heads:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
-                # two heads a warp, eight warps a CTA (kernels/score_mma.cu: kPrepHeadsPerWarp)
+                # two heads a warp, eight warps a CTA (kernels/fast_common.cuh: kPrepHeadsPerWarp)
                 prep_k((nr, heads // 16), (256,), (run(q), run(w), i32(prob.H), q16, w_scaled))
                 query = (q16, w_scaled)
-                if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
-                    restage_k((nr,), (128,), (q16, w_scaled, i32(nr), qimg))
-                    query = (qimg,)
+            elif kind == "ks":  # the same staging, written as the kernel's query images
+                prep_k((nr, 64 // 16), (256,), (run(q), run(w), i32(prob.H), qimg))
+                query = (qimg,)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
                 query = (run(q), run(w), i32(prob.H))
             if kind == "dense":  # the run's sequences' key images, then the GEMM over them (not the pool)

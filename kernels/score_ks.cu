@@ -4,8 +4,8 @@
 // The pair kernel (score_wgmma.cu) decodes every key tile once for two queries; here a
 // CTA decodes a group of kGroup entries once, keeps them as wgmma A fragments in
 // registers, and streams the run's queries past them, one query a round: its B operand
-// and weights (the shared-memory image ks_restage_kernel writes from prep_query_kernel's
-// staging, 16,640 bytes) come into a ring of kSlots slots by one bulk copy each. The
+// and weights (the shared-memory image ks_prep_kernel writes from the fp32 query, 16,640
+// bytes) come into a ring of kSlots slots by one bulk copy each. The
 // warpgroups do not meet at a barrier: each waits for its query's slot (an mbarrier the
 // copy completes) and counts itself out of it; the last one out refills it, so the
 // warpgroups drift apart and one's epilogue runs under another's MMAs. The decode is paid
@@ -43,27 +43,31 @@ struct KsSmem {
     static constexpr int kBytes = kCounts + score_ks::kSlots * 4;
 };
 
-// q16 [T, 64, kDim + 8] and w_scaled [T, 64] (prep_query_kernel) -> qimg [T][kQSlot bytes]:
-// each query's B operand as score_ks_kernel's shared memory holds it (core-matrix layout)
-// and its weights, so that one bulk copy brings both. grid (T,), 128 threads.
+// prep_query_row's output (fast_common.cuh) as score_ks_kernel's query images, qimg
+// [T][kQSlot bytes]: each query's B operand as that kernel's shared memory holds it
+// (core-matrix layout: slot pair pr of head h in the 16-byte chunk pr / 4 of its K chunk)
+// and its weights after it, so that one bulk copy brings both. No padding slots.
 template <int kDim>
-__global__ void __launch_bounds__(128) ks_restage_kernel(const unsigned short* __restrict__ q16,
-                                                         const float* __restrict__ w_scaled, int T,
-                                                         unsigned char* __restrict__ qimg) {
-    using namespace score_wgmma;
-    using Smem = KsSmem<kDim>;
-    const int t = blockIdx.x;
-    if (t >= T) return;
-    unsigned char* dst = qimg + (long long)t * Smem::kQSlot;
-    const unsigned short* src = q16 + (long long)t * kHeads * (kDim + 8);
-    for (int i = threadIdx.x; i < kHeads * (kDim / 8); i += 128) {
-        const int h = i / (kDim / 8), kc = i % (kDim / 8);
-        *reinterpret_cast<uint4*>(dst + kc * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16) =
-            *reinterpret_cast<const uint4*>(src + h * (kDim + 8) + kc * 8);
+struct PrepToKsImage {
+    unsigned char* __restrict__ qimg;
+    static constexpr int kPairs = kDim / 2;
+    __device__ __forceinline__ void pair(int t, int h, int pr, u32 v) const {
+        using namespace score_wgmma;
+        *reinterpret_cast<u32*>(qimg + (long long)t * KsSmem<kDim>::kQSlot + (pr / 4) * kLbo + (h / 8) * kCoreBytes +
+                                (h % 8) * 16 + (pr % 4) * 4) = v;
     }
-    if (threadIdx.x < kHeads / 4)
-        reinterpret_cast<float4*>(dst + Smem::kQBytes)[threadIdx.x] =
-            reinterpret_cast<const float4*>(w_scaled + (long long)t * kHeads)[threadIdx.x];
+    __device__ __forceinline__ void weight(int t, int h, float v) const {
+        reinterpret_cast<float*>(qimg + (long long)t * KsSmem<kDim>::kQSlot + KsSmem<kDim>::kQBytes)[h] = v;
+    }
+};
+
+// q [T, H, kDim] and w [T, H] float32 -> qimg [T][kQSlot] (PrepToKsImage): the query staging
+// of prep_query_kernel (the same fp16 values), written straight into the images, one launch
+// and no staged rows. grid (T, 64 / 16), 256 threads.
+template <int kDim>
+__global__ void __launch_bounds__(256) ks_prep_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
+                                                      unsigned char* __restrict__ qimg) {
+    prep_query_row<kDim, score_wgmma::kHeads / 8>(q, w, H, PrepToKsImage<kDim>{qimg});
 }
 
 // grid (C,): one CTA an SM, score_ks::kThreads threads, KsSmem<kDim>::kBytes of dynamic
@@ -76,7 +80,7 @@ __global__ void __launch_bounds__(128) ks_restage_kernel(const unsigned short* _
 // group) pairs; it decodes each once.
 template <int kDim>
 __global__ void __launch_bounds__(score_ks::kThreads, 1)
-score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] from ks_restage_kernel
+score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] from ks_prep_kernel
                 const u8* __restrict__ keys_fp4,         // [P, E, D/2]
                 const u8* __restrict__ key_scale,        // [P, E, D/16]
                 const float* __restrict__ key_gscale,    // [P]

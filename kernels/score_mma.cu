@@ -18,68 +18,9 @@
 //     order key counted into a per-row histogram (the first pass of the radix select).
 #include "fast_common.cuh"
 
-// Query staging, once per call: q[t] (H x D float32) -> fp16 [kHeads][D + 8] in the K order
-// of the register-A decode of the mma.sync and wgmma kernels, each head scaled by a power
-// of two 2^e that brings max |q| into [2^14, 2^15); and w[t, h] * 2^(8 - e) (folding back
-// that power and the 2^-8 of the keys). K slot kk of k-step s = 2*wd + hh holds
-// d = c*D/4 + 8*wd + 4*hh + 2*j + lohi, where c = (kk % 8) / 2, j = kk % 2, lohi = kk / 8.
-// (score_ws.cu stages its own queries, in its own order, with the same arithmetic; the
-// wgmma pair kernel stages its own in this order: QueryStaging in wgmma_common.cuh.)
-template <int kDim>
-__device__ __forceinline__ int prep_slot_dim(int i) {
-    const int ks = i / 16, kk = i % 16;
-    const int wd = ks / 2, hh = ks % 2, c = (kk % 8) / 2, jj = kk % 2, lohi = kk / 8;
-    return c * (kDim / 4) + 8 * wd + 4 * hh + 2 * jj + lohi;
-}
-
-constexpr int kPrepHeadsPerWarp = 2;  // the launcher's grid: (T, kHeads / (8 * kPrepHeadsPerWarp))
-
-template <int kDim, int kNBlocks>
-__device__ __forceinline__ void prep_query_row(const float* __restrict__ q, const float* __restrict__ w, int H,
-                                               unsigned short* __restrict__ q16, float* __restrict__ w_scaled) {
-    // grid (T, kHeads / 16), 8 warps of two heads each. Both heads' loads are in flight
-    // together (latency, not bandwidth, bounds this kernel: it ran at ~2/3 of the copy rate
-    // with one head a warp), and each head is permuted through shared memory.
-    constexpr int kHeads = 8 * kNBlocks, kRowHalves = kDim + 8, kPer = kDim / 32, kHpw = kPrepHeadsPerWarp;
-    static_assert(kHeads % (8 * kHpw) == 0, "whole warps of heads");
-    __shared__ float row_s[8][kDim];
-    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h0 = (blockIdx.y * 8 + warp) * kHpw;
-    float v[kHpw][kPer];
-#pragma unroll
-    for (int k = 0; k < kHpw; ++k) {
-        const float* qh = q + ((long long)t * H + h0 + k) * kDim;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) v[k][j] = h0 + k < H ? qh[lane + 32 * j] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < kHpw; ++k) {
-        const int h = h0 + k;
-        float amax = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) amax = fmaxf(amax, fabsf(v[k][j]));
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-        const int e = query_scale_exponent(amax);
-        const Pow2Scale sc = pow2_scale(e);
-        __syncwarp();  // the last head's reads of row_s are done
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) row_s[warp][lane + 32 * j] = v[k][j];
-        __syncwarp();
-        // two slots a store (rows of kDim + 8 halves are 16-byte aligned)
-        u32* out = reinterpret_cast<u32*>(q16 + ((long long)t * kHeads + h) * kRowHalves);
-        for (int pr = lane; pr < kRowHalves / 2; pr += 32) {
-            unsigned short lo = 0, hi = 0;
-            if (2 * pr < kDim) {
-                lo = scaled_half_bits(row_s[warp][prep_slot_dim<kDim>(2 * pr)], sc);
-                hi = scaled_half_bits(row_s[warp][prep_slot_dim<kDim>(2 * pr + 1)], sc);
-            }
-            out[pr] = (u32)lo | ((u32)hi << 16);
-        }
-        if (lane == 0) w_scaled[(long long)t * kHeads + h] = h < H ? ldexpf(w[(long long)t * H + h], 8 - e) : 0.0f;
-    }
-}
-
+// Query staging, once per call: prep_query_row (fast_common.cuh) into the rows
+// [T][kHeads][D + 8] and weights [T][kHeads] that the mma.sync and single-query wgmma kernels
+// read.
 template <int kDim, int kNBlocks>
 __global__ void __launch_bounds__(256)
 prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
@@ -90,7 +31,7 @@ prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int 
     // placed now: it schedules its tiles and starts its key copies, then waits for this grid
     // before it copies the staged rows in (score_wgmma.cu)
     let_next_grid_start();
-    prep_query_row<kDim, kNBlocks>(q, w, H, q16, w_scaled);
+    prep_query_row<kDim, kNBlocks>(q, w, H, PrepToRows<kDim, 8 * kNBlocks>{q16, w_scaled});
 }
 
 
