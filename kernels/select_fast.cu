@@ -336,6 +336,9 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     __syncthreads();
     if (threadIdx.x == 0 && s_taken) s_base = atomicAdd(&count[row], s_taken);
     __syncthreads();
+    // the next kernel's CTAs may be placed now, while this grid appends its candidates (they
+    // wait for this grid's end before they read any): its placement under this tail
+    let_next_grid_start();
     if (warp_taken == 0u) return;  // the same in every lane; no barrier follows
     u32 pos = s_base + __shfl_sync(FULL_MASK, warp_base, 0);
     // entries j that no lane of the warp takes are skipped by a uniform branch: on random
