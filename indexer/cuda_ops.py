@@ -187,6 +187,166 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     return "wgmma"
 
 
+# Plans of calls already made, by their shapes and choices (_plan_key): what _launch decides
+# before its first launch depends only on those, and deciding it again costs an eager call
+# ~30-40 us of host time. Cleared when full (a process sees few call shapes), and by
+# clear_plans() where a test replaces a geometry rule.
+_PLANS = {}
+_PLANS_MAX = 256
+
+
+def clear_plans() -> None:
+    """Forget every cached launch plan (after changing a rule in ``geometry``)."""
+    _PLANS.clear()
+
+
+def _plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select, cu_seqlens):
+    """The launch plan of a call (``_make_plan``), cached by everything it depends on: the
+    precision, the problem's integers, the device, the budget, the forced kernel and select,
+    the number of sequences, and the 16-byte alignment of ``q`` and ``key_scale``, which
+    pick the scoring kernel. A call whose plan raises (a forced kernel that cannot take
+    the arrays) caches nothing and raises again next time."""
+    key = (precision, prob, device_id, workspace_budget, fast_kernel, select,
+           None if cu_seqlens is None else cu_seqlens.shape[0], q.data.ptr % 16 == 0, key_scale.data.ptr % 16 == 0)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select,
+                          cu_seqlens)
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+class _LaunchPlan:
+    """What a call launches, decided from its shapes alone (``_make_plan``): the scoring
+    kernel and its geometry, the runs of rows, the select's kernels and grids, the
+    workspace's part sizes, and the scalar arguments that never change between calls."""
+
+
+def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select, cu_seqlens):
+    i32 = np.int32
+    p = _LaunchPlan()
+    p.exact = exact = precision == "exact"
+    p.kind = kind = _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
+    # whether the scoring kernel counts the select's histogram itself (else a kernel of its own does)
+    p.counts_keys = counts_keys = kind not in ("fp32", "ks", "dense")
+    # the workspace is cut into runs of rows under the budget; the launch is sized for a run
+    # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
+    ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
+    # heads of the fp16 query that prep_query_kernel stages for the kernel as rows (0: the
+    # kernel reads the fp32 query itself, or, keys-stationary, ks_prep_kernel writes the
+    # kernel's query images instead)
+    p.heads = heads = 64 if kind == "wgmma" else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
+    query_bytes = heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
+    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
+    p.row_select = row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
+    p.rows = rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
+                                            max_rows=(geometry.MAX_PAIR_ROWS if kind == "pairs"
+                                                      else geometry.DENSE_MAX_ROWS if kind == "dense"
+                                                      else geometry.MAX_BALANCED_ROWS if kind == "ws" else None))
+    if exact:
+        sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
+    elif kind == "mma":
+        sl = geometry.score_mma_launch(rows, prob.H, prob.D, prob.max_len, dev)
+    else:
+        sl = _WGMMA_LAUNCHES[kind](rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
+    assert sl.ld == ld
+    p.sl = sl
+    bins, p.cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
+    # the select's counters: a histogram and a candidate count a row. The counts are cleared
+    # by the kernel before the filter (the scoring kernel; the exact path's histogram
+    # kernel), so they are scratch. The histograms: with a workspace they sit in its
+    # "zeroed" part, which every complete call leaves zero (the rank / final kernel clears
+    # each row's), so a call fills them only when the workspace says they may not be (see
+    # indexer/workspace.py); without one they come from the call's allocation and the first
+    # run fills them. A scoring-only call (the benchmark's) counts into scratch it never
+    # clears, so that the zeroed part stays zero for any graph captured on it.
+    # Runs whose scoring kernel counts no histogram (keys-stationary) take each row's
+    # candidate threshold from a sample of its scores (topk_sample_kernel: 32 KB a row read)
+    # instead of a histogram pass over all of them, where its ~2k candidates fit the buffer;
+    # runs that rank their candidates (few rows) keep the histogram.
+    p.sampled_ok = sampled_ok = (not row_select and not counts_keys
+                                 and (select == "sampled" or (select == "auto" and kind == "ks"))
+                                 and geometry.sampled_threshold_fits(prob.top_k, ld))
+
+    def takes_sample(nr):  # whether a run of nr rows takes the sampled threshold
+        return sampled_ok and (select == "sampled" or not geometry.rank_select(nr, prob.top_k, dev))
+
+    # no histograms where every run takes the sample (the last run, the smallest, decides:
+    # rank_select holds for fewer rows where it holds for more)
+    last_run = prob.T - rows * ((prob.T - 1) // rows)
+    p.hist_bytes = 0 if row_select or takes_sample(last_run) else rows * bins * 4
+    # the workspace's parts, in their order (the histograms' size is the call's: a workspace
+    # at rest keeps them in its zeroed part)
+    p.part_bytes = {
+        "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
+        "w_scaled": rows * heads * 4,
+        "qimg": rows * geometry.KS_QUERY_BYTES if kind == "ks" else 0,  # the keys-stationary kernel's query images
+        # the dense kernel's fp16 key image of each sequence
+        "kimg": geometry.dense_image_bytes(cu_seqlens.shape[0] - 1, prob.max_len) if kind == "dense" else 0,
+        "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
+        "hist": 0,  # hist_bytes where the workspace's zeroed part does not hold them (set by _launch)
+        "count": 0 if row_select else rows * 4,
+        "cand": 0 if row_select else rows * p.cap * 8,           # candidate (key, index) pairs
+        "tau": rows * 4 if sampled_ok else 0,                    # sampled thresholds
+    }
+    p.ld = np.int64(sl.ld)
+
+    p.score_k = _kernel(_SCORING_SOURCES[kind], sl.name, device_id, sl.smem)
+    if exact:
+        p.shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
+    else:
+        if kind in ("pairs", "ks", "dense"):
+            p.n_seq = i32(cu_seqlens.shape[0] - 1)
+        if kind == "dense":  # each sequence's keys decoded once a run, then the GEMM over them
+            p.keys_k = _kernel("score_dense.cu", f"dense_keys_kernel<{prob.D}>", device_id)
+            p.units = i32(geometry.dense_units(prob.max_len))
+        if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
+            p.prep_k = _kernel("score_ks.cu", f"ks_prep_kernel<{prob.D}>", device_id)
+        if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
+            p.prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
+        e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
+        p.shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
+    # only the select this call takes is compiled and looked up
+    if row_select:
+        # rows up to ROW_SELECT_MAX_LEN entries sit in registers (16 a thread; 128 threads a
+        # row up to 2,048 entries); longer ones (the row select forced, for tests) are read
+        # by every pass
+        row_name, p.row_threads = geometry.row_select_kernel(ld, prob.top_k, _validate.MAX_TOP_K)
+        p.row_k = _kernel("select_fast.cu", row_name, device_id)
+    else:
+        per = geometry.select_fast_per_thread(rows, sl.ld, dev)
+        if not counts_keys:  # the other scoring kernels count the histogram in their epilogue
+            p.hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
+        p.filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
+        all_pairs = geometry.rank_all_pairs(rows)
+        p.rank_k = _kernel("select_fast.cu", f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>", device_id)
+        p.rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
+                       else geometry.rank_ctas_per_row(prob.top_k))
+        p.final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {p.cap}>", device_id, 8 * p.cap)
+        if sampled_ok:
+            p.sample_k = _kernel("select_fast.cu", "topk_sample_kernel<256>", device_id)
+            p.filter_sampled_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}, true>", device_id)
+            p.final_sampled_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {p.cap}, true>", device_id,
+                                        8 * p.cap)
+        p.chunks = geometry.select_fast_chunks(sl.ld, per)
+    # each run of rows: its bounds, and (multi-CTA select) whether it takes the sampled
+    # threshold and whether its candidates are ranked (else sorted a row a CTA)
+    p.runs = []
+    for r0 in range(0, prob.T, rows):
+        r1 = min(prob.T, r0 + rows)
+        nr = r1 - r0
+        sampled = not row_select and takes_sample(nr)
+        ranked = not row_select and not sampled and geometry.rank_select(nr, prob.top_k, dev)
+        p.runs.append((r0, r1, nr, sampled, ranked, i32(r0), i32(nr)))
+    # the scalar arguments every call passes alike
+    p.H, p.max_len, p.top_k = i32(prob.H), i32(prob.max_len), i32(prob.top_k)
+    p.cap32 = i32(p.cap)
+    p.table_shape = (i32(prob.L), i32(prob.E), i32(prob.P))
+    return p
+
+
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
             valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto", workspace=None,
             select="auto", cu_seqlens=None):
@@ -201,68 +361,13 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     the varlen layout of ``score_topk_ragged``) lets the wgmma path score consecutive rows
     of one sequence as pairs sharing each key tile."""
     i32 = np.int32
-    exact = precision == "exact"
-    kind = _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
-    # whether the scoring kernel counts the select's histogram itself (else a kernel of its own does)
-    counts_keys = kind not in ("fp32", "ks", "dense")
-    # the workspace is cut into runs of rows under the budget; the launch is sized for a run
-    # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
-    ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
-    # heads of the fp16 query that prep_query_kernel stages for the kernel as rows (0: the
-    # kernel reads the fp32 query itself, or, keys-stationary, ks_prep_kernel writes the
-    # kernel's query images instead)
-    heads = 64 if kind == "wgmma" else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
-    query_bytes = heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
-    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
-    row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
-    rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
-                                   max_rows=(geometry.MAX_PAIR_ROWS if kind == "pairs"
-                                             else geometry.DENSE_MAX_ROWS if kind == "dense"
-                                             else geometry.MAX_BALANCED_ROWS if kind == "ws" else None))
-    if exact:
-        sl = geometry.score_fp32_launch(rows, prob.H, prob.D, prob.max_len, dev)
-    elif kind == "mma":
-        sl = geometry.score_mma_launch(rows, prob.H, prob.D, prob.max_len, dev)
-    else:
-        sl = _WGMMA_LAUNCHES[kind](rows, prob.H, prob.D, prob.max_len, dev, E=prob.E)
-    assert sl.ld == ld
-    bins, cap = geometry.HIST_BINS, geometry.CANDIDATE_CAP
-    # the select's counters: a histogram and a candidate count a row. The counts are cleared
-    # by the kernel before the filter (the scoring kernel; the exact path's histogram
-    # kernel), so they are scratch. The histograms: with a workspace they sit in its
-    # "zeroed" part, which every complete call leaves zero (the rank / final kernel clears
-    # each row's), so a call fills them only when the workspace says they may not be (see
-    # indexer/workspace.py); without one they come from the call's allocation and the first
-    # run fills them. A scoring-only call (the benchmark's) counts into scratch it never
-    # clears, so that the zeroed part stays zero for any graph captured on it.
-    # Runs whose scoring kernel counts no histogram (keys-stationary) take each row's
-    # candidate threshold from a sample of its scores (topk_sample_kernel: 32 KB a row read)
-    # instead of a histogram pass over all of them, where its ~2k candidates fit the buffer;
-    # runs that rank their candidates (few rows) keep the histogram.
-    sampled_ok = (not row_select and not counts_keys and (select == "sampled" or (select == "auto" and kind == "ks"))
-                  and geometry.sampled_threshold_fits(prob.top_k, ld))
-
-    def takes_sample(nr):  # whether a run of nr rows takes the sampled threshold
-        return sampled_ok and (select == "sampled" or not geometry.rank_select(nr, prob.top_k, dev))
-
-    # no histograms where every run takes the sample (the last run, the smallest, decides:
-    # rank_select holds for fewer rows where it holds for more)
-    last_run = prob.T - rows * ((prob.T - 1) // rows)
-    hist_bytes = 0 if row_select or takes_sample(last_run) else rows * bins * 4
+    p = _plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select, cu_seqlens)
+    exact, kind, counts_keys, heads, row_select, rows, sl = (p.exact, p.kind, p.counts_keys, p.heads, p.row_select,
+                                                              p.rows, p.sl)
+    hist_bytes, ld, cap = p.hist_bytes, p.ld, p.cap
     zeroed = workspace.zeroed(hist_bytes) if workspace is not None and hist_bytes > 0 and not score_only else None
     at_rest = zeroed is not None  # None also while capturing before the part exists (see Workspace.zeroed)
-    ws = _carve({
-        "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
-        "w_scaled": rows * heads * 4,
-        "qimg": rows * geometry.KS_QUERY_BYTES if kind == "ks" else 0,  # the keys-stationary kernel's query images
-        # the dense kernel's fp16 key image of each sequence
-        "kimg": geometry.dense_image_bytes(cu_seqlens.shape[0] - 1, prob.max_len) if kind == "dense" else 0,
-        "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
-        "hist": 0 if at_rest else hist_bytes,
-        "count": 0 if row_select else rows * 4,
-        "cand": 0 if row_select else rows * cap * 8,             # candidate (key, index) pairs
-        "tau": rows * 4 if sampled_ok else 0,                    # sampled thresholds
-    }, workspace=workspace)
+    ws = _carve({**p.part_bytes, "hist": 0 if at_rest else hist_bytes}, workspace=workspace)
     scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
     if at_rest:
         hist, hist_zero = zeroed
@@ -276,54 +381,31 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     if not row_select:  # one CTA a row selects from the scores alone
         count = ws["count"].view(cp.uint32)         # [rows]
         cand = ws["cand"].view(cp.uint64)
-    ld = np.int64(sl.ld)
-
-    score_k = _kernel(_SCORING_SOURCES[kind], sl.name, device_id, sl.smem)
-    if exact:
-        shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
-    else:
+    score_k, shape_args = p.score_k, p.shape_args
+    if not exact:
         if kind in ("pairs", "ks", "dense"):
-            n_seq = i32(cu_seqlens.shape[0] - 1)
-        if kind == "dense":  # each sequence's keys decoded once a run, then the GEMM over them
-            keys_k = _kernel("score_dense.cu", f"dense_keys_kernel<{prob.D}>", device_id)
-            units = i32(geometry.dense_units(prob.max_len))
-        if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
-            prep_k = _kernel("score_ks.cu", f"ks_prep_kernel<{prob.D}>", device_id)
-            qimg = ws["qimg"]
-        if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
-            prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
+            n_seq = p.n_seq
+        if kind == "dense":
+            keys_k, units = p.keys_k, p.units
+        if kind == "ks":
+            prep_k, qimg = p.prep_k, ws["qimg"]
+        if heads:
+            prep_k = p.prep_k
             q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
             w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
-        e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
-        shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
-    # only the select this call takes is compiled and looked up
     if row_select:
-        # rows up to ROW_SELECT_MAX_LEN entries sit in registers (16 a thread; 128 threads a
-        # row up to 2,048 entries); longer ones (the row select forced, for tests) are read
-        # by every pass
-        row_name, row_threads = geometry.row_select_kernel(ld, prob.top_k, _validate.MAX_TOP_K)
-        row_k = _kernel("select_fast.cu", row_name, device_id)
+        row_k, row_threads = p.row_k, p.row_threads
     else:
-        per = geometry.select_fast_per_thread(rows, sl.ld, dev)
-        if not counts_keys:  # the other scoring kernels count the histogram in their epilogue
-            hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
-        filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
-        all_pairs = geometry.rank_all_pairs(rows)
-        rank_k = _kernel("select_fast.cu", f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>", device_id)
-        rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
-                     else geometry.rank_ctas_per_row(prob.top_k))
-        final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}>", device_id, 8 * cap)
-        if sampled_ok:
-            sample_k = _kernel("select_fast.cu", "topk_sample_kernel<256>", device_id)
-            filter_sampled_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}, true>", device_id)
-            final_sampled_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {cap}, true>", device_id, 8 * cap)
+        filter_k, rank_k, rank_ctas, final_k, chunks = p.filter_k, p.rank_k, p.rank_ctas, p.final_k, p.chunks
+        if not counts_keys:
+            hist_k = p.hist_k
+        if p.sampled_ok:
+            sample_k, filter_sampled_k, final_sampled_k = p.sample_k, p.filter_sampled_k, p.final_sampled_k
             tau = ws["tau"].view(cp.uint32)
-        chunks = geometry.select_fast_chunks(sl.ld, per)
+    physical32 = i32(1 if physical else 0)
 
     try:
-        for r0 in range(0, prob.T, rows):
-            r1 = min(prob.T, r0 + rows)
-            nr = r1 - r0
+        for r0, r1, nr, sampled, ranked, r0_32, nr_32 in p.runs:
             # the run's rows of the per-row arrays: the arrays themselves when one run takes
             # every row (a slice costs ~2 us of host time, and a call makes up to eight)
             run = (lambda x: x) if nr == prob.T else (lambda x: x[r0:r1])  # noqa: B023
@@ -335,29 +417,29 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 query = (run(q), run(w))
             elif heads:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
                 # two heads a warp, eight warps a CTA (kernels/fast_common.cuh: kPrepHeadsPerWarp)
-                prep_k((nr, heads // 16), (256,), (run(q), run(w), i32(prob.H), q16, w_scaled))
+                prep_k((nr, heads // 16), (256,), (run(q), run(w), p.H, q16, w_scaled))
                 query = (q16, w_scaled)
             elif kind == "ks":  # the same staging, written as the kernel's query images
-                prep_k((nr, 64 // 16), (256,), (run(q), run(w), i32(prob.H), qimg))
+                prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, qimg))
                 query = (qimg,)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
-                query = (run(q), run(w), i32(prob.H))
+                query = (run(q), run(w), p.H)
             if kind == "dense":  # the run's sequences' key images, then the GEMM over them (not the pool)
                 keys_k((int(units), int(n_seq)), (256,), (keys_fp4, key_scale, key_gscale, table, cu_seqlens, n_seq,
-                                                          i32(r0), i32(nr), *shape_args, ws["kimg"], units))
-                score_k(sl.grid, sl.block, (*query, ws["kimg"], units, lens, cu_seqlens, n_seq, i32(r0), i32(nr),
-                                            i32(prob.max_len), scores_ws, ld), shared_mem=sl.smem)
+                                                          r0_32, nr_32, *shape_args, ws["kimg"], units))
+                score_k(sl.grid, sl.block, (*query, ws["kimg"], units, lens, cu_seqlens, n_seq, r0_32, nr_32,
+                                            p.max_len, scores_ws, ld), shared_mem=sl.smem)
             else:
                 if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)
-                    grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
+                    grid, sched_args = sl.grid, (cu_seqlens, n_seq, r0_32, nr_32, *shape_args)
                 elif kind == "ws":  # one CTA per SM, balanced
-                    grid, sched_args = sl.grid, (i32(nr), *shape_args)
+                    grid, sched_args = sl.grid, (nr_32, *shape_args)
                 elif kind == "ks":  # one CTA per SM, equal shares of (sequence, key group, row) items
-                    grid, sched_args = sl.grid, (cu_seqlens, n_seq, i32(r0), i32(nr), *shape_args)
+                    grid, sched_args = sl.grid, (cu_seqlens, n_seq, r0_32, nr_32, *shape_args)
                 elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
-                    grid, sched_args = sl.grid, (i32(nr), *shape_args, i32(0), i32(1))
+                    grid, sched_args = sl.grid, (nr_32, *shape_args, i32(0), i32(1))
                 elif kind == "wgmma":
-                    grid, sched_args = (nr, sl.grid[1]), (i32(nr), *shape_args, i32(sl.tiles_per_cta), i32(0))
+                    grid, sched_args = (nr, sl.grid[1]), (nr_32, *shape_args, i32(sl.tiles_per_cta), i32(0))
                 else:
                     grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
                 score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
@@ -371,30 +453,28 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 continue
             # every select kernel ends with the same arguments: where its winners go, and the
             # block table that turns them into physical ids
-            output_args = (table, i32(prob.L), i32(prob.E), i32(prob.P), i32(1 if physical else 0),
-                           run(indices), run(scores) if scores is not None else 0)
+            output_args = (table, *p.table_shape, physical32, run(indices), run(scores) if scores is not None else 0)
             if row_select:
                 after_previous(row_k, device_id, (nr,), (row_threads,),
-                               (scores_ws, ld, lens, i32(prob.max_len), i32(prob.top_k), *output_args))
+                               (scores_ws, ld, lens, p.max_len, p.top_k, *output_args))
                 continue
-            row_args = (scores_ws, ld, lens, i32(prob.max_len))  # every select kernel's first four
-            sampled = takes_sample(nr)
+            row_args = (scores_ws, ld, lens, p.max_len)  # every select kernel's first four
             if sampled:  # each row's threshold key from a sample of its scores
-                after_previous(sample_k, device_id, (nr,), (256,), (*row_args, i32(prob.top_k), count, tau))
+                after_previous(sample_k, device_id, (nr,), (256,), (*row_args, p.top_k, count, tau))
             elif not counts_keys:  # the other scoring kernels count the histogram in their epilogue
                 after_previous(hist_k, device_id, (chunks, nr), (256,), (*row_args, hist, count))
             after_previous(filter_sampled_k if sampled else filter_k, device_id, (chunks, nr), (256,),
-                           (*row_args, tau if sampled else hist, i32(prob.top_k), count, cand, i32(cap)))
+                           (*row_args, tau if sampled else hist, p.top_k, count, cand, p.cap32))
             # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
             # is selected from its scores by one of them; the fewest rows compare every pair,
             # see geometry.rank_all_pairs); many rows: every row's candidates sorted by one CTA
             # (see geometry.rank_select). One launch either way.
-            if not sampled and geometry.rank_select(nr, prob.top_k, dev):
+            if ranked:
                 after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
-                               (*row_args, hist, count, cand, i32(cap), i32(prob.top_k), *output_args))
+                               (*row_args, hist, count, cand, p.cap32, p.top_k, *output_args))
             else:  # the sampled final kernel checks each row's count against tau
                 after_previous(final_sampled_k if sampled else final_k, device_id, (nr,), (1024,),
-                               (*row_args, hist, count, cand, i32(prob.top_k), *output_args, tau if sampled else 0),
+                               (*row_args, hist, count, cand, p.top_k, *output_args, tau if sampled else 0),
                                shared_mem=8 * cap)
     except BaseException:
         if at_rest:  # stopped between its launches: clear what the launched kernels counted

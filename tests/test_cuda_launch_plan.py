@@ -1,0 +1,61 @@
+"""Launch plans cached by call shape (indexer/cuda_ops.py: _plan): a plan is reused only by
+calls whose shapes and choices it was made for; a call whose arrays pick another kernel
+gets its own plan, and every call's answer is the reference's."""
+
+import numpy as np
+import pytest
+
+from indexer import arrays, testing
+from tests.gpu import requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+
+def test_plans_are_reused_by_shape_and_kept_apart_by_what_picks_the_kernel():
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(2026)
+    p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[5000], top_k=256)
+    args = [cp.asarray(a) for a in p.arrays()]
+    cuda_ops.clear_plans()
+    first = cuda_ops.score_topk(*args, p.top_k, return_scores=True)
+    again = cuda_ops.score_topk(*args, p.top_k, return_scores=True)
+    assert len(cuda_ops._PLANS) == 1  # the second call reused the first call's plan
+    np.testing.assert_array_equal(first[0].get(), again[0].get())
+    assert first[1].get().tobytes() == again[1].get().tobytes()
+    testing.check_topk(p, first[0].get(), first[1].get(), tol=testing.TOL_FAST)
+
+    # the same shapes with q off 16-byte alignment: the warp-specialised kernel cannot stage
+    # it, so the call takes another kernel through another plan
+    q = args[0]
+    shifted = cp.empty(q.size + 1, dtype=q.dtype)[1:].reshape(q.shape)
+    shifted[...] = q
+    off = cuda_ops.score_topk(shifted, *args[1:], p.top_k, return_scores=True)
+    assert len(cuda_ops._PLANS) == 2
+    assert sorted(plan.kind for plan in cuda_ops._PLANS.values()) == ["wgmma", "ws"]
+    testing.check_topk(p, off[0].get(), off[1].get(), tol=testing.TOL_FAST)
+
+    # another k: another plan, and the first one still serves its own shape
+    smaller = cuda_ops.score_topk(*args, 100, return_scores=True)
+    assert len(cuda_ops._PLANS) == 3
+    np.testing.assert_array_equal(smaller[0].get(), first[0].get()[:, :100])
+    np.testing.assert_array_equal(cuda_ops.score_topk(*args, p.top_k).get(), first[0].get())
+    assert len(cuda_ops._PLANS) == 3
+
+
+def test_a_call_whose_forced_kernel_refuses_its_arrays_caches_no_plan():
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(7)
+    p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[3000], top_k=64)
+    args = [cp.asarray(a) for a in p.arrays()]
+    q = args[0]
+    shifted = cp.empty(q.size + 1, dtype=q.dtype)[1:].reshape(q.shape)
+    shifted[...] = q
+    cuda_ops.clear_plans()
+    for _ in range(2):  # raised each time, not served from a cache
+        with pytest.raises(ValueError, match="^q: expected a 16-byte aligned"):
+            cuda_ops.score_topk(shifted, *args[1:], p.top_k, _fast_kernel="ws")
+    assert len(cuda_ops._PLANS) == 0
