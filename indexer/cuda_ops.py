@@ -187,10 +187,10 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     return "wgmma"
 
 
-# Plans of calls already made, by their shapes and choices (_plan_key): what _launch decides
-# before its first launch depends only on those, and deciding it again costs an eager call
-# ~30-40 us of host time. Cleared when full (a process sees few call shapes), and by
-# clear_plans() where a test replaces a geometry rule.
+# Plans of calls already made, by their shapes and choices (the key in _plan): what _launch
+# decides before its first launch depends only on those, and deciding it again cost an
+# eager call 30-80 us of host time (docs/performance.md v42). Cleared when full (a process
+# sees few call shapes), and by clear_plans() where a test replaces a geometry rule.
 _PLANS = {}
 _PLANS_MAX = 256
 
@@ -225,6 +225,8 @@ class _LaunchPlan:
 
 
 def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select, cu_seqlens):
+    """A new ``_LaunchPlan`` for ``_launch``'s arguments of the same names (its kernels
+    compiled or looked up here); raises ValueError where a forced kernel cannot take them."""
     i32 = np.int32
     p = _LaunchPlan()
     p.exact = exact = precision == "exact"
