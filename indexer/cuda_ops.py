@@ -212,6 +212,7 @@ def _plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_
     if plan is None:
         plan = _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select,
                           cu_seqlens)
+        plan.key = key  # names the plan's workspace views (Workspace.views)
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         _PLANS[key] = plan
@@ -343,10 +344,36 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         ranked = not row_select and not sampled and geometry.rank_select(nr, prob.top_k, dev)
         p.runs.append((r0, r1, nr, sampled, ranked, i32(r0), i32(nr)))
     # the scalar arguments every call passes alike
+    p.D = prob.D
     p.H, p.max_len, p.top_k = i32(prob.H), i32(prob.max_len), i32(prob.top_k)
     p.cap32 = i32(p.cap)
     p.table_shape = (i32(prob.L), i32(prob.E), i32(prob.P))
     return p
+
+
+class _RunViews:
+    """The workspace's parts a call's launches take, as typed views (``_run_views``)."""
+
+
+def _run_views(p, parts):
+    """The typed views of ``parts`` (``_carve``'s uint8 views, None where empty) for plan
+    ``p``'s launches: scores float32 [rows, ld]; hist (scratch histograms) uint32, count
+    uint32 [rows], cand uint64, tau uint32 [rows]; q16 uint16 [rows, heads, D + 8] and
+    w_scaled float32 [rows, heads] (the staged query); qimg and kimg (uint8 images)."""
+    v = _RunViews()
+    v.scores = parts["scores"].view(cp.float32).reshape(p.rows, p.sl.ld)
+
+    def typed(name, dtype):
+        return None if parts[name] is None else parts[name].view(dtype)
+
+    v.hist, v.count, v.cand, v.tau = (typed("hist", cp.uint32), typed("count", cp.uint32),
+                                      typed("cand", cp.uint64), typed("tau", cp.uint32))
+    v.q16 = v.w_scaled = None
+    if p.heads:
+        v.q16 = parts["q16"].view(cp.uint16).reshape(p.rows, p.heads, p.D + 8)
+        v.w_scaled = parts["w_scaled"].view(cp.float32).reshape(p.rows, p.heads)
+    v.qimg, v.kimg = parts["qimg"], parts["kimg"]
+    return v
 
 
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
@@ -364,46 +391,21 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     of one sequence as pairs sharing each key tile."""
     i32 = np.int32
     p = _plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select, cu_seqlens)
-    exact, kind, counts_keys, heads, row_select, rows, sl = (p.exact, p.kind, p.counts_keys, p.heads, p.row_select,
-                                                              p.rows, p.sl)
-    hist_bytes, ld, cap = p.hist_bytes, p.ld, p.cap
-    zeroed = workspace.zeroed(hist_bytes) if workspace is not None and hist_bytes > 0 and not score_only else None
+    kind, sl = p.kind, p.sl
+    zeroed = workspace.zeroed(p.hist_bytes) if workspace is not None and p.hist_bytes > 0 and not score_only else None
     at_rest = zeroed is not None  # None also while capturing before the part exists (see Workspace.zeroed)
-    ws = _carve({**p.part_bytes, "hist": 0 if at_rest else hist_bytes}, workspace=workspace)
-    scores_ws = ws["scores"].view(cp.float32).reshape(rows, sl.ld)
+    sizes = {**p.part_bytes, "hist": 0 if at_rest else p.hist_bytes}
+    if workspace is None:  # a new allocation every call
+        v = _run_views(p, _carve(sizes))
+    else:  # cut once a plan while the workspace keeps its buffer
+        v = workspace.views((p.key, at_rest), lambda: _run_views(p, _carve(sizes, workspace)))
     if at_rest:
-        hist, hist_zero = zeroed
+        hist, hist_zero = zeroed[0].view(cp.uint32), zeroed[1]  # [rows, bins]
         workspace.mark_zeroed(False)  # until this call's last launch is enqueued
     else:  # filled before the first run; a scoring-only call's are never read
-        hist, hist_zero = ws["hist"], score_only
+        hist, hist_zero = v.hist, score_only
     if hist is None:  # none needed (the row select; runs that all take the sample): never filled
         hist, hist_zero = 0, True  # a null pointer for the sampled final kernel, which ignores it
-    else:
-        hist = hist.view(cp.uint32)                 # [rows, bins]
-    if not row_select:  # one CTA a row selects from the scores alone
-        count = ws["count"].view(cp.uint32)         # [rows]
-        cand = ws["cand"].view(cp.uint64)
-    score_k, shape_args = p.score_k, p.shape_args
-    if not exact:
-        if kind in ("pairs", "ks", "dense"):
-            n_seq = p.n_seq
-        if kind == "dense":
-            keys_k, units = p.keys_k, p.units
-        if kind == "ks":
-            prep_k, qimg = p.prep_k, ws["qimg"]
-        if heads:
-            prep_k = p.prep_k
-            q16 = ws["q16"].view(cp.uint16).reshape(rows, heads, prob.D + 8)
-            w_scaled = ws["w_scaled"].view(cp.float32).reshape(rows, heads)
-    if row_select:
-        row_k, row_threads = p.row_k, p.row_threads
-    else:
-        filter_k, rank_k, rank_ctas, final_k, chunks = p.filter_k, p.rank_k, p.rank_ctas, p.final_k, p.chunks
-        if not counts_keys:
-            hist_k = p.hist_k
-        if p.sampled_ok:
-            sample_k, filter_sampled_k, final_sampled_k = p.sample_k, p.filter_sampled_k, p.final_sampled_k
-            tau = ws["tau"].view(cp.uint32)
     physical32 = i32(1 if physical else 0)
 
     try:
@@ -411,73 +413,74 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             # the run's rows of the per-row arrays: the arrays themselves when one run takes
             # every row (a slice costs ~2 us of host time, and a call makes up to eight)
             run = (lambda x: x) if nr == prob.T else (lambda x: x[r0:r1])  # noqa: B023
-            if not (row_select or hist_zero):
+            if not (p.row_select or hist_zero):
                 hist.fill(0)  # then each run's select leaves them zero for the next
                 hist_zero = True
             lens, table = run(valid_lens), run(block_table)  # each sliced once a run
-            if exact:
+            if p.exact:
                 query = (run(q), run(w))
-            elif heads:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
+            elif p.heads:  # the run's queries, staged in fp16 (per-head power-of-two scale) with scaled weights
                 # two heads a warp, eight warps a CTA (kernels/fast_common.cuh: kPrepHeadsPerWarp)
-                prep_k((nr, heads // 16), (256,), (run(q), run(w), p.H, q16, w_scaled))
-                query = (q16, w_scaled)
+                p.prep_k((nr, p.heads // 16), (256,), (run(q), run(w), p.H, v.q16, v.w_scaled))
+                query = (v.q16, v.w_scaled)
             elif kind == "ks":  # the same staging, written as the kernel's query images
-                prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, qimg))
-                query = (qimg,)
+                p.prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, v.qimg))
+                query = (v.qimg,)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
                 query = (run(q), run(w), p.H)
             if kind == "dense":  # the run's sequences' key images, then the GEMM over them (not the pool)
-                keys_k((int(units), int(n_seq)), (256,), (keys_fp4, key_scale, key_gscale, table, cu_seqlens, n_seq,
-                                                          r0_32, nr_32, *shape_args, ws["kimg"], units))
-                score_k(sl.grid, sl.block, (*query, ws["kimg"], units, lens, cu_seqlens, n_seq, r0_32, nr_32,
-                                            p.max_len, scores_ws, ld), shared_mem=sl.smem)
+                p.keys_k((int(p.units), int(p.n_seq)), (256,),
+                         (keys_fp4, key_scale, key_gscale, table, cu_seqlens, p.n_seq, r0_32, nr_32, *p.shape_args,
+                          v.kimg, p.units))
+                p.score_k(sl.grid, sl.block, (*query, v.kimg, p.units, lens, cu_seqlens, p.n_seq, r0_32, nr_32,
+                                              p.max_len, v.scores, p.ld), shared_mem=sl.smem)
             else:
                 if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)
-                    grid, sched_args = sl.grid, (cu_seqlens, n_seq, r0_32, nr_32, *shape_args)
+                    grid, sched_args = sl.grid, (cu_seqlens, p.n_seq, r0_32, nr_32, *p.shape_args)
                 elif kind == "ws":  # one CTA per SM, balanced
-                    grid, sched_args = sl.grid, (nr_32, *shape_args)
+                    grid, sched_args = sl.grid, (nr_32, *p.shape_args)
                 elif kind == "ks":  # one CTA per SM, equal shares of (sequence, key group, row) items
-                    grid, sched_args = sl.grid, (cu_seqlens, n_seq, r0_32, nr_32, *shape_args)
+                    grid, sched_args = sl.grid, (cu_seqlens, p.n_seq, r0_32, nr_32, *p.shape_args)
                 elif sl.balanced:  # one wave shares all rows' tiles (wgmma kernel)
-                    grid, sched_args = sl.grid, (nr_32, *shape_args, i32(0), i32(1))
+                    grid, sched_args = sl.grid, (nr_32, *p.shape_args, i32(0), i32(1))
                 elif kind == "wgmma":
-                    grid, sched_args = (nr, sl.grid[1]), (nr_32, *shape_args, i32(sl.tiles_per_cta), i32(0))
+                    grid, sched_args = (nr, sl.grid[1]), (nr_32, *p.shape_args, i32(sl.tiles_per_cta), i32(0))
                 else:
-                    grid, sched_args = (nr, sl.grid[1]), (*shape_args, i32(sl.tiles_per_cta))
+                    grid, sched_args = (nr, sl.grid[1]), (*p.shape_args, i32(sl.tiles_per_cta))
                 score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
-                              *sched_args, scores_ws, ld,
-                              *(() if not counts_keys else (0, 0) if row_select else (hist, count)))
+                              *sched_args, v.scores, p.ld,
+                              *(() if not p.counts_keys else (0, 0) if p.row_select else (hist, v.count)))
                 if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
-                    after_previous(score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
+                    after_previous(p.score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
                 else:
-                    score_k(grid, sl.block, score_args, shared_mem=sl.smem)
+                    p.score_k(grid, sl.block, score_args, shared_mem=sl.smem)
             if score_only:  # counted into the histogram, never selected
                 continue
             # every select kernel ends with the same arguments: where its winners go, and the
             # block table that turns them into physical ids
             output_args = (table, *p.table_shape, physical32, run(indices), run(scores) if scores is not None else 0)
-            if row_select:
-                after_previous(row_k, device_id, (nr,), (row_threads,),
-                               (scores_ws, ld, lens, p.max_len, p.top_k, *output_args))
+            if p.row_select:
+                after_previous(p.row_k, device_id, (nr,), (p.row_threads,),
+                               (v.scores, p.ld, lens, p.max_len, p.top_k, *output_args))
                 continue
-            row_args = (scores_ws, ld, lens, p.max_len)  # every select kernel's first four
+            row_args = (v.scores, p.ld, lens, p.max_len)  # every select kernel's first four
             if sampled:  # each row's threshold key from a sample of its scores
-                after_previous(sample_k, device_id, (nr,), (256,), (*row_args, p.top_k, count, tau))
-            elif not counts_keys:  # the other scoring kernels count the histogram in their epilogue
-                after_previous(hist_k, device_id, (chunks, nr), (256,), (*row_args, hist, count))
-            after_previous(filter_sampled_k if sampled else filter_k, device_id, (chunks, nr), (256,),
-                           (*row_args, tau if sampled else hist, p.top_k, count, cand, p.cap32))
+                after_previous(p.sample_k, device_id, (nr,), (256,), (*row_args, p.top_k, v.count, v.tau))
+            elif not p.counts_keys:  # the other scoring kernels count the histogram in their epilogue
+                after_previous(p.hist_k, device_id, (p.chunks, nr), (256,), (*row_args, hist, v.count))
+            after_previous(p.filter_sampled_k if sampled else p.filter_k, device_id, (p.chunks, nr), (256,),
+                           (*row_args, v.tau if sampled else hist, p.top_k, v.count, v.cand, p.cap32))
             # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX
             # is selected from its scores by one of them; the fewest rows compare every pair,
             # see geometry.rank_all_pairs); many rows: every row's candidates sorted by one CTA
             # (see geometry.rank_select). One launch either way.
             if ranked:
-                after_previous(rank_k, device_id, (nr, rank_ctas), (256,),
-                               (*row_args, hist, count, cand, p.cap32, p.top_k, *output_args))
+                after_previous(p.rank_k, device_id, (nr, p.rank_ctas), (256,),
+                               (*row_args, hist, v.count, v.cand, p.cap32, p.top_k, *output_args))
             else:  # the sampled final kernel checks each row's count against tau
-                after_previous(final_sampled_k if sampled else final_k, device_id, (nr,), (1024,),
-                               (*row_args, hist, count, cand, p.top_k, *output_args, tau if sampled else 0),
-                               shared_mem=8 * cap)
+                after_previous(p.final_sampled_k if sampled else p.final_k, device_id, (nr,), (1024,),
+                               (*row_args, hist, v.count, v.cand, p.top_k, *output_args, v.tau if sampled else 0),
+                               shared_mem=8 * p.cap)
     except BaseException:
         if at_rest:  # stopped between its launches: clear what the launched kernels counted
             try:

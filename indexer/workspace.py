@@ -52,6 +52,9 @@ _GRANULE = 1 << 20
 # the zeroed part (an 8 KB histogram a row) in 64 KiB steps: a batch-1 call's 8 KB would
 # otherwise hold a whole MiB
 _ZEROED_GRANULE = 1 << 16
+# sets of views kept by Workspace.views (one a call shape and at-rest state): dropped all at
+# once past this many
+_MAX_VIEWS = 256
 
 
 class Workspace:
@@ -67,6 +70,7 @@ class Workspace:
         self._buffers = {}  # (device id, part) -> CuPy uint8 array, 1-D
         self._lock = threading.Lock()  # growth from several threads replaces a buffer once
         self._zero_at_rest = {}  # device id -> whether its "zeroed" part is all zero now
+        self._views = {}  # (device id, key) -> what `views` made of the launch buffer
 
     @property
     def nbytes(self) -> int:
@@ -107,10 +111,29 @@ class Workspace:
                     _refuse_during_capture(cp, nbytes, 0 if buf is None else int(buf.nbytes))
                     size = max(granule, -(-nbytes // granule) * granule)
                     # drop the old buffer before allocating: the pool can reuse its memory
+                    # (and every view made of it: `views` makes them again)
                     buf = self._buffers.pop(key, None)
                     del buf
+                    if part == "launch":
+                        self._views = {k: v for k, v in self._views.items() if k[0] != key[0]}
                     self._buffers[key] = buf = cp.empty(size, dtype=cp.uint8)
         return buf[:nbytes]
+
+    def views(self, key, make):  # gpu-only
+        """``make()``'s result (views the caller cuts from ``buffer``), made once per ``key``
+        and device and kept until this device's launch buffer is replaced: a call of a
+        shape already seen takes its workspace views from here (each view costs ~2 us of
+        host time to cut). ``make`` may grow the buffer; what it returns is kept after."""
+        cp = arrays.cupy()
+        k = (int(cp.cuda.runtime.getDevice()), key)
+        made = self._views.get(k)
+        if made is None:
+            made = make()
+            with self._lock:
+                if len(self._views) >= _MAX_VIEWS:
+                    self._views = {}
+                self._views[k] = made
+        return made
 
     def zeroed(self, nbytes: int):  # gpu-only
         """(a uint8 CuPy array of ``nbytes`` bytes, whether it is all zero now): the start

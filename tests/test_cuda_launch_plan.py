@@ -59,3 +59,34 @@ def test_a_call_whose_forced_kernel_refuses_its_arrays_caches_no_plan():
         with pytest.raises(ValueError, match="^q: expected a 16-byte aligned"):
             cuda_ops.score_topk(shifted, *args[1:], p.top_k, _fast_kernel="ws")
     assert len(cuda_ops._PLANS) == 0
+
+
+def test_workspace_views_are_cut_once_and_again_after_the_buffer_grows():
+    import indexer
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(11)
+    small = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[2000], top_k=128)
+    large = testing.random_problem(rng, T=4, H=64, D=128, E=64, lens=[60000, 3, 40000, 65536], top_k=512)
+    small_args = [cp.asarray(a) for a in small.arrays()]
+    large_args = [cp.asarray(a) for a in large.arrays()]
+    ws = indexer.Workspace()
+    cuda_ops.clear_plans()
+    first = cuda_ops.score_topk(*small_args, small.top_k, return_scores=True, workspace=ws)
+    views = dict(ws._views)
+    assert len(views) == 1
+    again = cuda_ops.score_topk(*small_args, small.top_k, return_scores=True, workspace=ws)
+    assert ws._views == views  # the same views, not cut again
+    held = ws.nbytes
+    big = cuda_ops.score_topk(*large_args, large.top_k, return_scores=True, workspace=ws)
+    assert ws.nbytes > held  # the buffer grew: the small call's views went with the old one
+    assert not any(key in views for key in ws._views)  # only the large call's views now
+    after = cuda_ops.score_topk(*small_args, small.top_k, return_scores=True, workspace=ws)
+    assert len(ws._views) == 2
+    for got in (again, after):
+        np.testing.assert_array_equal(first[0].get(), got[0].get())
+        assert first[1].get().tobytes() == got[1].get().tobytes()
+    testing.check_topk(small, first[0].get(), first[1].get(), tol=testing.TOL_FAST)
+    testing.check_topk(large, big[0].get(), big[1].get(), tol=testing.TOL_FAST)
+
