@@ -8,6 +8,7 @@ device array is seen. PyTorch, JAX and other CUDA arrays enter through DLPack or
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 
@@ -52,10 +53,17 @@ def is_cupy(x) -> bool:
     return _is_cupy_type(type(x))
 
 
+@functools.lru_cache(maxsize=64)
+def _is_torch_type(t) -> bool:
+    return t.__module__.split(".")[0] == "torch"
+
+
 def is_device_array(x) -> bool:
     """True for arrays living in CUDA device memory (CuPy, PyTorch CUDA tensors, JAX, ...)."""
     if is_cupy(x):
         return True
+    if _is_torch_type(type(x)) and hasattr(x, "is_cuda"):  # gpu-only: PyTorch's __dlpack_device__ is Python
+        return bool(x.is_cuda)
     if hasattr(x, "__dlpack_device__"):
         try:
             dev_type, _ = x.__dlpack_device__()
@@ -91,13 +99,22 @@ def framework_of(x) -> str:
     return "other"
 
 
-def to_cupy(x, dtype=None):
-    """A CuPy view of a device array (zero copy) or a device copy of a host array."""
+def to_cupy(x, dtype=None, *, ordered=False):
+    """A CuPy view of a device array (zero copy) or a device copy of a host array.
+
+    ``ordered``: the caller's current CuPy stream is PyTorch's current stream on the
+    tensors' device (``streams.on_torch_stream``), so PyTorch's pending writes to them are
+    already ordered before anything launched now: a PyTorch CUDA tensor is then viewed
+    from its pointer, shape and strides (``_torch_view``, ~4 us), without DLPack's stream
+    handshake (~17 us a tensor, docs/performance.md v43). Otherwise through DLPack, which
+    makes the current stream wait for PyTorch's."""
     cp = cupy()
     if cp is None:
         raise RuntimeError("the CUDA backend needs CuPy and a CUDA GPU; neither was found")
     if is_cupy(x):  # gpu-only: everything below runs with CuPy and a GPU
         out = x
+    elif ordered and _is_torch_type(type(x)) and (view := _torch_view(cp, x)) is not None:  # gpu-only
+        out = view
     elif framework_of(x) == "torch" or (hasattr(x, "__dlpack__") and is_device_array(x)):  # gpu-only
         out = cp.from_dlpack(x)
     elif hasattr(x, "__cuda_array_interface__"):  # gpu-only
@@ -107,6 +124,33 @@ def to_cupy(x, dtype=None):
     if dtype is not None and out.dtype != dtype:  # gpu-only
         out = out.astype(dtype)
     return out  # gpu-only
+
+
+@functools.cache
+def _torch_dtypes(torch):  # gpu-only
+    """PyTorch dtypes -> NumPy dtypes, for those both have (no bfloat16, no float8)."""
+    names = ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "float32",
+             "float64", "complex64", "complex128"]
+    return {getattr(torch, n): np.dtype(n) for n in names if hasattr(torch, n)}
+
+
+def _torch_view(cp, t):  # gpu-only
+    """A CuPy array over CUDA tensor ``t``'s memory (its shape, strides and dtype; it keeps
+    ``t`` alive), or None where DLPack must decide: a tensor on the host, empty, of a dtype
+    NumPy lacks, not strided, requiring grad, or with a lazy negation or conjugation bit
+    (DLPack refuses the last three, with the message the caller should see)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(t, torch.Tensor):
+        return None
+    dtype = _torch_dtypes(torch).get(t.dtype)
+    if (dtype is None or not t.is_cuda or t.layout != torch.strided or t.requires_grad or t.is_neg()
+            or t.is_conj() or t.numel() == 0):
+        return None
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    # torch strides are never negative: the memory spans to the last element
+    span = (sum((n - 1) * st for n, st in zip(shape, strides)) + 1) * dtype.itemsize
+    memory = cp.cuda.UnownedMemory(t.data_ptr(), span, t, t.device.index)  # the device given: no pointer query
+    return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(memory, 0), strides=tuple(st * dtype.itemsize for st in strides))
 
 
 def to_numpy(x):

@@ -63,8 +63,12 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     # everything from the DLPack imports to the results runs on one stream: PyTorch's current
     # one for tensors (so a torch.cuda.graph capture records it), or the one asked for
     with streams.using(stream, given) as run_on:
-        q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = (arrays.to_cupy(x) for x in given)
-        cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens)
+        # PyTorch tensors viewed without DLPack's stream handshake where the call runs on
+        # PyTorch's current stream (out= is like q: the same framework)
+        ordered = streams.on_torch_stream(given)
+        q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = (arrays.to_cupy(x, ordered=ordered)
+                                                                          for x in given)
+        cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens, ordered=ordered)
         prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
                                           top_k, values=validate, cu_seqlens=cu_seqlens)
         _check_alignment("keys_fp4", keys_fp4, 16)
@@ -75,7 +79,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         if out is not None and host_result:
             targets = outbuf.check_host(out, prob.T, prob.top_k, return_scores)
         elif out is not None:
-            targets = outbuf.device_views(out, like, prob.T, prob.top_k, return_scores, device_id)
+            targets = outbuf.device_views(out, like, prob.T, prob.top_k, return_scores, device_id, ordered=ordered)
         with cp.cuda.Device(device_id):
             dev = device_facts(device_id)
             if out is not None and not host_result:

@@ -139,17 +139,20 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
     if _pick_backend(backend, args[:-1]) == "cuda":  # gpu-only
         # the per-token table is built on the call's device and stream, like the launch
         with streams.using(stream, args[:-1]) as run_on:
-            return _ragged(*args, stream=run_on, offsets_later=True, **kwargs)
+            return _ragged(*args, stream=run_on, offsets_later=True, ordered=streams.on_torch_stream(args[:-1]),
+                           **kwargs)
     return _ragged(*args, stream=stream, **kwargs)
 
 
 def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k,
-            offsets_later=False, **kwargs):
+            offsets_later=False, ordered=False, **kwargs):
     """``offsets_later``: the CUDA path checks the values of ``cu_seqlens_q`` together with
     the other values (one device launch and read-back, ``validate.check_score_topk``); the
-    per-token table built before that check is safe for any offsets (clamped)."""
+    per-token table built before that check is safe for any offsets (clamped). ``ordered``:
+    as ``arrays.to_cupy`` takes it (the CUDA path runs on PyTorch's current stream)."""
     if arrays.framework_of(cu_seqlens_q) == "torch" or arrays.framework_of(block_table) == "torch":
-        cu_seqlens_q, block_table = (arrays.to_cupy(x) for x in (cu_seqlens_q, block_table))  # gpu-only
+        cu_seqlens_q, block_table = (arrays.to_cupy(x, ordered=ordered)  # gpu-only
+                                     for x in (cu_seqlens_q, block_table))
     T = int(q.shape[0])
     values_now = kwargs["validate"] and not offsets_later
     if _validate.check_cu_seqlens(cu_seqlens_q, block_table, T, values=values_now) == 0:

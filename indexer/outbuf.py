@@ -62,9 +62,10 @@ def check_host(out, T: int, top_k: int, return_scores: bool):
     return parts
 
 
-def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: int):  # gpu-only
+def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: int, ordered=False):  # gpu-only
     """``out`` for a device result of inputs like ``like`` (``q``): zero-copy CuPy views
-    (indices, scores or None) on ``device_id``, checked."""
+    (indices, scores or None) on ``device_id``, checked; ``ordered`` as ``arrays.to_cupy``
+    takes it."""
     want = arrays.framework_of(like)
     views = []
     for name, x, dtype in zip(_names(return_scores), split(out, return_scores), (np.int32, np.float32)):
@@ -77,7 +78,7 @@ def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: 
             expected = _WANT.get(want, "a CuPy array (JAX arrays are immutable)" if want == "jax"
                                  else "a CuPy array (or a device array of q's library)")
             raise TypeError(f"{name}: expected {expected} like q, got {type(x).__name__}")
-        view = arrays.to_cupy(x)
+        view = arrays.to_cupy(x, ordered=ordered)
         _check(name, view, dtype, (T, top_k))
         if view.device.id != device_id:
             raise ValueError(f"{name}: expected an array on cuda:{device_id} (where q is), got cuda:{view.device.id}")

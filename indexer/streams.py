@@ -20,7 +20,7 @@ import warnings
 
 from . import arrays
 
-__all__ = ["capture_state", "check_stream", "device_of", "resolve", "using"]
+__all__ = ["capture_state", "check_stream", "device_of", "on_torch_stream", "resolve", "using"]
 
 
 def capture_state(stream):  # gpu-only
@@ -110,6 +110,19 @@ def resolve(stream, inputs, device_id: int):  # gpu-only
         _check_device(stream.device.index, device_id)
         return _external(stream.cuda_stream, device_id)
     return _external(stream.__cuda_stream__()[1], device_id)
+
+
+def on_torch_stream(inputs) -> bool:  # gpu-only
+    """Whether PyTorch tensors are among ``inputs`` and CuPy's current stream is PyTorch's
+    current stream on CuPy's current device (inside ``using``: the call's stream is the one
+    PyTorch's own work on the tensors is ordered on), so the tensors need no stream
+    handshake to be read or written now (``arrays.to_cupy(..., ordered=True)``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not any(arrays.framework_of(x) == "torch" for x in inputs):
+        return False
+    cp = arrays.cupy()
+    device_id = int(cp.cuda.runtime.getDevice())
+    return cp.cuda.get_current_stream().ptr == torch.cuda.current_stream(device_id).cuda_stream
 
 
 @contextlib.contextmanager

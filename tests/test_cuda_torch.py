@@ -147,3 +147,97 @@ def test_key_pool_with_tensors_and_out():
     assert ws.nbytes > 0
     expected = pool.score_topk(q, w, ["a", "b"], 12)
     assert torch.equal(out, expected)
+
+
+def _by_dlpack(cp, t):
+    """What CuPy's DLPack import gives for t: ("ok", values) or ("error", exception type)."""
+    try:
+        return "ok", cp.from_dlpack(t).get()
+    except Exception as exc:  # noqa: BLE001
+        return "error", type(exc)
+
+
+def test_tensors_on_torchs_stream_are_viewed_from_their_pointers(monkeypatch):
+    cp = arrays.cupy()
+    base = torch.arange(2 * 6 * 4, dtype=torch.float32, device="cuda").reshape(2, 6, 4) - 7.5
+    cases = [
+        base,
+        base.transpose(0, 2),                      # not contiguous
+        base[1, 2:, 1:3],                          # a storage offset and a gap between rows
+        base[:, ::2],                              # strided
+        (base * 3).to(torch.int32),
+        (base.abs() % 200).to(torch.uint8),
+        base.to(torch.float16),
+        base > 0,
+        base.to(torch.int64)[0],
+        torch.tensor(2.5, device="cuda"),           # 0-d
+    ]
+    expected = [t.cpu().numpy() for t in cases]
+    monkeypatch.setattr(cp, "from_dlpack", lambda *a, **k: pytest.fail("DLPack used"))
+    for t, want in zip(cases, expected):
+        view = arrays.to_cupy(t, ordered=True)
+        assert view.data.ptr == t.data_ptr()
+        assert view.shape == tuple(t.shape) and view.dtype == want.dtype
+        assert view.strides == tuple(s * t.element_size() for s in t.stride())
+        np.testing.assert_array_equal(view.get(), want)
+    view = arrays.to_cupy(cases[2], ordered=True)  # the same memory: a write shows in the tensor
+    view[0, 1] = 1234.0
+    torch.cuda.synchronize()
+    assert base[1, 2, 2].item() == 1234.0
+    del view, cases
+    import gc
+    gc.collect()
+    kept = arrays.to_cupy(torch.full((5,), 3.0, device="cuda"), ordered=True)  # the view keeps its tensor alive
+    torch.empty(5, device="cuda").fill_(-1.0)
+    np.testing.assert_array_equal(kept.get(), np.full(5, 3.0, dtype=np.float32))
+
+
+def test_tensors_the_pointer_view_does_not_cover_go_through_dlpack():
+    cp = arrays.cupy()
+    t = torch.randn(3, 4, device="cuda")
+    for x in (t.clone().requires_grad_(), torch._neg_view(t), t.to(torch.bfloat16), t[:0], t.cpu()):
+        expected = _by_dlpack(cp, x)
+        try:
+            got = "ok", arrays.to_cupy(x, ordered=True).get()
+        except Exception as exc:  # noqa: BLE001
+            got = "error", type(exc)
+        assert got[0] == expected[0], x
+        if got[0] == "ok":
+            np.testing.assert_array_equal(got[1], expected[1])
+        else:
+            assert got[1] is expected[1]
+
+
+def test_calls_on_torchs_stream_skip_dlpack_and_calls_on_another_stream_take_it(monkeypatch):
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(56), T=3, H=64, D=128, E=64, lens=[3000, 1, 900], top_k=64)
+    x = tensors(p)
+    expected = indexer.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True)
+    imported = []
+    real = cp.from_dlpack
+    monkeypatch.setattr(cp, "from_dlpack", lambda t, *a, **k: imported.append(t) or real(t, *a, **k))
+    out = empty_out(3, 64)
+    got = indexer.score_topk(*x, p.top_k, return_scores=True, out=out)
+    assert got is out and not imported  # inputs and out= viewed from their pointers
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    other = indexer.score_topk(*x, p.top_k, return_scores=True, stream=side)
+    side.synchronize()
+    assert len(imported) == 7  # another stream than torch's current: DLPack orders the two
+    for res in (got, other):
+        np.testing.assert_array_equal(res[0].cpu().numpy(), expected[0].get())
+        assert res[1].cpu().numpy().tobytes() == expected[1].get().tobytes()
+
+
+def test_ragged_calls_with_tensors():
+    from tests.test_ragged import as_problem, grouped_problem
+
+    cp = arrays.cupy()
+    args = grouped_problem(np.random.default_rng(57), [3, 0, 2, 1], H=64, D=128, E=64, seq_entries=[700] * 4,
+                           ratio=None, top_k=32)
+    x = [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in args]
+    idx, sc = indexer.score_topk_ragged(*x, 32, return_scores=True)
+    assert isinstance(idx, torch.Tensor) and idx.is_cuda
+    testing.check_topk(as_problem(*args, 32), idx.cpu().numpy(), sc.cpu().numpy(), tol=testing.TOL_FAST)
+    on_cupy = indexer.score_topk_ragged(*[cp.asarray(a) for a in args], 32, return_scores=True)
+    np.testing.assert_array_equal(idx.cpu().numpy(), on_cupy[0].get())
