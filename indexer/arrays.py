@@ -2,7 +2,8 @@
 
 NumPy is always there; CuPy is imported lazily, only when a GPU path is asked for or a
 device array is seen. PyTorch, JAX and other CUDA arrays enter through DLPack or
-``__cuda_array_interface__`` with zero copies and are never imported here.
+``__cuda_array_interface__`` with zero copies and are never imported here (PyTorch tensors
+on PyTorch's current stream are viewed from their pointers instead: ``to_cupy``).
 """
 
 from __future__ import annotations
