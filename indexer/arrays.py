@@ -106,9 +106,9 @@ def to_cupy(x, dtype=None, *, ordered=False):
     ``ordered``: the caller's current CuPy stream is PyTorch's current stream on the
     tensors' device (``streams.on_torch_stream``), so PyTorch's pending writes to them are
     already ordered before anything launched now: a PyTorch CUDA tensor is then viewed
-    from its pointer, shape and strides (``_torch_view``, ~4 us), without DLPack's stream
-    handshake (~17 us a tensor, docs/performance.md v43). Otherwise through DLPack, which
-    makes the current stream wait for PyTorch's."""
+    from its pointer, shape and strides (``_torch_view``, ~5 us a tensor), without DLPack's
+    stream handshake (~16 us a tensor, docs/performance.md v43). Otherwise through DLPack,
+    which makes the current stream wait for PyTorch's."""
     cp = cupy()
     if cp is None:
         raise RuntimeError("the CUDA backend needs CuPy and a CUDA GPU; neither was found")
