@@ -90,3 +90,31 @@ def test_workspace_views_are_cut_once_and_again_after_the_buffer_grows():
     testing.check_topk(small, first[0].get(), first[1].get(), tol=testing.TOL_FAST)
     testing.check_topk(large, big[0].get(), big[1].get(), tol=testing.TOL_FAST)
 
+
+
+def test_views_of_many_call_shapes_stay_bounded_and_hold_no_memory(monkeypatch):
+    import indexer
+    from indexer import cuda_ops
+    from indexer import workspace as workspace_module
+
+    cp = arrays.cupy()
+    monkeypatch.setattr(workspace_module, "_MAX_VIEWS", 5)
+    rng = np.random.default_rng(12)
+    p = testing.random_problem(rng, T=2, H=64, D=128, E=64, lens=[9000, 4100], top_k=64)
+    args = [cp.asarray(a) for a in p.arrays()]
+    ks = [16, 40, 64, 100, 128, 200, 256, 300]  # a plan and a set of views each
+    expected = {k: cuda_ops.score_topk(*args, k).get() for k in ks}  # no workspace: views cut per call
+    ws = indexer.Workspace()
+    cuda_ops.clear_plans()
+    pool = cp.get_default_memory_pool()
+    used = []
+    for _ in range(3):
+        for k in ks:
+            got = cuda_ops.score_topk(*args, k, workspace=ws)
+            np.testing.assert_array_equal(got.get(), expected[k])
+            del got
+            assert 1 <= len(ws._views) <= 5
+        cp.cuda.Device().synchronize()
+        used.append(pool.used_bytes())
+    assert used[1] == used[2]  # nothing kept past what the first round held
+    testing.check_topk(p, expected[64], tol=testing.TOL_FAST)
