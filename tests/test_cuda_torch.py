@@ -241,3 +241,32 @@ def test_ragged_calls_with_tensors():
     testing.check_topk(as_problem(*args, 32), idx.cpu().numpy(), sc.cpu().numpy(), tol=testing.TOL_FAST)
     on_cupy = indexer.score_topk_ragged(*[cp.asarray(a) for a in args], 32, return_scores=True)
     np.testing.assert_array_equal(idx.cpu().numpy(), on_cupy[0].get())
+
+
+def test_pointer_views_of_drawn_slices_match_the_tensor():
+    """Drawn shapes, dtypes and slices (offsets, steps, transposes): each view sits at the
+    tensor's first element with its strides and reads the tensor's values."""
+    pytest.importorskip("hypothesis")
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    dtypes = [torch.float32, torch.float16, torch.int32, torch.uint8, torch.int64, torch.bool]
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=4), dtype=st.sampled_from(dtypes),
+           data=st.data())
+    def check(shape, dtype, data):
+        base = (torch.arange(int(np.prod(shape)), device="cuda") * 7 % 251 - 100).reshape(shape).to(dtype)
+        index = []
+        for n in shape:
+            start = data.draw(st.integers(0, n - 1))
+            stop = data.draw(st.integers(start + 1, n))
+            index.append(slice(start, stop, data.draw(st.integers(1, 3))))
+        t = base[tuple(index)]
+        if data.draw(st.booleans()) and t.dim() >= 2:
+            t = t.transpose(0, t.dim() - 1)
+        view = arrays.to_cupy(t, ordered=True)
+        assert view.data.ptr == t.data_ptr()
+        assert view.strides == tuple(s * t.element_size() for s in t.stride())
+        np.testing.assert_array_equal(view.get(), t.cpu().numpy())
+
+    check()
