@@ -145,13 +145,21 @@ def _torch_view(cp, t):  # gpu-only
         return None
     dtype = _torch_dtypes(torch).get(t.dtype)
     if (dtype is None or not t.is_cuda or t.layout != torch.strided or t.requires_grad or t.is_neg()
-            or t.is_conj() or t.numel() == 0):
+            or t.is_conj()):
         return None
-    shape, strides = tuple(t.shape), tuple(t.stride())
-    # torch strides are never negative: the memory spans to the last element
-    span = (sum((n - 1) * st for n, st in zip(shape, strides)) + 1) * dtype.itemsize
-    memory = cp.cuda.UnownedMemory(t.data_ptr(), span, t, t.device.index)  # the device given: no pointer query
-    return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(memory, 0), strides=tuple(st * dtype.itemsize for st in strides))
+    count = t.numel()
+    if count == 0:
+        return None
+    shape = tuple(t.shape)
+    if t.is_contiguous():  # the common case: no strides to convert (a call views ~8 tensors)
+        span, strides = count * dtype.itemsize, None
+    else:
+        steps = t.stride()
+        # torch strides are never negative: the memory spans to the last element
+        span = (sum((n - 1) * st for n, st in zip(shape, steps)) + 1) * dtype.itemsize
+        strides = tuple(st * dtype.itemsize for st in steps)
+    memory = cp.cuda.UnownedMemory(t.data_ptr(), span, t, t.get_device())  # the device given: no pointer query
+    return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(memory, 0), strides=strides)
 
 
 def to_numpy(x):

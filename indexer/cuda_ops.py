@@ -359,12 +359,21 @@ class _RunViews:
     """The workspace's parts a call's launches take, as typed views (``_run_views``)."""
 
 
-def _run_views(p, parts):
+def _part_sizes(p, at_rest):
+    """``_carve``'s sizes for plan ``p``: its parts, with the histograms in scratch only where
+    the workspace's zeroed part does not hold them (``at_rest``)."""
+    return {**p.part_bytes, "hist": 0 if at_rest else p.hist_bytes}
+
+
+def _run_views(p, parts, rest=None):
     """The typed views of ``parts`` (``_carve``'s uint8 views, None where empty) for plan
     ``p``'s launches: scores float32 [rows, ld]; hist (scratch histograms) uint32, count
     uint32 [rows], cand uint64, tau uint32 [rows]; q16 uint16 [rows, heads, D + 8] and
-    w_scaled float32 [rows, heads] (the staged query); qimg and kimg (uint8 images)."""
+    w_scaled float32 [rows, heads] (the staged query); qimg and kimg (uint8 images);
+    hist_rest uint32: the histograms in the workspace's zeroed part (``rest``, uint8), or
+    None."""
     v = _RunViews()
+    v.hist_rest = None if rest is None else rest.view(cp.uint32)
     v.scores = parts["scores"].view(cp.float32).reshape(p.rows, p.sl.ld)
 
     def typed(name, dtype):
@@ -396,15 +405,16 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     i32 = np.int32
     p = _plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select, cu_seqlens)
     kind, sl = p.kind, p.sl
-    zeroed = workspace.zeroed(p.hist_bytes) if workspace is not None and p.hist_bytes > 0 and not score_only else None
-    at_rest = zeroed is not None  # None also while capturing before the part exists (see Workspace.zeroed)
-    sizes = {**p.part_bytes, "hist": 0 if at_rest else p.hist_bytes}
+    clean = (workspace.zeroed_state(p.hist_bytes) if workspace is not None and p.hist_bytes > 0 and not score_only
+             else None)
+    at_rest = clean is not None  # None also while capturing before the part exists (see Workspace.zeroed)
     if workspace is None:  # a new allocation every call
-        v = _run_views(p, _carve(sizes))
-    else:  # cut once a plan while the workspace keeps its buffer
-        v = workspace.views((p.key, at_rest), lambda: _run_views(p, _carve(sizes, workspace)))
+        v = _run_views(p, _carve(_part_sizes(p, False)))
+    else:  # cut once a plan while the workspace keeps its buffers
+        v = workspace.views((p.key, at_rest), lambda: _run_views(
+            p, _carve(_part_sizes(p, at_rest), workspace), workspace.zeroed(p.hist_bytes)[0] if at_rest else None))
     if at_rest:
-        hist, hist_zero = zeroed[0].view(cp.uint32), zeroed[1]  # [rows, bins]
+        hist, hist_zero = v.hist_rest, clean  # [rows, bins]
         workspace.mark_zeroed(False)  # until this call's last launch is enqueued
     else:  # filled before the first run; a scoring-only call's are never read
         hist, hist_zero = v.hist, score_only

@@ -17,9 +17,8 @@ _NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid
 def _pick_backend(backend: str, inputs) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    on_device = [arrays.is_device_array(x) for x in inputs]
     if backend == "auto":
-        return "cuda" if any(on_device) or arrays.gpu_available() else "numpy"
+        return "cuda" if any(arrays.is_device_array(x) for x in inputs) or arrays.gpu_available() else "numpy"
     if backend == "cuda" and not arrays.gpu_available():
         raise RuntimeError("backend='cuda': CuPy with a usable CUDA GPU is required (pip install 'indexer[cuda13]')")
     return backend

@@ -9,7 +9,7 @@ the host reads back once: that synchronisation is why a hot loop may switch them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,9 +26,9 @@ MAX_HEADS = 128
 MAX_HEAD_DIM = 256
 
 
-@dataclass(frozen=True)
-class Problem:
-    """The integers that shape one score + top-k call."""
+class Problem(NamedTuple):
+    """The integers that shape one score + top-k call (a named tuple: built on every call,
+    in 0.3 us where a frozen dataclass took 0.8, and hashed as the launch plan's key)."""
 
     T: int  # query tokens
     H: int  # heads
@@ -44,9 +44,15 @@ class Problem:
         return self.L * self.E
 
 
+def _place(x):
+    """Where array ``x`` lives: -1 for the host (NumPy), else its CUDA device number
+    (``data.device_id``: 0.04 us, where ``device.id`` builds a Device object, 0.11)."""
+    return -1 if isinstance(x, np.ndarray) else x.data.device_id
+
+
 def _kind(x) -> str:
     if arrays.is_cupy(x):
-        return f"cuda:{x.device.id}"
+        return f"cuda:{x.data.device_id}"
     if isinstance(x, np.ndarray):
         return "cpu"
     return type(x).__name__
@@ -98,9 +104,8 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
     }
     for name, (x, dtype, ndim) in args.items():
         _check_array(name, x, dtype, ndim, None)
-    places = {name: _kind(x) for name, (x, _, _) in args.items()}
-    if len(set(places.values())) != 1:
-        where = ", ".join(f"{k} on {v}" for k, v in places.items())
+    if len({_place(x) for x, _, _ in args.values()}) != 1:  # the message's strings only on failure
+        where = ", ".join(f"{k} on {_kind(x)}" for k, (x, _, _) in args.items())
         raise ValueError(f"q: all arrays must be on one device, got {where}")
 
     T, H, D = (int(n) for n in q.shape)

@@ -114,14 +114,14 @@ class Workspace:
                     # (and every view made of it: `views` makes them again)
                     buf = self._buffers.pop(key, None)
                     del buf
-                    if part == "launch":
-                        self._views = {k: v for k, v in self._views.items() if k[0] != key[0]}
+                    # the device's kept views may cut any of its parts: made again
+                    self._views = {k: v for k, v in self._views.items() if k[0] != key[0]}
                     self._buffers[key] = buf = cp.empty(size, dtype=cp.uint8)
         return buf[:nbytes]
 
     def views(self, key, make):  # gpu-only
-        """``make()``'s result (views the caller cuts from ``buffer``), made once per ``key``
-        and device and kept until this device's launch buffer is replaced: a call of a
+        """``make()``'s result (views the caller cuts from ``buffer`` and ``zeroed``), made
+        once per ``key`` and device and kept until one of this device's parts is replaced: a call of a
         shape already seen takes its workspace views from here (each view costs ~2 us of
         host time to cut). ``make`` may grow the buffer; what it returns is kept after."""
         cp = arrays.cupy()
@@ -143,6 +143,16 @@ class Workspace:
         before its first launch and clean again after its last. None where it would have to
         grow while the stream is capturing (a capture right after ``reserve``, before any
         call): the caller then keeps its histograms in scratch, filled each call."""
+        clean = self.zeroed_state(nbytes)
+        if clean is None:
+            return None
+        cp = arrays.cupy()
+        return self._buffers[(int(cp.cuda.runtime.getDevice()), "zeroed")][:nbytes], clean
+
+    def zeroed_state(self, nbytes: int):  # gpu-only
+        """``zeroed(nbytes)[1]`` (or None where ``zeroed`` gives None) without cutting the
+        view (~2 us of host time; a call takes its view from ``views``): the part is grown
+        first as ``zeroed`` grows it."""
         cp = arrays.cupy()
         dev = int(cp.cuda.runtime.getDevice())
         key = (dev, "zeroed")
@@ -154,7 +164,7 @@ class Workspace:
             with self._lock:
                 self._buffers[key].fill(0)
                 self._zero_at_rest[dev] = True
-        return self._buffers[key][:nbytes], self._zero_at_rest.get(dev, False)
+        return self._zero_at_rest.get(dev, False)
 
     def mark_zeroed(self, clean: bool) -> None:  # gpu-only
         """Record whether the current device's "zeroed" part is all zero once the work

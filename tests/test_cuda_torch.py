@@ -157,6 +157,13 @@ def _by_dlpack(cp, t):
         return "error", type(exc)
 
 
+def same_strides(view, t):
+    """Whether CuPy view ``view`` steps through memory as tensor ``t`` does: the same byte
+    strides in every dimension longer than 1 (a dimension of one element is never stepped,
+    and a contiguous tensor's view takes CuPy's own strides there)."""
+    return all(vs == ts * t.element_size() for n, vs, ts in zip(t.shape, view.strides, t.stride()) if n > 1)
+
+
 def test_tensors_on_torchs_stream_are_viewed_from_their_pointers(monkeypatch):
     cp = arrays.cupy()
     base = torch.arange(2 * 6 * 4, dtype=torch.float32, device="cuda").reshape(2, 6, 4) - 7.5
@@ -178,7 +185,7 @@ def test_tensors_on_torchs_stream_are_viewed_from_their_pointers(monkeypatch):
         view = arrays.to_cupy(t, ordered=True)
         assert view.data.ptr == t.data_ptr()
         assert view.shape == tuple(t.shape) and view.dtype == want.dtype
-        assert view.strides == tuple(s * t.element_size() for s in t.stride())
+        assert same_strides(view, t)
         np.testing.assert_array_equal(view.get(), want)
     view = arrays.to_cupy(cases[2], ordered=True)  # the same memory: a write shows in the tensor
     view[0, 1] = 1234.0
@@ -266,7 +273,28 @@ def test_pointer_views_of_drawn_slices_match_the_tensor():
             t = t.transpose(0, t.dim() - 1)
         view = arrays.to_cupy(t, ordered=True)
         assert view.data.ptr == t.data_ptr()
-        assert view.strides == tuple(s * t.element_size() for s in t.stride())
+        assert same_strides(view, t)
         np.testing.assert_array_equal(view.get(), t.cpu().numpy())
 
     check()
+
+
+def test_torch_stream_pointer_is_torchs_current_stream(monkeypatch):
+    """The raw query and the public ``Stream`` give the same ``cudaStream_t``, on the
+    default stream and inside ``torch.cuda.stream``; without the raw query the public one
+    answers."""
+    from indexer import streams
+
+    def both():
+        return streams.torch_stream_ptr(torch, 0), torch.cuda.current_stream(0).cuda_stream
+
+    fast, public = both()
+    assert fast == public
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        fast, public = both()
+        assert fast == public == side.cuda_stream
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)
+    with torch.cuda.stream(side):
+        assert streams.torch_stream_ptr(torch, 0) == side.cuda_stream
+    assert streams.torch_stream_ptr(torch, 0) == torch.cuda.current_stream(0).cuda_stream
