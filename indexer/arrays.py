@@ -22,6 +22,7 @@ __all__ = [
     "to_cupy",
     "to_numpy",
     "framework_of",
+    "any_torch",
     "wrap_like",
 ]
 
@@ -90,14 +91,25 @@ def _import_cupy_or_fail():  # gpu-only
 
 def framework_of(x) -> str:
     """'numpy', 'cupy', 'torch', 'jax' or 'other' (another DLPack device array)."""
-    mod = type(x).__module__.split(".")[0]
+    return _framework_of_type(type(x))
+
+
+@functools.lru_cache(maxsize=128)
+def _framework_of_type(t) -> str:
+    # by type, cached (0.05 us a lookup): a call asks it of each input several times
+    mod = t.__module__.split(".")[0]
     if mod in ("numpy", "cupy", "torch"):
         return mod
     if mod in ("jax", "jaxlib"):
         return "jax"
-    if isinstance(x, (list, tuple, int, float)):
+    if issubclass(t, (list, tuple, int, float)):
         return "numpy"
     return "other"
+
+
+def any_torch(xs) -> bool:
+    """Whether a PyTorch tensor (or another object of PyTorch's) is among ``xs``."""
+    return any(map(_is_torch_type, map(type, xs)))
 
 
 def to_cupy(x, dtype=None, *, ordered=False):

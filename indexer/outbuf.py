@@ -80,8 +80,8 @@ def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: 
             raise TypeError(f"{name}: expected {expected} like q, got {type(x).__name__}")
         view = arrays.to_cupy(x, ordered=ordered)
         _check(name, view, dtype, (T, top_k))
-        if view.device.id != device_id:
-            raise ValueError(f"{name}: expected an array on cuda:{device_id} (where q is), got cuda:{view.device.id}")
+        if view.data.device_id != device_id:
+            raise ValueError(f"{name}: expected an array on cuda:{device_id} (where q is), got cuda:{view.data.device_id}")
         views.append(view)
     return tuple(views)
 

@@ -102,7 +102,7 @@ def torch_stream_ptr(torch, device_id: int) -> int:  # gpu-only
 def _has_torch(inputs):
     """PyTorch's module when a PyTorch tensor is among ``inputs``, else None."""
     torch = sys.modules.get("torch")
-    if torch is None or not any(arrays.framework_of(x) == "torch" for x in inputs):
+    if torch is None or not arrays.any_torch(inputs):
         return None
     return torch
 
