@@ -7,8 +7,6 @@ host synchronisation on the device.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from . import arrays
@@ -31,45 +29,35 @@ def sequence_of_token(cu_seqlens_q, T: int):
 def expand_block_table(block_table, cu_seqlens_q, T: int, *, workspace=None):
     """int32 (T, L): row t is the block table of query t's sequence (a gather, no host sync).
 
-    With an ``indexer.Workspace`` and CuPy arrays the table is written into the workspace
-    by one kernel, allocating nothing (CUDA-graph safe); otherwise a new array.
+    On CuPy arrays one kernel (``kernels/ragged.cu``) writes it: into an
+    ``indexer.Workspace`` when one is given (allocating nothing: CUDA-graph safe), else
+    into a new array. On NumPy arrays a new array.
     """
     xp = arrays.module_of(block_table)
-    if workspace is not None and xp is not np:  # gpu-only
-        return _expand_into_workspace(block_table, cu_seqlens_q, T, workspace)
-    return xp.ascontiguousarray(block_table[sequence_of_token(cu_seqlens_q, T)])
+    if xp is np:
+        return np.ascontiguousarray(block_table[sequence_of_token(cu_seqlens_q, T)])
+    return _expand_on_device(block_table, cu_seqlens_q, T, workspace)  # gpu-only
 
 
-# dst[t, l] = table[seq(t), l], seq(t) = searchsorted(cu, t, 'right') - 1 clamped to [0, B-1]
-# exactly as sequence_of_token (a binary search over the B+1 offsets)
-_EXPAND_SOURCE = """
-    const long long t = i / width;
-    int lo = 0, hi = n_seq + 1;
-    while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if ((long long)cu[mid] <= t) lo = mid + 1; else hi = mid;
-    }
-    const int b = min(max(lo - 1, 0), max(n_seq - 1, 0));
-    dst = table[(long long)b * width + i % width];
-"""
-
-
-@functools.cache
-def _expand_kernel():  # gpu-only
-    cp = arrays.cupy()
-    return cp.ElementwiseKernel("raw int32 table, raw int32 cu, int32 n_seq, int32 width", "int32 dst", _EXPAND_SOURCE,
-                                "indexer_expand_block_table")
-
-
-def _expand_into_workspace(block_table, cu_seqlens_q, T, workspace):  # gpu-only
+def _expand_on_device(block_table, cu_seqlens_q, T, workspace):  # gpu-only
     cp = arrays.cupy()
     if block_table.dtype != np.int32:
         raise TypeError(f"block_table: expected dtype int32, got {block_table.dtype}")
     B, L = (int(n) for n in block_table.shape)
+    if B < 1 and T * L:  # no row to copy from (NumPy's gather raises IndexError likewise)
+        raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
     table = cp.ascontiguousarray(block_table)  # a no-op for the usual contiguous table
-    out = workspace.buffer(max(T * L * 4, 4), part="ragged")[: T * L * 4].view(cp.int32).reshape(T, L)
+    cu = cp.ascontiguousarray(cu_seqlens_q)
+    if workspace is None:
+        out = cp.empty((T, L), dtype=cp.int32)
+    else:  # the view cut once a shape (Workspace.views: ~5 us of host time a call)
+        out = workspace.views(("ragged", T, L), lambda: workspace.buffer(max(T * L * 4, 4), part="ragged")
+                              [: T * L * 4].view(cp.int32).reshape(T, L))
     if T * L:
-        _expand_kernel()(table, cu_seqlens_q, np.int32(B), np.int32(L), out)
+        from . import _jit  # noqa: PLC0415  (compiles through CuPy: the device path only)
+
+        kernel = _jit.get_kernel("ragged.cu", "expand_block_table_kernel", table.data.device_id)
+        kernel((T,), (128,), (table, cu, np.int32(B), np.int32(L), out))
     return out
 
 

@@ -152,3 +152,41 @@ def test_row_pairs_share_key_tiles_and_match_single_rows(counts, entries, top_k,
     np.testing.assert_array_equal(pairs[0].get(), single[0].get())
     assert pairs[1].get().tobytes() == single[1].get().tobytes()
     testing.check_topk(as_problem(*args, top_k), pairs[0].get(), pairs[1].get(), tol=TOL["fast"])
+
+
+@pytest.mark.parametrize("with_workspace", [False, True])
+def test_device_block_table_expansion_matches_numpy(with_workspace):
+    """The per-token table built by the device kernel equals NumPy's gather, on well-formed
+    and malformed offsets (decreasing, past T, negative: validation off), empty sequences,
+    a table that is a strided view, and shapes with no entries; with a workspace the same
+    view of its memory is reused for a shape seen before."""
+    from indexer import ragged
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(61)
+    ws = indexer.Workspace() if with_workspace else None
+    cases = [(np.array([0, 2, 2, 5], np.int32), 5), (np.array([0, 9, 1, 5], np.int32), 5),
+             (np.array([0, 0, 0, 0], np.int32), 3), (np.array([-4, 3, 2, 40], np.int32), 7),
+             (np.array([0, 7], np.int32), 7), (np.array([0, 1, 3, 3, 3, 8], np.int32), 8)]
+    for _ in range(20):
+        B = int(rng.integers(1, 9))
+        cu = np.sort(rng.integers(0, 50, B + 1)).astype(np.int32)
+        cu[0] = 0
+        if rng.random() < 0.3:
+            cu = rng.integers(-5, 60, B + 1).astype(np.int32)  # malformed
+        cases.append((cu, int(rng.integers(0, 60))))
+    for cu, T in cases:
+        B = cu.shape[0] - 1
+        L = int(rng.integers(0, 40))
+        wide = rng.integers(-3, 1000, (B, 2 * L + 1)).astype(np.int32)
+        table = wide[:, : 2 * L : 2] if rng.random() < 0.5 else np.ascontiguousarray(wide[:, :L])
+        want = ragged.expand_block_table(table, cu, T)
+        got = ragged.expand_block_table(cp.asarray(table) if table.flags.c_contiguous else cp.asarray(wide)[:, : 2 * L : 2],
+                                        cp.asarray(cu), T, workspace=ws)
+        assert got.shape == (T, L) and got.dtype == np.int32
+        np.testing.assert_array_equal(got.get(), want)
+        if ws is not None:  # the same shape again: the kept view, the new contents
+            again = ragged.expand_block_table(cp.asarray(table[::-1].copy()), cp.asarray(cu), T, workspace=ws)
+            np.testing.assert_array_equal(again.get(), ragged.expand_block_table(table[::-1].copy(), cu, T))
+    with pytest.raises(ValueError, match="block_table"):  # no sequence to copy rows from
+        ragged.expand_block_table(cp.zeros((0, 4), cp.int32), cp.zeros(1, cp.int32), 3, workspace=ws)
