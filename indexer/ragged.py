@@ -46,18 +46,20 @@ def _expand_on_device(block_table, cu_seqlens_q, T, workspace):  # gpu-only
     B, L = (int(n) for n in block_table.shape)
     if B < 1 and T * L:  # no row to copy from (NumPy's gather raises IndexError likewise)
         raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
-    table = cp.ascontiguousarray(block_table)  # a no-op for the usual contiguous table
-    cu = cp.ascontiguousarray(cu_seqlens_q)
-    if workspace is None:
-        out = cp.empty((T, L), dtype=cp.int32)
-    else:  # the view cut once a shape (Workspace.views: ~5 us of host time a call)
-        out = workspace.views(("ragged", T, L), lambda: workspace.buffer(max(T * L * 4, 4), part="ragged")
-                              [: T * L * 4].view(cp.int32).reshape(T, L))
-    if T * L:
-        from . import _jit  # noqa: PLC0415  (compiles through CuPy: the device path only)
+    device_id = block_table.data.device_id
+    with cp.cuda.Device(device_id):  # the table's device, whichever is current
+        table = cp.ascontiguousarray(block_table)  # a no-op for the usual contiguous table
+        cu = cp.ascontiguousarray(cu_seqlens_q)
+        if workspace is None:
+            out = cp.empty((T, L), dtype=cp.int32)
+        else:  # the view cut once a shape (Workspace.views: ~5 us of host time a call)
+            out = workspace.views(("ragged", T, L), lambda: workspace.buffer(max(T * L * 4, 4), part="ragged")
+                                  [: T * L * 4].view(cp.int32).reshape(T, L))
+        if T * L:
+            from . import _jit  # noqa: PLC0415  (compiles through CuPy: the device path only)
 
-        kernel = _jit.get_kernel("ragged.cu", "expand_block_table_kernel", table.data.device_id)
-        kernel((T,), (128,), (table, cu, np.int32(B), np.int32(L), out))
+            kernel = _jit.get_kernel("ragged.cu", "expand_block_table_kernel", device_id)
+            kernel((T,), (128,), (table, cu, np.int32(B), np.int32(L), out))
     return out
 
 
