@@ -71,3 +71,27 @@ def test_importing_the_package_imports_no_gpu_library():
             "bad = [m for m in ('cupy', 'torch', 'jax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_tensors_of_torch_are_found_among_the_inputs(monkeypatch):
+    """``arrays.any_torch`` and ``streams._has_torch`` tell PyTorch's objects by their type's
+    module (PyTorch itself is never imported): none among NumPy arrays and scalars, found
+    among them once one is there, and PyTorch's module returned only while it is loaded."""
+    import sys
+    import types
+
+    from indexer import streams
+
+    class FakeTensor:  # a class of PyTorch's, by its module's name
+        pass
+
+    FakeTensor.__module__ = "torch.fake"
+    plain = [np.zeros(2), 3, 2.5, (1, 2)]
+    assert not arrays.any_torch(plain) and arrays.any_torch(plain + [FakeTensor()])
+    assert arrays.framework_of(FakeTensor()) == "torch" and arrays.framework_of(True) == "numpy"
+    fake_torch = types.ModuleType("torch")
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert streams._has_torch(plain) is None
+    assert streams._has_torch(plain + [FakeTensor()]) is fake_torch
+    monkeypatch.delitem(sys.modules, "torch")
+    assert streams._has_torch(plain + [FakeTensor()]) is None
