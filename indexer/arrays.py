@@ -45,19 +45,13 @@ def gpu_available() -> bool:
     return cupy() is not None
 
 
-@functools.lru_cache(maxsize=64)
-def _is_cupy_type(t) -> bool:
-    return t.__module__.split(".")[0] == "cupy"
-
-
 def is_cupy(x) -> bool:
-    # by type, cached: every call checks each of its ~7 inputs several times
-    return _is_cupy_type(type(x))
+    # by type, cached (_framework_of_type): every call checks each of its ~7 inputs several times
+    return _framework_of_type(type(x)) == "cupy"
 
 
-@functools.lru_cache(maxsize=64)
 def _is_torch_type(t) -> bool:
-    return t.__module__.split(".")[0] == "torch"
+    return _framework_of_type(t) == "torch"
 
 
 def is_device_array(x) -> bool:

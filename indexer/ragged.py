@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arrays
+from . import _jit, arrays
 
 __all__ = ["sequence_of_token", "expand_block_table", "causal_lens"]
 
@@ -56,8 +56,6 @@ def _expand_on_device(block_table, cu_seqlens_q, T, workspace):  # gpu-only
             out = workspace.views(("ragged", T, L), lambda: workspace.buffer(max(T * L * 4, 4), part="ragged")
                                   [: T * L * 4].view(cp.int32).reshape(T, L))
         if T * L:
-            from . import _jit  # noqa: PLC0415  (compiles through CuPy: the device path only)
-
             kernel = _jit.get_kernel("ragged.cu", "expand_block_table_kernel", device_id)
             kernel((T,), (128,), (table, cu, np.int32(B), np.int32(L), out))
     return out
