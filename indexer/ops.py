@@ -129,34 +129,43 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
 
     Returns the same as ``score_topk``: int32 (T, top_k) indices (and float32 scores).
     """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
     check_workspace(workspace)
     check_budget(workspace_budget)
     streams.check_stream(stream)
-    kwargs = dict(backend=backend, precision=precision, return_scores=return_scores, physical=physical,
+    kwargs = dict(precision=precision, return_scores=return_scores, physical=physical,
                   validate=validate, out=out, workspace=workspace, workspace_budget=workspace_budget)
     args = (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k)
     if _pick_backend(backend, args[:-1]) == "cuda":  # gpu-only
         # the per-token table is built on the call's device and stream, like the launch
         with streams.using(stream, args[:-1]) as run_on:
-            return _ragged(*args, stream=run_on, offsets_later=True, ordered=streams.on_torch_stream(args[:-1]),
+            return _ragged(*args, stream=run_on, on_gpu=True, ordered=streams.on_torch_stream(args[:-1]),
                            **kwargs)
-    return _ragged(*args, stream=stream, **kwargs)
+    return _ragged(*args, stream=stream, backend=backend, **kwargs)
 
 
 def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k,
-            offsets_later=False, ordered=False, **kwargs):
-    """``offsets_later``: the CUDA path checks the values of ``cu_seqlens_q`` together with
-    the other values (one device launch and read-back, ``validate.check_score_topk``); the
-    per-token table built before that check is safe for any offsets (clamped). ``ordered``:
-    as ``arrays.to_cupy`` takes it (the CUDA path runs on PyTorch's current stream)."""
+            on_gpu=False, ordered=False, **kwargs):
+    """``on_gpu``: the CUDA path (inside ``streams.using``), which checks the values of
+    ``cu_seqlens_q`` together with the other values (one device launch and read-back,
+    ``validate.check_score_topk``; the per-token table built before that check is safe for
+    any offsets: clamped) and calls ``cuda_ops.score_topk`` itself, the public layer's
+    checks done once above. ``ordered``: as ``arrays.to_cupy`` takes it (the CUDA path runs
+    on PyTorch's current stream)."""
     if arrays.framework_of(cu_seqlens_q) == "torch" or arrays.framework_of(block_table) == "torch":
         cu_seqlens_q, block_table = (arrays.to_cupy(x, ordered=ordered)  # gpu-only
                                      for x in (cu_seqlens_q, block_table))
     T = int(q.shape[0])
-    values_now = kwargs["validate"] and not offsets_later
+    values_now = kwargs["validate"] and not on_gpu
     if _validate.check_cu_seqlens(cu_seqlens_q, block_table, T, values=values_now) == 0:
         raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
     per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T, workspace=kwargs["workspace"])
     # the GPU path pairs consecutive rows of one sequence so they share each key tile
+    if on_gpu:  # gpu-only
+        from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
+
+        return cuda_ops.score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k,
+                                   _cu_seqlens=cu_seqlens_q, **kwargs)
     return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, _cu_seqlens=cu_seqlens_q,
                       **kwargs)

@@ -118,3 +118,78 @@ def test_views_of_many_call_shapes_stay_bounded_and_hold_no_memory(monkeypatch):
         used.append(pool.used_bytes())
     assert used[1] == used[2]  # nothing kept past what the first round held
     testing.check_topk(p, expected[64], tol=testing.TOL_FAST)
+
+
+def _part_ranges(views, names):
+    """(name, first byte, end byte) of every non-empty typed array among ``names``."""
+    out = []
+    for name in names:
+        x = getattr(views, name)
+        if x is not None:
+            out.append((name, x.data.ptr, x.data.ptr + x.nbytes))
+    return out
+
+
+def test_run_views_are_typed_aligned_and_disjoint_parts_of_one_allocation():
+    """Every plan's scratch arrays (``_carve`` + ``_run_views``, with and without a
+    workspace) lie 256-byte aligned inside one allocation, none overlapping another, with
+    the dtypes and shapes the launches take."""
+    import indexer
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(31)
+    cuda_ops.clear_plans()
+    # calls that make plans of every scoring kernel and select
+    one = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[70000], top_k=1024)
+    mixed = testing.random_problem(rng, T=5, H=64, D=128, E=64, lens=[40000, 0, 900, 12345, 65536], top_k=300)
+    short = testing.random_problem(rng, T=6, H=16, D=64, E=16, lens=None, top_k=20)
+    seq = testing.random_problem(rng, T=8, H=64, D=128, E=64, lens=[9000] * 8, top_k=128, shared_blocks=True)
+    cu = cp.asarray(np.array([0, 3, 8], dtype=np.int32))
+    calls = [(one, {}), (mixed, {}), (mixed, {"precision": "exact"}), (short, {}),
+             (seq, {"_cu_seqlens": cu}), (seq, {"_cu_seqlens": cu, "_fast_kernel": "ks", "_select": "sampled"}),
+             (seq, {"_cu_seqlens": cu, "_fast_kernel": "dense"})]
+    for p, kw in calls:
+        args = [cp.asarray(a) for a in p.arrays()]
+        got = cuda_ops.score_topk(*args, p.top_k, return_scores=True, **kw)
+        testing.check_topk(p, got[0].get(), got[1].get(),
+                           tol=testing.TOL_EXACT if kw.get("precision") == "exact" else testing.TOL_FAST)
+    plans = list(cuda_ops._PLANS.values())
+    assert {pl.kind for pl in plans} >= {"ws", "fp32", "ks", "dense"}
+    assert any(pl.row_select for pl in plans) and any(pl.sampled_ok for pl in plans)
+    names = ("scores", "hist", "count", "cand", "tau", "q16", "w_scaled", "qimg", "kimg")
+    dtypes = {"scores": np.float32, "hist": np.uint32, "count": np.uint32, "cand": np.uint64, "tau": np.uint32,
+              "q16": np.uint16, "w_scaled": np.float32, "qimg": np.uint8, "kimg": np.uint8}
+    ws = indexer.Workspace()
+    for pl in plans:
+        sizes = cuda_ops._part_sizes(pl, False)
+        for workspace in (None, ws):
+            parts = cuda_ops._carve(sizes, workspace)
+            base = parts[0].ptr
+            total = sum(-(-n // 256) * 256 for n in sizes.values())
+            v = cuda_ops._run_views(pl, parts)
+            ranges = _part_ranges(v, names)
+            assert {name for name, _, _ in ranges} == {name for name, n in sizes.items() if n}
+            for name, lo, hi in ranges:
+                x = getattr(v, name)
+                assert x.dtype == dtypes[name] and x.flags.c_contiguous
+                assert x.nbytes == sizes[name] and (lo - base) % 256 == 0 and base <= lo < hi <= base + total
+            ranges.sort(key=lambda r: r[1])
+            assert all(a[2] <= b[1] for a, b in zip(ranges, ranges[1:]))  # no two parts overlap
+            assert v.scores.shape == (pl.rows, pl.sl.ld)
+            if pl.heads:
+                assert v.q16.shape == (pl.rows, pl.heads, pl.D + 8) and v.w_scaled.shape == (pl.rows, pl.heads)
+
+
+def test_zero_clears_exactly_the_array_it_is_given():
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    whole = cp.asarray(np.random.default_rng(5).integers(1, 2**32, size=4099, dtype=np.uint32))
+    before = whole.get()
+    part = whole[7:4000]  # an offset view: its neighbours must keep their values
+    cuda_ops._zero(part)
+    after = whole.get()
+    assert not after[7:4000].any()
+    np.testing.assert_array_equal(after[:7], before[:7])
+    np.testing.assert_array_equal(after[4000:], before[4000:])
