@@ -24,6 +24,16 @@ def _pick_backend(backend: str, inputs) -> str:
     return backend
 
 
+def _check_call(precision, workspace, workspace_budget, stream):
+    """The keyword arguments both public calls check before any array (each error names its
+    argument)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    check_workspace(workspace)
+    check_budget(workspace_budget)
+    streams.check_stream(stream)
+
+
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                backend="auto", precision="fast", return_scores=False, physical=False,
                validate=True, out=None, workspace=None, stream=None, workspace_budget=None, _cu_seqlens=None):
@@ -80,11 +90,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     scores : float32 (T, top_k), only with ``return_scores``.
     With ``out``: ``out`` itself, filled.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-    check_workspace(workspace)
-    check_budget(workspace_budget)
-    streams.check_stream(stream)
+    _check_call(precision, workspace, workspace_budget, stream)
     inputs = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
     chosen = _pick_backend(backend, inputs)
     if chosen == "numpy":
@@ -129,11 +135,7 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
 
     Returns the same as ``score_topk``: int32 (T, top_k) indices (and float32 scores).
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-    check_workspace(workspace)
-    check_budget(workspace_budget)
-    streams.check_stream(stream)
+    _check_call(precision, workspace, workspace_budget, stream)
     kwargs = dict(precision=precision, return_scores=return_scores, physical=physical,
                   validate=validate, out=out, workspace=workspace, workspace_budget=workspace_budget)
     args = (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k)
