@@ -163,11 +163,10 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
     if _validate.check_cu_seqlens(cu_seqlens_q, block_table, T, values=values_now) == 0:
         raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
     per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T, workspace=kwargs["workspace"])
-    # the GPU path pairs consecutive rows of one sequence so they share each key tile
+    call = score_topk
     if on_gpu:  # gpu-only
         from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
 
-        return cuda_ops.score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k,
-                                   _cu_seqlens=cu_seqlens_q, **kwargs)
-    return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, _cu_seqlens=cu_seqlens_q,
-                      **kwargs)
+        call = cuda_ops.score_topk
+    # the GPU path pairs consecutive rows of one sequence so they share each key tile
+    return call(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, _cu_seqlens=cu_seqlens_q, **kwargs)
