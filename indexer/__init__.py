@@ -3,13 +3,15 @@
     I[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :]),  then the top-k entries per query.
 
 Public surface: ``score_topk`` (NumPy reference or CUDA through CuPy), ``score_topk_ragged``
-and ``causal_lens`` (queries grouped by sequence: prefill, multi-token decode), ``KeyPool``
+and ``causal_lens`` (queries grouped by sequence: prefill, multi-token decode), ``prepare``
+(a call checked and planned once for arrays of fixed shapes, then run per layer), ``KeyPool``
 (the paged NVFP4 key pool), ``Workspace`` (preallocated device scratch memory for CUDA-graph
 capture), ``nvfp4`` (the codec) and ``reference`` (the float64 specification).
 """
 
 from . import nvfp4, reference
 from .ops import BACKENDS, PRECISIONS, score_topk, score_topk_ragged
+from .prepared import PreparedCall, prepare
 from .ragged import causal_lens
 from .pool import KeyPool
 from .validate import MAX_HEAD_DIM, MAX_HEADS, MAX_TOP_K
@@ -21,6 +23,8 @@ __all__ = [
     "score_topk",
     "score_topk_ragged",
     "causal_lens",
+    "prepare",
+    "PreparedCall",
     "KeyPool",
     "Workspace",
     "nvfp4",

@@ -51,9 +51,6 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     or ``out`` itself when given (filled through zero-copy CuPy views). ``workspace_budget``
     None: ``geometry.DEFAULT_WORKSPACE_BYTES``, or ``DEFAULT_RAGGED_WORKSPACE_BYTES`` for the
     grouped calls (``_cu_seqlens``)."""
-    if workspace_budget is None:
-        workspace_budget = (geometry.DEFAULT_WORKSPACE_BYTES if _cu_seqlens is None
-                            else geometry.DEFAULT_RAGGED_WORKSPACE_BYTES)
     like = q
     names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
     given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
@@ -71,39 +68,80 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens, ordered=ordered)
         prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
                                           top_k, values=validate, cu_seqlens=cu_seqlens)
-        _check_alignment("keys_fp4", keys_fp4, 16)
-        if (prob.D // 16) % 4 == 0:  # scale rows then go by 4-byte copies (else byte loads)
-            _check_alignment("key_scale", key_scale, 4)
-        device_id = q.device.id
-        host_result = isinstance(like, np.ndarray)
-        if out is not None and host_result:
-            targets = outbuf.check_host(out, prob.T, prob.top_k, return_scores)
-        elif out is not None:
-            targets = outbuf.device_views(out, like, prob.T, prob.top_k, return_scores, device_id, ordered=ordered)
-        with cp.cuda.Device(device_id):
-            dev = device_facts(device_id)
-            if out is not None and not host_result:
-                indices, scores = targets  # the caller's memory: nothing allocated for the result
-            else:
-                indices = cp.empty((prob.T, prob.top_k), dtype=cp.int32)
-                scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
-            _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
-                    valid_lens, indices, scores, physical, workspace_budget, _score_only, _fast_kernel,
-                    workspace=workspace, select=_select,
-                    cu_seqlens=cu_seqlens)
-            if out is not None:
-                if host_result:
-                    indices.get(stream=run_on, out=targets[0])
-                    if scores is not None:
-                        scores.get(stream=run_on, out=targets[1])
-                return outbuf.returned(out, return_scores)
+        check_key_alignment(prob, keys_fp4, key_scale)
+        return run_checked(precision, prob, q.data.device_id, (q, w, keys_fp4, key_scale, key_gscale),
+                           block_table, valid_lens, cu_seqlens, like, out, return_scores, physical,
+                           workspace_budget, workspace, ordered=ordered, run_on=run_on, score_only=_score_only,
+                           fast_kernel=_fast_kernel, select=_select)
+
+
+def check_key_alignment(prob, keys_fp4, key_scale):
+    """The pool's alignment every kernel needs (CuPy arrays): ValueError naming the array."""
+    # the kernels copy key rows with 16-byte (codes) and 4-byte (scales) asynchronous copies
+    _check_alignment("keys_fp4", keys_fp4, 16)
+    if (prob.D // 16) % 4 == 0:  # scale rows then go by 4-byte copies (else byte loads)
+        _check_alignment("key_scale", key_scale, 4)
+
+
+def run_checked(precision, prob, device_id, query_and_pool, block_table, valid_lens, cu_seqlens, like, out,
+                return_scores, physical, workspace_budget, workspace, *, plan=None, ordered=False, run_on=None,
+                score_only=False, fast_kernel="auto", select="auto"):
+    """The launches and results of a call whose arrays are checked CuPy arrays (the end of
+    ``score_topk``, and each call of an ``indexer.PreparedCall``): ``query_and_pool`` is
+    (q, w, keys_fp4, key_scale, key_gscale), ``block_table`` the per-token (T, L) table;
+    ``like`` the caller's ``q`` (the result's framework), ``out`` as ``score_topk`` takes it
+    (checked here), ``plan`` the call's launch plan where the caller holds it (else looked
+    up), ``ordered`` as ``arrays.to_cupy`` takes it, ``run_on`` the call's stream or None."""
+    workspace_budget = _budget(workspace_budget, cu_seqlens)
+    host_result = isinstance(like, np.ndarray)
+    if out is not None and host_result:
+        targets = outbuf.check_host(out, prob.T, prob.top_k, return_scores)
+    elif out is not None:
+        targets = outbuf.device_views(out, like, prob.T, prob.top_k, return_scores, device_id, ordered=ordered)
+    with cp.cuda.Device(device_id):
+        dev = device_facts(device_id)
+        if out is not None and not host_result:
+            indices, scores = targets  # the caller's memory: nothing allocated for the result
+        else:
+            indices = cp.empty((prob.T, prob.top_k), dtype=cp.int32)
+            scores = cp.empty((prob.T, prob.top_k), dtype=cp.float32) if return_scores else None
+        _launch(precision, prob, dev, device_id, *query_and_pool, block_table, valid_lens, indices, scores,
+                physical, workspace_budget, score_only, fast_kernel, workspace=workspace, select=select,
+                cu_seqlens=cu_seqlens, plan=plan)
+        if out is not None:
             if host_result:
-                indices = indices.get()
-                scores = scores.get() if scores is not None else None
-            else:
-                indices = arrays.wrap_like(indices, like)
-                scores = arrays.wrap_like(scores, like) if scores is not None else None
+                indices.get(stream=run_on, out=targets[0])
+                if scores is not None:
+                    scores.get(stream=run_on, out=targets[1])
+            return outbuf.returned(out, return_scores)
+        if host_result:
+            indices = indices.get()
+            scores = scores.get() if scores is not None else None
+        else:
+            indices = arrays.wrap_like(indices, like)
+            scores = arrays.wrap_like(scores, like) if scores is not None else None
     return (indices, scores) if return_scores else indices
+
+
+def plan_alignment(q, key_scale):
+    """What of the arrays' placement a launch plan depends on: whether ``q`` and
+    ``key_scale`` (CuPy) are 16-byte aligned (``_scoring_kernel``)."""
+    return q.data.ptr % 16 == 0, key_scale.data.ptr % 16 == 0
+
+
+def launch_plan(precision, prob, device_id, q, key_scale, workspace_budget, cu_seqlens):
+    """The launch plan of a call of the default kernels and select (``_plan``; its kernels
+    compiled now), for ``indexer.PreparedCall``; ``workspace_budget`` as ``_budget`` takes it."""
+    return _plan(precision, prob, device_facts(device_id), device_id, q, key_scale,
+                 _budget(workspace_budget, cu_seqlens), "auto", "auto", cu_seqlens)
+
+
+def _budget(workspace_budget, cu_seqlens):
+    """``workspace_budget``, or where None the default of ``score_topk`` or, for grouped
+    calls (``cu_seqlens``), of ``score_topk_ragged``."""
+    if workspace_budget is not None:
+        return workspace_budget
+    return geometry.DEFAULT_WORKSPACE_BYTES if cu_seqlens is None else geometry.DEFAULT_RAGGED_WORKSPACE_BYTES
 
 
 def _carve(nbytes_by_name, workspace=None):
@@ -399,7 +437,7 @@ def _zero(x):  # gpu-only
 
 def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gscale, block_table,
             valid_lens, indices, scores, physical, workspace_budget, score_only=False, fast_kernel="auto", workspace=None,
-            select="auto", cu_seqlens=None):
+            select="auto", cu_seqlens=None, plan=None):
     """Scores of a run of query rows into a float32 workspace (FP32 CUDA cores for 'exact';
     fp16 tensor cores for 'fast': wgmma on Hopper where it applies, else mma.sync), then
     the exact multi-CTA select. ``score_only`` stops after the scoring kernel (the
@@ -411,7 +449,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     the varlen layout of ``score_topk_ragged``) lets the wgmma path score consecutive rows
     of one sequence as pairs sharing each key tile."""
     i32 = np.int32
-    p = _plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select, cu_seqlens)
+    p = plan if plan is not None else _plan(precision, prob, dev, device_id, q, key_scale, workspace_budget,
+                                            fast_kernel, select, cu_seqlens)
     kind, sl = p.kind, p.sl
     clean = (workspace.zeroed_state(p.hist_bytes) if workspace is not None and p.hist_bytes > 0 and not score_only
              else None)

@@ -64,6 +64,8 @@ class Workspace:
     Attributes
     ----------
     nbytes : int   bytes held, over all devices (0 until the first GPU call or ``reserve``)
+    generation : int   how many times a buffer was replaced (grown); a CUDA graph captured
+                   over the old buffers must not be replayed after it changes
     """
 
     def __init__(self):
@@ -71,6 +73,9 @@ class Workspace:
         self._lock = threading.Lock()  # growth from several threads replaces a buffer once
         self._zero_at_rest = {}  # device id -> whether its "zeroed" part is all zero now
         self._views = {}  # (device id, key) -> what `views` made of the launch buffer
+        # buffers replaced so far: graphs captured over the old ones (indexer.PreparedCall's)
+        # are stale once it moves
+        self.generation = 0
 
     @property
     def nbytes(self) -> int:
@@ -116,6 +121,7 @@ class Workspace:
                     del buf
                     # the device's kept views may cut any of its parts: made again
                     self._views = {k: v for k, v in self._views.items() if k[0] != key[0]}
+                    self.generation += 1
                     self._buffers[key] = buf = cp.empty(size, dtype=cp.uint8)
         return buf[:nbytes]
 
@@ -165,6 +171,11 @@ class Workspace:
                 self._buffers[key].fill(0)
                 self._zero_at_rest[dev] = True
         return self._zero_at_rest.get(dev, False)
+
+    def at_rest(self, device_id: int) -> bool:
+        """Whether the "zeroed" part of device ``device_id`` is marked all zero (as
+        ``zeroed_state`` reads it, without growing anything)."""
+        return self._zero_at_rest.get(device_id, False)
 
     def mark_zeroed(self, clean: bool) -> None:  # gpu-only
         """Record whether the current device's "zeroed" part is all zero once the work

@@ -1,0 +1,344 @@
+"""``indexer.prepare``: a score + top-k call checked and planned once, then run many times.
+
+A serving engine calls the indexer at every layer of every decode step with arrays of the
+same shapes: the step's queries and weights, each layer's key pool, the step's block table
+and lengths. ``score_topk`` checks and plans every call from scratch, which at batch 1
+costs a few times the GPU's ~25 us in host time (docs/performance.md v46). ``prepare``
+takes arrays of the shapes to come and the keyword arguments, does once every check that
+depends only on them (types, dtypes, shapes, devices, keywords; the values too with
+``validate=True``), compiles the kernels and fixes the launch plan. Each call of the
+returned ``PreparedCall`` then checks only that its arrays have the prepared framework,
+shape, dtype and device and are contiguous (and the keys aligned), and launches: the
+plan / run split of FlashInfer's wrappers, for one op. Prepare once per step (or once for
+good where the shapes never change), call once per layer::
+
+    step = indexer.prepare(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
+                           512, physical=True)
+    for layer in range(n_layers):
+        step(q[layer], w[layer], *pools[layer], block_table, valid_lens, out=idx[layer])
+
+Each call:
+
+* runs on the GPU of the prepared arrays, on the stream ``score_topk`` would take
+  (``stream=`` per call, else PyTorch's current stream for tensors, CuPy's otherwise);
+* writes into ``out`` when given (checked every call), else returns new arrays;
+* takes its scratch memory from one ``Workspace`` (``prepare``'s ``workspace=``, or one the
+  prepared call owns), so it allocates nothing else beyond its results, and can be captured
+  in a CUDA graph once a call has sized the workspace (the workspace's rules apply: calls
+  on several streams need a prepared call, or a workspace, each);
+* skips the value checks (block ids, lengths, global scales) as ``score_topk`` does with
+  ``validate=False``: out-of-range values still cannot make a kernel read or write outside
+  the arrays. ``validate=True`` on a call runs the whole ``score_topk`` instead.
+
+CuPy arrays and PyTorch CUDA tensors take the short path. The NumPy backend and other
+arrays (NumPy arrays for the GPU, JAX, other DLPack arrays) take the whole public call
+each time, after the same checks of the prepared shapes: the same results, without the
+saving.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import arrays, ops, outbuf, ragged, streams, validate as _validate
+from .workspace import Workspace
+
+__all__ = ["prepare", "PreparedCall"]
+
+_NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens", "cu_seqlens_q")
+_OUT_DTYPES = ("int32", "float32")
+# CUDA graphs a prepared call keeps (one a set of pointers: e.g. a layer's arrays), and sets
+# of pointers it counts the sightings of
+_GRAPHS_MAX = 128
+_SEEN_MAX = 4096
+
+
+def prepare(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *, cu_seqlens_q=None,
+            backend="auto", precision="fast", return_scores=False, physical=False, validate=True,
+            workspace=None, workspace_budget=None, graphs=True):
+    """A ``PreparedCall``: ``score_topk`` (or, with ``cu_seqlens_q``, ``score_topk_ragged``)
+    for arrays of these shapes, dtypes, framework and device, checked and planned now.
+
+    The arrays are examples of those every call will pass (same shapes, dtypes, framework
+    and device; their contents are read only by ``validate=True``, which checks their
+    values now, as ``score_topk`` would: one device synchronisation). Nothing is launched
+    but the value checks (and, for grouped calls, the per-token block table they read).
+    ``top_k``, ``backend``, ``precision``, ``return_scores``, ``physical`` and
+    ``workspace_budget`` are fixed for every call. ``workspace``: the ``Workspace`` every
+    call takes its scratch memory from (None: the prepared call makes its own). ``graphs``:
+    replay the launches of calls given ``out=`` from a CUDA graph of their arrays' pointers,
+    captured the second time the same pointers come (see ``PreparedCall``).
+    """
+    return PreparedCall(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
+                        cu_seqlens_q=cu_seqlens_q, backend=backend, precision=precision,
+                        return_scores=return_scores, physical=physical, validate=validate, workspace=workspace,
+                        workspace_budget=workspace_budget, graphs=graphs)
+
+
+class PreparedCall:
+    """A score + top-k call for arrays of fixed shapes (see ``indexer.prepare``).
+
+    Call it as ``prepared(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
+    cu_seqlens_q=None, out=None, stream=None, validate=False)``; it returns what
+    ``score_topk`` returns. Attributes: ``top_k``, ``precision``, ``return_scores``,
+    ``physical``, ``backend`` ('numpy' or 'cuda'), ``shapes`` (name -> prepared shape),
+    ``workspace``.
+
+    Calls given ``out=`` on the GPU (CuPy arrays, or PyTorch tensors on PyTorch's current
+    stream) are replayed from CUDA graphs: the second call that comes with the same arrays
+    (the same pointers, ``out``'s included) captures its launches into a graph kept under
+    those pointers, and every later such call replays it on the call's stream, which costs
+    the host a graph launch instead of the kernels' launches (docs/performance.md v46), and
+    the GPU the select's launches overlapping their predecessors as in any graph. A graph
+    reads its arrays when it runs, so new contents at the same pointers are scored anew;
+    graphs are dropped when the workspace grows, skipped while the call's stream is itself
+    capturing (the launches are then captured into the caller's graph), and kept for up
+    to 128 sets of pointers (a layer's pool each, say). ``prepare(..., graphs=False)``
+    turns them off. Like a ``Workspace``, a prepared call serves one stream at a time.
+    """
+
+    def __init__(self, q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *, cu_seqlens_q,
+                 backend, precision, return_scores, physical, validate, workspace, workspace_budget, graphs=True):
+        ops._check_call(precision, workspace, workspace_budget, None)
+        if not isinstance(graphs, (bool, np.bool_)):
+            raise TypeError(f"graphs: expected a bool, got {type(graphs).__name__}")
+        self.top_k = _validate.check_top_k(top_k)
+        given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
+        self._grouped = cu_seqlens_q is not None
+        if self._grouped:
+            given += (cu_seqlens_q,)
+        for name, x in zip(_NAMES, given):
+            if not (isinstance(x, np.ndarray) or arrays.is_cupy(x) or arrays.is_device_array(x)):
+                raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
+        self.backend = ops._pick_backend(backend, given)
+        self.precision, self.return_scores, self.physical = precision, bool(return_scores), bool(physical)
+        self.workspace = workspace if workspace is not None else Workspace()
+        self._budget = workspace_budget
+        self._kinds = tuple(arrays.framework_of(x) for x in given)
+        self._signature = tuple((type(x), tuple(int(n) for n in x.shape), x.dtype) for x in given)
+        self.shapes = {name: sig[1] for name, sig in zip(_NAMES, self._signature)}
+        kinds = set(self._kinds)
+        # the short path: every array CuPy, or every one a PyTorch CUDA tensor, on the GPU
+        self._fast = self.backend == "cuda" and (kinds == {"cupy"} or (kinds == {"torch"} and all(
+            getattr(x, "is_cuda", False) for x in given)))
+        self._torch = kinds == {"torch"}
+        self._views = [None] * len(given)  # PyTorch: (pointer, CuPy view) of the last tensor a slot took
+        self._graphs_on = self._fast and bool(graphs)
+        self._graphs = {}  # pointers -> (CUDA graph of the call's launches, the workspace's generation)
+        self._seen = {}  # pointers -> calls that came with them
+        self._capture_stream = None
+        if self.backend == "numpy":
+            self._prob = self._check_host(given, validate)
+        else:
+            self._prob, self._device, self._plan, self._aligned = self._check_device(given, validate)  # gpu-only
+
+    def _check_host(self, given, validate):
+        """The checks of the NumPy backend's call (values always, as there)."""
+        host = [arrays.to_numpy(x) for x in given]
+        table = host[5]
+        if self._grouped:
+            if _validate.check_cu_seqlens(host[7], host[5], host[0].shape[0]) == 0:
+                raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
+            table = ragged.expand_block_table(host[5], host[7], host[0].shape[0])
+        return _validate.check_score_topk(*host[:5], table, host[6], self.top_k, values=True)
+
+    def _check_device(self, given, validate):  # gpu-only
+        """The GPU call's checks, and its launch plan (the kernels compiled now)."""
+        from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
+
+        with streams.using(None, given):
+            ordered = streams.on_torch_stream(given)
+            views = [arrays.to_cupy(x, ordered=ordered) for x in given]
+            table, cu = views[5], None
+            if self._grouped:
+                cu = views[7]
+                T = int(views[0].shape[0])
+                if _validate.check_cu_seqlens(cu, views[5], T, values=False) == 0:
+                    raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
+                table = ragged.expand_block_table(views[5], cu, T, workspace=self.workspace)
+            prob = _validate.check_score_topk(*views[:5], table, views[6], self.top_k, values=validate,
+                                              cu_seqlens=cu)
+            cuda_ops.check_key_alignment(prob, views[2], views[3])
+            device_id = views[0].data.device_id
+            plan = cuda_ops.launch_plan(self.precision, prob, device_id, views[0], views[3],
+                                        self._budget, cu)
+            return prob, device_id, plan, cuda_ops.plan_alignment(views[0], views[3])
+
+    def __repr__(self):
+        shapes = ", ".join(f"{k}={v}" for k, v in self.shapes.items())
+        return (f"PreparedCall({shapes}, top_k={self.top_k}, backend={self.backend!r}, "
+                f"precision={self.precision!r})")
+
+    def __call__(self, q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, *, cu_seqlens_q=None,
+                 out=None, stream=None, validate=False):
+        """``score_topk`` on these arrays (of the prepared shapes) with the prepared
+        keywords; ``out``, ``stream`` and ``validate`` as ``score_topk`` takes them, but
+        ``validate`` is False by default (True runs the whole public call)."""
+        given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
+        if self._grouped != (cu_seqlens_q is not None):
+            raise TypeError("cu_seqlens_q: " + ("this call was prepared with cu_seqlens_q; pass it" if self._grouped
+                                                else "this call was prepared without cu_seqlens_q"))
+        if self._grouped:
+            given += (cu_seqlens_q,)
+        self._match(given)
+        if validate or not self._fast:
+            return self._public(given, out, stream, bool(validate))
+        return self._run(given, out, stream)  # gpu-only
+
+    def _match(self, given):
+        """Each array against the prepared signature: TypeError or ValueError naming it."""
+        torch_tensors = self._torch and self._fast
+        for i, x in enumerate(given):
+            typ, shape, dtype = self._signature[i]
+            if type(x) is not typ:
+                raise TypeError(f"{_NAMES[i]}: expected a {typ.__module__}.{typ.__name__} as prepared, "
+                                f"got {type(x).__module__}.{type(x).__name__}")
+            if x.shape != shape:
+                raise ValueError(f"{_NAMES[i]}: expected shape {shape} as prepared, got {tuple(x.shape)} "
+                                 "(prepare another call for other shapes)")
+            if x.dtype != dtype:
+                raise TypeError(f"{_NAMES[i]}: expected dtype {dtype} as prepared, got {x.dtype}")
+            if not self._fast:
+                continue  # the public call checks the rest
+            if not (x.is_contiguous() if torch_tensors else x.flags.c_contiguous):
+                raise ValueError(f"{_NAMES[i]}: expected a C-contiguous array")
+            where = x.get_device() if torch_tensors else x.data.device_id
+            if where != self._device:
+                raise ValueError(f"{_NAMES[i]}: expected an array on cuda:{self._device} as prepared, "
+                                 f"got cuda:{where}")
+
+    def _public(self, given, out, stream, validate):
+        """The whole public call (the NumPy backend, other arrays, ``validate=True``)."""
+        kwargs = dict(backend=self.backend, precision=self.precision, return_scores=self.return_scores,
+                      physical=self.physical, validate=validate, out=out, workspace=self.workspace, stream=stream,
+                      workspace_budget=self._budget)
+        if self._grouped:
+            return ops.score_topk_ragged(*given[:6], given[7], given[6], self.top_k, **kwargs)
+        return ops.score_topk(*given, self.top_k, **kwargs)
+
+    def _view(self, i, x, ordered):  # gpu-only
+        """A CuPy view of input ``i``: itself for CuPy; for a PyTorch tensor on the call's
+        stream, the view of its pointer kept from the last call that passed the same memory
+        (its shape and dtype checked equal by ``_match``), else a new one."""
+        if not self._torch:
+            return x
+        if not ordered:  # another stream: DLPack orders the two
+            return arrays.to_cupy(x)
+        ptr = x.data_ptr()
+        held = self._views[i]
+        if held is not None and held[0] == ptr:
+            return held[1]
+        view = arrays.to_cupy(x, ordered=True)
+        self._views[i] = (ptr, view)
+        return view
+
+    def _run(self, given, out, stream):  # gpu-only
+        cp = arrays.cupy()
+        streams.check_stream(stream)
+        with streams.using(stream, given) as run_on:
+            ordered = self._torch and streams.on_torch_stream(given)
+            if self._graphs_on and out is not None and ordered == self._torch:
+                current = run_on if run_on is not None else cp.cuda.get_current_stream()
+                if self._replayed(given, out, current):
+                    return outbuf.returned(out, self.return_scores)
+            return self._launch(given, out, ordered)
+
+    def _launch(self, given, out, ordered):  # gpu-only
+        """The call's launches on the current stream and device."""
+        from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
+
+        prob = self._prob
+        views = [self._view(i, x, ordered) for i, x in enumerate(given)]
+        cuda_ops.check_key_alignment(prob, views[2], views[3])
+        table, cu = views[5], None
+        if self._grouped:
+            cu = views[7]
+            table = ragged.expand_block_table(views[5], cu, prob.T, workspace=self.workspace)
+        # a q or key_scale off the prepared 16-byte alignment may take another kernel
+        plan = self._plan if cuda_ops.plan_alignment(views[0], views[3]) == self._aligned else None
+        return cuda_ops.run_checked(self.precision, prob, self._device, tuple(views[:5]), table, views[6], cu,
+                                    given[0], out, self.return_scores, self.physical, self._budget,
+                                    self.workspace, plan=plan, ordered=ordered)
+
+    def _replayed(self, given, out, current):  # gpu-only
+        """Whether the call ran as a replay of the CUDA graph of its pointers on stream
+        ``current``: captured the second time a set of pointers comes (the first ran
+        eagerly and sized the workspace), replayed from then on while the workspace keeps
+        its buffers and its histograms are at rest (a graph captured from a call on a
+        workspace at rest leaves them so), never while ``current`` is itself capturing."""
+        key = tuple(x.data_ptr() if self._torch else x.data.ptr for x in given) + self._out_pointers(out)
+        held = self._graphs.get(key)
+        if held is None or held[1] != self.workspace.generation:
+            held = None
+            seen = self._seen.get(key, 0) + 1
+            if len(self._seen) >= _SEEN_MAX:
+                self._seen.clear()
+            self._seen[key] = seen
+            if seen < 2:
+                return False
+        if self._plan.hist_bytes and not self.workspace.at_rest(self._device):
+            return False  # an interrupted call left counts behind: the launches clear them
+        if current.is_capturing():
+            return False
+        if held is None:
+            graph = self._capture(given, out)
+            if graph is None:
+                return False
+            if len(self._graphs) >= _GRAPHS_MAX:
+                del self._graphs[next(iter(self._graphs))]  # the oldest
+            self._graphs[key] = held = (graph, self.workspace.generation)
+        held[0].launch(current)
+        return True
+
+    def _capture(self, given, out):  # gpu-only
+        """A CUDA graph of the call's launches (captured on a stream of its own, nothing
+        run), or None where the capture fails: graphs are then off for this call."""
+        cp = arrays.cupy()
+        if self._capture_stream is None:
+            self._capture_stream = cp.cuda.Stream(non_blocking=True)
+        private = self._capture_stream
+        generation = self.workspace.generation
+        with private:
+            private.begin_capture()
+            try:
+                # replayed on the call's stream, which orders the tensors: viewed from their pointers
+                self._launch(given, out, ordered=self._torch)
+            except BaseException:
+                self._graphs_on = False
+                try:
+                    private.end_capture()
+                except Exception:  # noqa: BLE001  (the capture was invalidated: nothing to keep)
+                    pass
+                raise
+            graph = private.end_capture()
+        if self.workspace.generation != generation:  # it grew while capturing: do not keep the graph
+            self._graphs_on = False
+            return None
+        return graph
+
+    def _out_pointers(self, out):  # gpu-only
+        """The pointers of ``out`` (its arrays checked as ``score_topk`` checks them)."""
+        typ = self._signature[0][0]
+        shape = (self._prob.T, self.top_k)
+        names = ("out[0]", "out[1]") if self.return_scores else ("out",)
+        parts = outbuf.split(out, self.return_scores)
+        pointers = ()
+        for name, x, dtype in zip(names, parts, _OUT_DTYPES):
+            if type(x) is not typ:
+                raise TypeError(f"{name}: expected a {typ.__module__}.{typ.__name__} like q, "
+                                f"got {type(x).__module__}.{type(x).__name__}")
+            if x.shape != shape or str(x.dtype).rpartition(".")[2] != dtype:
+                raise ValueError(f"{name}: expected {dtype} of shape (T, top_k) = {shape}, "
+                                 f"got {x.dtype} of shape {tuple(x.shape)}")
+            if self._torch:
+                if not x.is_contiguous():
+                    raise ValueError(f"{name}: expected a C-contiguous array")
+                where, ptr = x.get_device(), x.data_ptr()
+            else:
+                if not x.flags.c_contiguous:
+                    raise ValueError(f"{name}: expected a C-contiguous array")
+                where, ptr = x.data.device_id, x.data.ptr
+            if where != self._device:
+                raise ValueError(f"{name}: expected an array on cuda:{self._device} (where q is), got cuda:{where}")
+            pointers += (ptr,)
+        return pointers

@@ -1,0 +1,237 @@
+"""indexer.prepare on the GPU: bit for bit score_topk's answers (the same kernels) on fresh
+inputs of the prepared shapes, with CuPy arrays and PyTorch tensors, grouped calls, out=,
+stream=, CUDA graphs, and every argument unlike the prepared ones refused by name."""
+
+import numpy as np
+import pytest
+
+import indexer
+from indexer import arrays, testing
+from tests.gpu import requires_gpu
+from tests.test_ragged import grouped_problem
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+TOL = {"exact": testing.TOL_EXACT, "fast": testing.TOL_FAST}
+
+
+def on_device(xs):
+    cp = arrays.cupy()
+    return [cp.asarray(x) for x in xs]
+
+
+def same(a, b):
+    """Bit-identical results (indices, or (indices, scores) pairs) of any framework."""
+    a = a if isinstance(a, tuple) else (a,)
+    b = b if isinstance(b, tuple) else (b,)
+    for x, y in zip(a, b):
+        x = x.cpu().numpy() if hasattr(x, "cpu") else arrays.to_numpy(x)
+        y = y.cpu().numpy() if hasattr(y, "cpu") else arrays.to_numpy(y)
+        assert x.tobytes() == y.tobytes()
+
+
+# (T, H, D, E, L, lens, top_k): batch 1 over a long row (the warp-specialised kernel), a batch
+# of rows (one of them empty), small heads (the mma.sync kernel), and lengths off block edges
+SHAPES = [
+    dict(T=1, H=64, D=128, E=64, L=300, lens=19_000, top_k=512),
+    dict(T=5, H=64, D=128, E=64, L=40, lens=[2000, 0, 77, 2560, 1], top_k=256),
+    dict(T=3, H=8, D=64, E=16, L=9, lens=[100, 7, 144], top_k=50),
+]
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+def test_calls_equal_score_topk_on_fresh_inputs(shape, precision):
+    kw = SHAPES[shape]
+    first = testing.random_problem(np.random.default_rng(100 + shape), **kw)
+    step = indexer.prepare(*on_device(first.arrays()), first.top_k, precision=precision, return_scores=True)
+    assert step.backend == "cuda"
+    for seed in (1, 2):
+        p = testing.random_problem(np.random.default_rng(seed * 10 + shape), **kw)
+        dev = on_device(p.arrays())
+        got = step(*dev)
+        same(got, indexer.score_topk(*dev, p.top_k, precision=precision, return_scores=True, validate=False))
+        testing.check_topk(p, got[0].get(), got[1].get(), tol=TOL[precision])
+
+
+def test_grouped_calls_equal_score_topk_ragged():
+    rng = np.random.default_rng(7)
+    # two draft tokens a request (the pair kernel), a request without queries
+    args = grouped_problem(rng, [2, 2, 0, 2], H=64, D=128, E=64, seq_entries=[3000, 700, 64, 1500], top_k=128)
+    q, w, k, s, g, table, cu, lens = on_device(args)
+    step = indexer.prepare(q, w, k, s, g, table, lens, 128, cu_seqlens_q=cu, physical=True)
+    got = step(q, w, k, s, g, table, lens, cu_seqlens_q=cu)
+    same(got, indexer.score_topk_ragged(q, w, k, s, g, table, cu, lens, 128, physical=True))
+    # new queries and lengths in the same shapes
+    q2, w2 = on_device(grouped_problem(np.random.default_rng(8), [2, 2, 0, 2], H=64, D=128, E=64,
+                                       seq_entries=[3000, 700, 64, 1500], top_k=128)[:2])
+    lens2 = lens // 2
+    same(step(q2, w2, k, s, g, table, lens2, cu_seqlens_q=cu),
+         indexer.score_topk_ragged(q2, w2, k, s, g, table, cu, lens2, 128, physical=True))
+
+
+def test_out_stream_and_no_allocation():
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(9), T=2, H=64, D=128, E=64, L=60, lens=[3000, 3840],
+                               top_k=512)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, p.top_k, validate=False)
+    out = cp.full((2, 512), -7, dtype=cp.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    assert step(*dev, out=out, stream=stream) is out  # sizes the workspace
+    stream.synchronize()
+
+    def no_allocation(nbytes):
+        raise AssertionError(f"the call allocated {nbytes} bytes from CuPy")
+
+    out.fill(-7)
+    with cp.cuda.using_allocator(no_allocation):
+        assert step(*dev, out=out, stream=stream) is out
+    stream.synchronize()
+    same(out, indexer.score_topk(*dev, p.top_k))
+    testing.check_topk(p, out.get(), tol=testing.TOL_FAST)
+
+
+def test_graph_of_a_prepared_call_replays_new_inputs():
+    cp = arrays.cupy()
+    kw = dict(T=3, H=64, D=128, E=64, L=50, lens=[3100, 5, 2048], top_k=256)
+    p = testing.random_problem(np.random.default_rng(11), **kw)
+    p2 = testing.random_problem(np.random.default_rng(12), **kw)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, p.top_k, return_scores=True)
+    out = (cp.empty((3, 256), dtype=cp.int32), cp.empty((3, 256), dtype=cp.float32))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        step(*dev, out=out)  # warm-up: sizes the workspace
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            step(*dev, out=out)
+        finally:
+            graph = stream.end_capture()
+        for d, h in zip(dev, p2.arrays()):
+            cp.copyto(d, cp.asarray(h))
+        graph.launch(stream)
+        stream.synchronize()
+    same(out, indexer.score_topk(*on_device(p2.arrays()), p2.top_k, return_scores=True))
+    testing.check_topk(p2, out[0].get(), out[1].get(), tol=testing.TOL_FAST)
+
+
+def test_a_query_off_the_prepared_alignment_takes_its_own_plan():
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(13), T=1, H=64, D=128, E=64, L=40, lens=2500, top_k=128)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, p.top_k)
+    flat = cp.empty(p.q.size + 1, dtype=cp.float32)
+    q_off = flat[1:].reshape(p.q.shape)  # contiguous, 4 bytes past a 16-byte boundary
+    q_off[...] = dev[0]
+    assert q_off.data.ptr % 16 == 4
+    got = step(q_off, *dev[1:])
+    same(got, indexer.score_topk(q_off, *dev[1:], p.top_k))
+    testing.check_topk(p, got.get(), tol=testing.TOL_FAST)
+
+
+def test_validate_on_a_call_checks_the_values():
+    p = testing.random_problem(np.random.default_rng(14), T=2, H=8, D=64, E=16, L=4, lens=[40, 64], top_k=10)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, p.top_k)
+    dev[5][1, 0] = p.keys_fp4.shape[0] + 5  # a visible block id outside the pool
+    with pytest.raises(ValueError, match="^block_table: expected block ids in"):
+        step(*dev, validate=True)
+    step(*dev)  # unchecked: the kernels skip the block, and read nothing outside the pool
+
+
+def test_arrays_unlike_the_prepared_ones_are_refused_by_name():
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(15), T=2, H=8, D=64, E=16, L=4, lens=[40, 64], top_k=10)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, p.top_k)
+    cases = [
+        (0, dev[0][:, :, :32], ValueError, r"^q: expected shape \(2, 8, 64\) as prepared"),
+        (1, dev[1].astype(cp.float16), TypeError, "^w: expected dtype float32 as prepared"),
+        (5, p.block_table, TypeError, "^block_table: expected a cupy.ndarray as prepared, got numpy.ndarray"),
+        (0, cp.asfortranarray(dev[0]), ValueError, "^q: expected a C-contiguous array"),
+    ]
+    for i, x, error, message in cases:
+        given = list(dev)
+        given[i] = x
+        with pytest.raises(error, match=message):
+            step(*given)
+    flat = cp.zeros(dev[2].size + 8, dtype=cp.uint8)
+    keys_off = flat[8:].reshape(dev[2].shape)
+    with pytest.raises(ValueError, match="^keys_fp4: expected a 16-byte aligned device array"):
+        step(dev[0], dev[1], keys_off, *dev[3:])
+
+
+def test_host_arrays_on_the_gpu_take_the_public_call():
+    p = testing.random_problem(np.random.default_rng(16), T=2, H=8, D=64, E=16, L=4, lens=[40, 64], top_k=10)
+    step = indexer.prepare(*p.args(), backend="cuda")
+    got = step(*p.arrays())
+    assert isinstance(got, np.ndarray)
+    same(got, indexer.score_topk(*p.args(), backend="cuda"))
+
+
+def test_torch_tensors_views_kept_and_contents_read_each_call():
+    torch = pytest.importorskip("torch")
+    kw = dict(T=2, H=64, D=128, E=64, L=40, lens=[2500, 1200], top_k=256)
+    p = testing.random_problem(np.random.default_rng(17), **kw)
+    p2 = testing.random_problem(np.random.default_rng(18), **kw)
+    t = [torch.from_numpy(x).cuda() for x in p.arrays()]
+    step = indexer.prepare(*t, p.top_k, return_scores=True)
+    first = step(*t)
+    assert isinstance(first[0], torch.Tensor)
+    same(first, indexer.score_topk(*on_device(p.arrays()), p.top_k, return_scores=True))
+    for x, h in zip(t, p2.arrays()):  # the same tensors refilled in place: their kept views read the new data
+        x.copy_(torch.from_numpy(h))
+    out = (torch.empty(2, 256, dtype=torch.int32, device="cuda"), torch.empty(2, 256, device="cuda"))
+    assert step(*t, out=out) is out
+    same(out, indexer.score_topk(*on_device(p2.arrays()), p2.top_k, return_scores=True))
+    fresh = [torch.from_numpy(x).cuda() for x in p.arrays()]  # new tensors: new views
+    same(step(*fresh), first)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        again = step(*fresh)
+    side.synchronize()
+    same(again, first)
+
+
+def test_calls_with_out_are_replayed_from_a_graph_of_their_pointers():
+    cp = arrays.cupy()
+    # rows past the row select's reach: the select's histograms, kept zero at rest, are in use
+    kw = dict(T=2, H=64, D=128, E=64, L=80, lens=[5000, 4200], top_k=256)
+    problems = [testing.random_problem(np.random.default_rng(20 + i), **kw) for i in range(3)]
+    dev = on_device(problems[0].arrays())
+    step = indexer.prepare(*dev, 256, return_scores=True)
+    assert step._plan.hist_bytes > 0
+    out = (cp.empty((2, 256), dtype=cp.int32), cp.empty((2, 256), dtype=cp.float32))
+    for i, p in enumerate(problems):  # eager, captured and replayed, replayed: new contents each time
+        for d, h in zip(dev, p.arrays()):
+            cp.copyto(d, cp.asarray(h))
+        out[0].fill(-7)
+        assert step(*dev, out=out) is out
+        assert len(step._graphs) == (0 if i == 0 else 1)
+        same(out, indexer.score_topk(*on_device(p.arrays()), 256, return_scores=True))
+        testing.check_topk(p, out[0].get(), out[1].get(), tol=testing.TOL_FAST)
+    other = (cp.empty_like(out[0]), cp.empty_like(out[1]))  # other pointers: another graph, from their second call
+    step(*dev, out=other)
+    step(*dev, out=other)
+    assert len(step._graphs) == 2
+    same(other, out)
+    # the workspace grows (a larger call on it): the graphs over its old buffers are not replayed
+    big = testing.random_problem(np.random.default_rng(30), T=8, H=64, D=128, E=64, L=200, lens=12_000, top_k=256)
+    indexer.score_topk(*on_device(big.arrays()), 256, workspace=step.workspace)
+    out[0].fill(-7)
+    step(*dev, out=out)
+    same(out, other)
+    # an interrupted call left the histograms dirty: the launches run (and clear them)
+    step.workspace.mark_zeroed(False)
+    out[0].fill(-7)
+    step(*dev, out=out)
+    same(out, other)
+    assert step.workspace.at_rest(dev[0].data.device_id)
+    plain = indexer.prepare(*dev, 256, return_scores=True, graphs=False)
+    plain(*dev, out=out)
+    plain(*dev, out=out)
+    assert not plain._graphs
+    same(out, other)
