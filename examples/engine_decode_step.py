@@ -11,7 +11,10 @@ Each step of a toy model:
    ``indexer.score_topk(..., physical=True, validate=False, out=..., workspace=...)``,
    replayed from a ``torch.cuda.CUDAGraph`` captured once (all inputs live in static
    buffers refilled in place; the ``Workspace`` keeps the call's scratch memory private to
-   the graph); every step also checks the replay against an eager call;
+   the graph); every step also checks the replay against an eager call, and against the
+   same selection made by an ``indexer.prepare``-d call fed the step's own (not static)
+   q and w tensors: the form for engines that run eagerly, checked and planned once and
+   replayed from graphs of its own where the same tensors come again;
 4. gathers the selected values (``index_select`` on the value cache by physical slot) and
    attends over them (sparse attention), updating h.
 
@@ -81,9 +84,13 @@ def main(steps=16, device=0, batch=4, context=4096, top_k=512, heads=64, head_di
         def select(**kw):
             return indexer.score_topk(q_buf, w_buf, *pool_arrays, table_buf, lens_buf, top_k, physical=True, **kw)
 
+        # the eager engine's form: checked and planned once for these shapes, called each step
+        prepared = indexer.prepare(q_buf, w_buf, *pool_arrays, table_buf, lens_buf, top_k, physical=True)
+        prepared_idx = torch.empty(B, top_k, dtype=torch.int32, device=dev)
+
         h = randn(B, hidden)
-        graph, matches = None, 0
-        replay_ms, eager_ms = [], []
+        graph, matches, prepared_matches = None, 0, 0
+        replay_ms, eager_ms, prepared_ms = [], [], []
         for step in range(steps):
             # 1. the model: index queries, weights, the new key and value
             q = (h @ W_q).view(B, H, D)
@@ -114,6 +121,10 @@ def main(steps=16, device=0, batch=4, context=4096, top_k=512, heads=64, head_di
             eager_ms.append(ms)
             assert torch.equal(idx_buf, eager), f"step {step}: graph replay differs from the eager call"
             matches += 1
+            ms, _ = _timed(torch, lambda: prepared(q, w, *pool_arrays, table_buf, lens_buf, out=prepared_idx))
+            prepared_ms.append(ms)
+            assert torch.equal(prepared_idx, eager), f"step {step}: the prepared call differs from the eager one"
+            prepared_matches += 1
             # 4. sparse attention over the selected entries (-1 pads rows with fewer than top_k)
             valid = idx_buf >= 0
             picked = values.index_select(0, idx_buf.clamp(min=0).reshape(-1).long()).view(B, top_k, value_dim)
@@ -123,16 +134,17 @@ def main(steps=16, device=0, batch=4, context=4096, top_k=512, heads=64, head_di
 
         summary = {
             "steps": steps, "batch": B, "entries": context + steps, "top_k": top_k,
-            "graph_matches_eager": matches, "workspace_bytes": ws.nbytes,
+            "graph_matches_eager": matches, "prepared_matches_eager": prepared_matches, "workspace_bytes": ws.nbytes,
             "replay_ms": float(np.median(replay_ms)), "eager_ms": float(np.median(eager_ms)),
+            "prepared_ms": float(np.median(prepared_ms)),
             "hidden_norm": float(h.norm()),
         }
     if verbose:
         print(f"{steps} decode steps, {B} requests, {context} -> {context + steps} entries each, top_k {top_k}, "
               f"H {H} x D {D}")
-        print(f"indexer: graph replay {summary['replay_ms']:.3f} ms, eager {summary['eager_ms']:.3f} ms "
-              f"(median per step); workspace {ws.nbytes / 2**20:.1f} MiB")
-        print(f"graph-replayed indices equal the eager ones at all {matches} steps")
+        print(f"indexer: graph replay {summary['replay_ms']:.3f} ms, eager {summary['eager_ms']:.3f} ms, "
+              f"prepared {summary['prepared_ms']:.3f} ms (median per step); workspace {ws.nbytes / 2**20:.1f} MiB")
+        print(f"graph-replayed and prepared indices equal the eager ones at all {matches} steps")
     return summary
 
 

@@ -30,7 +30,8 @@ Each call:
   ``validate=False``: out-of-range values still cannot make a kernel read or write outside
   the arrays. ``validate=True`` on a call runs the whole ``score_topk`` instead.
 
-CuPy arrays and PyTorch CUDA tensors take the short path. The NumPy backend and other
+CuPy arrays and PyTorch CUDA tensors (or a mix: a ``KeyPool``'s CuPy arrays beside a
+model's tensors) take the short path. The NumPy backend and other
 arrays (NumPy arrays for the GPU, JAX, other DLPack arrays) take the whole public call
 each time, after the same checks of the prepared shapes: the same results, without the
 saving.
@@ -117,11 +118,12 @@ class PreparedCall:
         self._kinds = tuple(arrays.framework_of(x) for x in given)
         self._signature = tuple((type(x), tuple(int(n) for n in x.shape), x.dtype) for x in given)
         self.shapes = {name: sig[1] for name, sig in zip(_NAMES, self._signature)}
-        kinds = set(self._kinds)
-        # the short path: every array CuPy, or every one a PyTorch CUDA tensor, on the GPU
-        self._fast = self.backend == "cuda" and (kinds == {"cupy"} or (kinds == {"torch"} and all(
-            getattr(x, "is_cuda", False) for x in given)))
-        self._torch = kinds == {"torch"}
+        # the short path: every array a CuPy array or a PyTorch CUDA tensor (a KeyPool's CuPy
+        # arrays beside a model's tensors, say), on the GPU
+        self._fast = self.backend == "cuda" and all(
+            kind == "cupy" or (kind == "torch" and getattr(x, "is_cuda", False)) for kind, x in zip(self._kinds, given))
+        self._torch_slots = tuple(kind == "torch" for kind in self._kinds)
+        self._any_torch = any(self._torch_slots)
         self._views = [None] * len(given)  # PyTorch: (pointer, CuPy view) of the last tensor a slot took
         self._graphs_on = self._fast and bool(graphs)
         self._graphs = {}  # pointers -> (CUDA graph of the call's launches, the workspace's generation)
@@ -187,7 +189,6 @@ class PreparedCall:
 
     def _match(self, given):
         """Each array against the prepared signature: TypeError or ValueError naming it."""
-        torch_tensors = self._torch and self._fast
         for i, x in enumerate(given):
             typ, shape, dtype = self._signature[i]
             if type(x) is not typ:
@@ -200,9 +201,10 @@ class PreparedCall:
                 raise TypeError(f"{_NAMES[i]}: expected dtype {dtype} as prepared, got {x.dtype}")
             if not self._fast:
                 continue  # the public call checks the rest
-            if not (x.is_contiguous() if torch_tensors else x.flags.c_contiguous):
+            tensor = self._torch_slots[i]
+            if not (x.is_contiguous() if tensor else x.flags.c_contiguous):
                 raise ValueError(f"{_NAMES[i]}: expected a C-contiguous array")
-            where = x.get_device() if torch_tensors else x.data.device_id
+            where = x.get_device() if tensor else x.data.device_id
             if where != self._device:
                 raise ValueError(f"{_NAMES[i]}: expected an array on cuda:{self._device} as prepared, "
                                  f"got cuda:{where}")
@@ -220,7 +222,7 @@ class PreparedCall:
         """A CuPy view of input ``i``: itself for CuPy; for a PyTorch tensor on the call's
         stream, the view of its pointer kept from the last call that passed the same memory
         (its shape and dtype checked equal by ``_match``), else a new one."""
-        if not self._torch:
+        if not self._torch_slots[i]:
             return x
         if not ordered:  # another stream: DLPack orders the two
             return arrays.to_cupy(x)
@@ -236,8 +238,8 @@ class PreparedCall:
         cp = arrays.cupy()
         streams.check_stream(stream)
         with streams.using(stream, given) as run_on:
-            ordered = self._torch and streams.on_torch_stream(given)
-            if self._graphs_on and out is not None and ordered == self._torch:
+            ordered = self._any_torch and streams.on_torch_stream(given)
+            if self._graphs_on and out is not None and ordered == self._any_torch:
                 current = run_on if run_on is not None else cp.cuda.get_current_stream()
                 if self._replayed(given, out, current):
                     return outbuf.returned(out, self.return_scores)
@@ -266,7 +268,8 @@ class PreparedCall:
         eagerly and sized the workspace), replayed from then on while the workspace keeps
         its buffers and its histograms are at rest (a graph captured from a call on a
         workspace at rest leaves them so), never while ``current`` is itself capturing."""
-        key = tuple(x.data_ptr() if self._torch else x.data.ptr for x in given) + self._out_pointers(out)
+        key = tuple(x.data_ptr() if tensor else x.data.ptr
+                    for x, tensor in zip(given, self._torch_slots)) + self._out_pointers(out)
         held = self._graphs.get(key)
         if held is None or held[1] != self.workspace.generation:
             held = None
@@ -302,7 +305,7 @@ class PreparedCall:
             private.begin_capture()
             try:
                 # replayed on the call's stream, which orders the tensors: viewed from their pointers
-                self._launch(given, out, ordered=self._torch)
+                self._launch(given, out, ordered=self._any_torch)
             except BaseException:
                 self._graphs_on = False
                 try:
@@ -330,7 +333,7 @@ class PreparedCall:
             if x.shape != shape or str(x.dtype).rpartition(".")[2] != dtype:
                 raise ValueError(f"{name}: expected {dtype} of shape (T, top_k) = {shape}, "
                                  f"got {x.dtype} of shape {tuple(x.shape)}")
-            if self._torch:
+            if self._torch_slots[0]:  # out is of q's framework
                 if not x.is_contiguous():
                     raise ValueError(f"{name}: expected a C-contiguous array")
                 where, ptr = x.get_device(), x.data_ptr()

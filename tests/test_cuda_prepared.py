@@ -235,3 +235,20 @@ def test_calls_with_out_are_replayed_from_a_graph_of_their_pointers():
     plain(*dev, out=out)
     assert not plain._graphs
     same(out, other)
+
+
+def test_a_model_s_tensors_beside_a_pool_s_cupy_arrays():
+    torch = pytest.importorskip("torch")
+    kw = dict(T=3, H=64, D=128, E=64, L=80, lens=[5000, 10, 4200], top_k=256)
+    p = testing.random_problem(np.random.default_rng(40), **kw)
+    pool = on_device(p.arrays()[2:5])
+    q, w, table, lens = (torch.from_numpy(x).cuda() for x in (p.q, p.w, p.block_table, p.valid_lens))
+    step = indexer.prepare(q, w, *pool, table, lens, 256, physical=True)
+    out = torch.empty(3, 256, dtype=torch.int32, device="cuda")
+    want = indexer.score_topk(q, w, *pool, table, lens, 256, physical=True)
+    for _ in range(3):  # eager, captured, replayed
+        out.fill_(-7)
+        assert step(q, w, *pool, table, lens, out=out) is out
+        same(out, want)
+    assert len(step._graphs) == 1
+    testing.check_topk(p, out.cpu().numpy(), tol=testing.TOL_FAST, physical=True)

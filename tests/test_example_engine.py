@@ -28,5 +28,5 @@ def test_example_imports_without_torch_or_cupy():
 def test_example_runs_small():
     pytest.importorskip("torch")
     summary = load_example().main(steps=3, device=0, batch=2, context=300, top_k=64, hidden=64, verbose=False)
-    assert summary["steps"] == 3 and summary["graph_matches_eager"] == 3
+    assert summary["steps"] == 3 and summary["graph_matches_eager"] == 3 and summary["prepared_matches_eager"] == 3
     assert summary["workspace_bytes"] > 0 and summary["entries"] == 303
