@@ -95,7 +95,9 @@ class PreparedCall:
     graphs are dropped when the workspace grows, skipped while the call's stream is itself
     capturing (the launches are then captured into the caller's graph), and kept for up
     to 128 sets of pointers (a layer's pool each, say). ``prepare(..., graphs=False)``
-    turns them off. Like a ``Workspace``, a prepared call serves one stream at a time.
+    turns them off. Like a ``Workspace``, a prepared call serves one stream at a time. It
+    keeps the CuPy view of the last PyTorch tensor each argument took (and so that tensor)
+    until a call passes another.
     """
 
     def __init__(self, q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *, cu_seqlens_q,
@@ -270,6 +272,8 @@ class PreparedCall:
         workspace at rest leaves them so), never while ``current`` is itself capturing."""
         key = tuple(x.data_ptr() if tensor else x.data.ptr
                     for x, tensor in zip(given, self._torch_slots)) + self._out_pointers(out)
+        if (key[0] % 16 == 0, key[3] % 16 == 0) != self._aligned:
+            return False  # q or key_scale off the prepared alignment: another plan, launched eagerly
         held = self._graphs.get(key)
         if held is None or held[1] != self.workspace.generation:
             held = None

@@ -129,6 +129,11 @@ def test_a_query_off_the_prepared_alignment_takes_its_own_plan():
     got = step(q_off, *dev[1:])
     same(got, indexer.score_topk(q_off, *dev[1:], p.top_k))
     testing.check_topk(p, got.get(), tol=testing.TOL_FAST)
+    out = cp.empty_like(got)
+    for _ in range(3):  # with out=: launched eagerly each time, never from a graph of the prepared plan
+        out.fill(-7)
+        same(step(q_off, *dev[1:], out=out), got)
+    assert not step._graphs
 
 
 def test_validate_on_a_call_checks_the_values():
