@@ -201,15 +201,17 @@ class PreparedCall:
                                  "(prepare another call for other shapes)")
             if x.dtype != dtype:
                 raise TypeError(f"{_NAMES[i]}: expected dtype {dtype} as prepared, got {x.dtype}")
-            if not self._fast:
-                continue  # the public call checks the rest
-            tensor = self._torch_slots[i]
-            if not (x.is_contiguous() if tensor else x.flags.c_contiguous):
-                raise ValueError(f"{_NAMES[i]}: expected a C-contiguous array")
-            where = x.get_device() if tensor else x.data.device_id
-            if where != self._device:
-                raise ValueError(f"{_NAMES[i]}: expected an array on cuda:{self._device} as prepared, "
-                                 f"got cuda:{where}")
+            if self._fast:  # else the public call checks the rest
+                self._match_device(i, x)
+
+    def _match_device(self, i, x):  # gpu-only
+        """Contiguity and device of input ``i`` (a CuPy array or a PyTorch CUDA tensor)."""
+        tensor = self._torch_slots[i]
+        if not (x.is_contiguous() if tensor else x.flags.c_contiguous):
+            raise ValueError(f"{_NAMES[i]}: expected a C-contiguous array")
+        where = x.get_device() if tensor else x.data.device_id
+        if where != self._device:
+            raise ValueError(f"{_NAMES[i]}: expected an array on cuda:{self._device} as prepared, got cuda:{where}")
 
     def _public(self, given, out, stream, validate):
         """The whole public call (the NumPy backend, other arrays, ``validate=True``)."""

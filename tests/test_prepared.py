@@ -89,6 +89,14 @@ def test_prepare_checks_what_score_topk_checks():
         indexer.prepare(*bad, p.top_k, backend="numpy")
     with pytest.raises(TypeError, match="^q: expected dtype float32"):
         indexer.prepare(p.q.astype(np.float16), *p.arrays()[1:], p.top_k, backend="numpy")
+    with pytest.raises(TypeError, match="^w: expected a NumPy, CuPy or DLPack CUDA array, got list"):
+        indexer.prepare(p.q, p.w.tolist(), *p.arrays()[2:], p.top_k, backend="numpy")
+    with pytest.raises(TypeError, match="^graphs: expected a bool, got str"):
+        indexer.prepare(*p.args(), backend="numpy", graphs="yes")
+    q, w, k, s, g, _, _, _ = grouped_problem(np.random.default_rng(11), [2])
+    with pytest.raises(ValueError, match="^block_table: expected at least one sequence"):
+        indexer.prepare(q[:0], w[:0], k, s, g, np.zeros((0, 4), dtype=np.int32), np.zeros(0, dtype=np.int32), 5,
+                        cu_seqlens_q=np.zeros(1, dtype=np.int32), backend="numpy")
 
 
 def test_a_numpy_call_checks_values_every_time():
