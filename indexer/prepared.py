@@ -301,26 +301,27 @@ class PreparedCall:
 
     def _capture(self, given, out):  # gpu-only
         """A CUDA graph of the call's launches (captured on a stream of its own, nothing
-        run), or None where the capture fails: graphs are then off for this call."""
+        run), or None where the capture fails (the call then launches eagerly, and graphs
+        are off for this prepared call from then on)."""
         cp = arrays.cupy()
         if self._capture_stream is None:
             self._capture_stream = cp.cuda.Stream(non_blocking=True)
         private = self._capture_stream
         generation = self.workspace.generation
+        graph = None
         with private:
             private.begin_capture()
             try:
                 # replayed on the call's stream, which orders the tensors: viewed from their pointers
                 self._launch(given, out, ordered=self._any_torch)
-            except BaseException:
+            except Exception:  # noqa: BLE001  (the eager launch that follows reports a real error)
                 self._graphs_on = False
+            finally:
                 try:
-                    private.end_capture()
-                except Exception:  # noqa: BLE001  (the capture was invalidated: nothing to keep)
-                    pass
-                raise
-            graph = private.end_capture()
-        if self.workspace.generation != generation:  # it grew while capturing: do not keep the graph
+                    graph = private.end_capture()
+                except Exception:  # noqa: BLE001  (an invalidated capture: nothing to keep)
+                    self._graphs_on = False
+        if not self._graphs_on or self.workspace.generation != generation:  # grown meanwhile: stale
             self._graphs_on = False
             return None
         return graph

@@ -257,3 +257,25 @@ def test_a_model_s_tensors_beside_a_pool_s_cupy_arrays():
         same(out, want)
     assert len(step._graphs) == 1
     testing.check_topk(p, out.cpu().numpy(), tol=testing.TOL_FAST, physical=True)
+
+
+def test_a_capture_that_fails_falls_back_to_the_launches():
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(50), T=2, H=64, D=128, E=64, L=80, lens=[5000, 300], top_k=128)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, p.top_k)
+    launch = step._launch
+
+    def refuses_capture(given, out, ordered):
+        if cp.cuda.get_current_stream().is_capturing():
+            raise RuntimeError("not in a capture")
+        return launch(given, out, ordered)
+
+    step._launch = refuses_capture
+    out = cp.empty((2, 128), dtype=cp.int32)
+    want = indexer.score_topk(*dev, p.top_k)
+    for _ in range(3):
+        out.fill(-7)
+        assert step(*dev, out=out) is out
+        same(out, want)
+    assert not step._graphs and not step._graphs_on
