@@ -164,6 +164,7 @@ def test_select_cases():
 def test_select_paths():
     assert bench.select_paths(bench.DEFAULT_PATHS) == ["fast", "fast-score", "exact", "torch-composed", "torch-topk"]
     assert bench.select_paths("torch-topk,fast-mma") == ["torch-topk", "fast-mma"]
+    assert bench.select_paths("prepared,fast") == ["prepared", "fast"]
     with pytest.raises(ValueError, match=r"unknown path 'slow'.*known: fast, "):
         bench.select_paths("fast,slow")
 

@@ -1,9 +1,11 @@
-"""The benchmark's CUDA-graph timing on the GPU (indexer/bench.py: time_graph): each timed
-interval holds the replayed graph's device time, neither the busy kernel queued before its
-start event nor the host's submission of the graph."""
+"""The benchmark's timing on the GPU (indexer/bench.py): in time_graph each timed interval
+holds the replayed graph's device time, neither the busy kernel queued before its start
+event nor the host's submission of the graph; the prepared path times plain and grouped
+calls."""
 
 import pytest
 
+from indexer import bench
 from tests.gpu import requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -17,8 +19,6 @@ def _max_clock_khz(cp):
 def test_a_graph_of_one_busy_kernel_times_as_its_cycles(cycles):
     import cupy as cp
 
-    from indexer import bench
-
     ms = bench.time_graph(cp, lambda _: bench.busy(cp, cp.cuda.get_current_stream(), cycles), [None], repeats=9)
     at_max_clock = cycles / _max_clock_khz(cp)  # ms: the least the kernel can take
     assert ms >= at_max_clock
@@ -26,3 +26,13 @@ def test_a_graph_of_one_busy_kernel_times_as_its_cycles(cycles):
     # ~10 us: the graph's launch on the device and clocks ~10% under the maximum at most
     assert ms < 1.25 * at_max_clock + 0.015
 
+
+
+def test_the_prepared_path_times_plain_and_grouped_calls():
+    lines = []
+    res = bench.run(["decode-latency", "mtp-2"], ["prepared"], 3, echo=lines.append)
+    for row in res["cases"]:
+        line = row["paths"]["prepared"]
+        assert line["ms"] > 0 and line["extra_mb"] > 0 and "prepared (graph)" not in row["paths"]
+    assert [ln.split()[:2] for ln in lines[2:]] == [["decode-latency", "prepared"], ["decode-latency", "floor"],
+                                                    ["mtp-2", "prepared"], ["mtp-2", "floor"]]
