@@ -18,6 +18,7 @@ __all__ = [
     "gpu_available",
     "is_cupy",
     "is_device_array",
+    "check_kinds",
     "module_of",
     "to_cupy",
     "to_numpy",
@@ -67,6 +68,14 @@ def is_device_array(x) -> bool:
             return False
         return int(dev_type) in (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
     return hasattr(x, "__cuda_array_interface__")
+
+
+def check_kinds(names, xs) -> None:
+    """TypeError naming the first of ``xs`` that is neither a NumPy or CuPy array nor a
+    DLPack CUDA array (what the GPU path takes)."""
+    for name, x in zip(names, xs):
+        if not (isinstance(x, np.ndarray) or is_cupy(x) or is_device_array(x)):
+            raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
 
 
 def module_of(*xs):

@@ -54,9 +54,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     like = q
     names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
     given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
-    for name, x in zip(names, given):
-        if not (isinstance(x, np.ndarray) or arrays.is_cupy(x) or arrays.is_device_array(x)):
-            raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
+    arrays.check_kinds(names, given)
     # everything from the DLPack imports to the results runs on one stream: PyTorch's current
     # one for tensors (so a torch.cuda.graph capture records it), or the one asked for
     with streams.using(stream, given) as run_on:
@@ -123,10 +121,10 @@ def run_checked(precision, prob, device_id, query_and_pool, block_table, valid_l
     return (indices, scores) if return_scores else indices
 
 
-def plan_alignment(q, key_scale):
+def plan_alignment(q_ptr, key_scale_ptr):
     """What of the arrays' placement a launch plan depends on: whether ``q`` and
-    ``key_scale`` (CuPy) are 16-byte aligned (``_scoring_kernel``)."""
-    return q.data.ptr % 16 == 0, key_scale.data.ptr % 16 == 0
+    ``key_scale`` (their device pointers) are 16-byte aligned (``_scoring_kernel``)."""
+    return q_ptr % 16 == 0, key_scale_ptr % 16 == 0
 
 
 def launch_plan(precision, prob, device_id, q, key_scale, workspace_budget, cu_seqlens):

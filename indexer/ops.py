@@ -160,8 +160,7 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
                                      for x in (cu_seqlens_q, block_table))
     T = int(q.shape[0])
     values_now = kwargs["validate"] and not on_gpu
-    if _validate.check_cu_seqlens(cu_seqlens_q, block_table, T, values=values_now) == 0:
-        raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
+    _validate.check_groups(cu_seqlens_q, block_table, T, values=values_now)
     per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T, workspace=kwargs["workspace"])
     call = score_topk
     if on_gpu:  # gpu-only

@@ -110,9 +110,7 @@ class PreparedCall:
         self._grouped = cu_seqlens_q is not None
         if self._grouped:
             given += (cu_seqlens_q,)
-        for name, x in zip(_NAMES, given):
-            if not (isinstance(x, np.ndarray) or arrays.is_cupy(x) or arrays.is_device_array(x)):
-                raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
+        arrays.check_kinds(_NAMES, given)
         self.backend = ops._pick_backend(backend, given)
         self.precision, self.return_scores, self.physical = precision, bool(return_scores), bool(physical)
         self.workspace = workspace if workspace is not None else Workspace()
@@ -141,8 +139,7 @@ class PreparedCall:
         host = [arrays.to_numpy(x) for x in given]
         table = host[5]
         if self._grouped:
-            if _validate.check_cu_seqlens(host[7], host[5], host[0].shape[0]) == 0:
-                raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
+            _validate.check_groups(host[7], host[5], host[0].shape[0])
             table = ragged.expand_block_table(host[5], host[7], host[0].shape[0])
         return _validate.check_score_topk(*host[:5], table, host[6], self.top_k, values=True)
 
@@ -157,8 +154,7 @@ class PreparedCall:
             if self._grouped:
                 cu = views[7]
                 T = int(views[0].shape[0])
-                if _validate.check_cu_seqlens(cu, views[5], T, values=False) == 0:
-                    raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
+                _validate.check_groups(cu, views[5], T, values=False)
                 table = ragged.expand_block_table(views[5], cu, T, workspace=self.workspace)
             prob = _validate.check_score_topk(*views[:5], table, views[6], self.top_k, values=validate,
                                               cu_seqlens=cu)
@@ -166,7 +162,7 @@ class PreparedCall:
             device_id = views[0].data.device_id
             plan = cuda_ops.launch_plan(self.precision, prob, device_id, views[0], views[3],
                                         self._budget, cu)
-            return prob, device_id, plan, cuda_ops.plan_alignment(views[0], views[3])
+            return prob, device_id, plan, cuda_ops.plan_alignment(views[0].data.ptr, views[3].data.ptr)
 
     def __repr__(self):
         shapes = ", ".join(f"{k}={v}" for k, v in self.shapes.items())
@@ -240,8 +236,7 @@ class PreparedCall:
 
     def _run(self, given, out, stream):  # gpu-only
         cp = arrays.cupy()
-        streams.check_stream(stream)
-        with streams.using(stream, given) as run_on:
+        with streams.using(stream, given) as run_on:  # checks ``stream`` (streams.resolve)
             ordered = self._any_torch and streams.on_torch_stream(given)
             if self._graphs_on and out is not None and ordered == self._any_torch:
                 current = run_on if run_on is not None else cp.cuda.get_current_stream()
@@ -261,7 +256,7 @@ class PreparedCall:
             cu = views[7]
             table = ragged.expand_block_table(views[5], cu, prob.T, workspace=self.workspace)
         # a q or key_scale off the prepared 16-byte alignment may take another kernel
-        plan = self._plan if cuda_ops.plan_alignment(views[0], views[3]) == self._aligned else None
+        plan = self._plan if cuda_ops.plan_alignment(views[0].data.ptr, views[3].data.ptr) == self._aligned else None
         return cuda_ops.run_checked(self.precision, prob, self._device, tuple(views[:5]), table, views[6], cu,
                                     given[0], out, self.return_scores, self.physical, self._budget,
                                     self.workspace, plan=plan, ordered=ordered)
@@ -274,7 +269,9 @@ class PreparedCall:
         workspace at rest leaves them so), never while ``current`` is itself capturing."""
         key = tuple(x.data_ptr() if tensor else x.data.ptr
                     for x, tensor in zip(given, self._torch_slots)) + self._out_pointers(out)
-        if (key[0] % 16 == 0, key[3] % 16 == 0) != self._aligned:
+        from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
+
+        if cuda_ops.plan_alignment(key[0], key[3]) != self._aligned:
             return False  # q or key_scale off the prepared alignment: another plan, launched eagerly
         held = self._graphs.get(key)
         if held is None or held[1] != self.workspace.generation:

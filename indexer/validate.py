@@ -16,7 +16,7 @@ import numpy as np
 from . import arrays
 
 __all__ = ["MAX_TOP_K", "MAX_HEADS", "MAX_HEAD_DIM", "Problem", "check_score_topk", "check_top_k",
-           "check_cu_seqlens"]
+           "check_cu_seqlens", "check_groups"]
 
 #: largest supported ``top_k``
 MAX_TOP_K = 4096
@@ -194,6 +194,15 @@ def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) 
         if arrays.module_of(cu_seqlens_q) is not np and _device_failures(cu_seqlens=cu_seqlens_q, T=T)[3] is None:
             return B  # gpu-only
         _check_offsets(cu_seqlens_q, T)
+    return B
+
+
+def check_groups(cu_seqlens_q, block_table, T: int, *, values: bool = True) -> int:
+    """``check_cu_seqlens`` for a grouped call, which needs at least one sequence (a
+    block-table row to read): returns B >= 1, ValueError naming ``block_table`` for B = 0."""
+    B = check_cu_seqlens(cu_seqlens_q, block_table, T, values=values)
+    if B == 0:
+        raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
     return B
 
 
