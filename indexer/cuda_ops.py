@@ -45,12 +45,13 @@ def _check_alignment(name, x, nbytes):
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                precision="fast", return_scores=False, physical=False, validate=True,
                workspace_budget=None, out=None, workspace=None, stream=None,
-               _score_only=False, _fast_kernel="auto", _select="auto", _cu_seqlens=None):
+               _score_only=False, _fast_kernel="auto", _select="auto", _cu_seqlens=None, _readers=()):
     """CUDA score + top-k; arguments as ``indexer.score_topk``. Returns CuPy arrays for device
     inputs (PyTorch tensors for PyTorch inputs), NumPy arrays when ``q`` came from the host,
     or ``out`` itself when given (filled through zero-copy CuPy views). ``workspace_budget``
     None: ``geometry.DEFAULT_WORKSPACE_BYTES``, or ``DEFAULT_RAGGED_WORKSPACE_BYTES`` for the
-    grouped calls (``_cu_seqlens``)."""
+    grouped calls (``_cu_seqlens``); ``_readers``: (name, array) pairs of the grouped call's own
+    arguments that ``out`` must not overlap either."""
     like = q
     names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
     given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
@@ -61,8 +62,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         # PyTorch tensors viewed without DLPack's stream handshake where the call runs on
         # PyTorch's current stream (out= is like q: the same framework)
         ordered = streams.on_torch_stream(given)
-        q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = (arrays.to_cupy(x, ordered=ordered)
-                                                                          for x in given)
+        views = tuple(arrays.to_cupy(x, ordered=ordered) for x in given)
+        q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = views
         cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens, ordered=ordered)
         prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
                                           top_k, values=validate, cu_seqlens=cu_seqlens)
@@ -70,7 +71,9 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         return run_checked(precision, prob, q.data.device_id, (q, w, keys_fp4, key_scale, key_gscale),
                            block_table, valid_lens, cu_seqlens, like, out, return_scores, physical,
                            workspace_budget, workspace, ordered=ordered, run_on=run_on, score_only=_score_only,
-                           fast_kernel=_fast_kernel, select=_select)
+                           fast_kernel=_fast_kernel, select=_select,
+                           # out= apart from the caller's memory: host arrays for a host result, else the views
+                           readers=(*zip(names, given if isinstance(like, np.ndarray) else views), *_readers))
 
 
 def check_key_alignment(prob, keys_fp4, key_scale):
@@ -83,19 +86,22 @@ def check_key_alignment(prob, keys_fp4, key_scale):
 
 def run_checked(precision, prob, device_id, query_and_pool, block_table, valid_lens, cu_seqlens, like, out,
                 return_scores, physical, workspace_budget, workspace, *, plan=None, ordered=False, run_on=None,
-                score_only=False, fast_kernel="auto", select="auto"):
+                score_only=False, fast_kernel="auto", select="auto", readers=()):
     """The launches and results of a call whose arrays are checked CuPy arrays (the end of
     ``score_topk``, and each call of an ``indexer.PreparedCall``): ``query_and_pool`` is
     (q, w, keys_fp4, key_scale, key_gscale), ``block_table`` the per-token (T, L) table;
     ``like`` the caller's ``q`` (the result's framework), ``out`` as ``score_topk`` takes it
     (checked here), ``plan`` the call's launch plan where the caller holds it (else looked
-    up), ``ordered`` as ``arrays.to_cupy`` takes it, ``run_on`` the call's stream or None."""
+    up), ``ordered`` as ``arrays.to_cupy`` takes it, ``run_on`` the call's stream or None;
+    ``readers``: (name, array) pairs of the caller's arrays, which ``out`` must not overlap."""
     workspace_budget = _budget(workspace_budget, cu_seqlens)
     host_result = isinstance(like, np.ndarray)
     if out is not None and host_result:
         targets = outbuf.check_host(out, prob.T, prob.top_k, return_scores)
     elif out is not None:
         targets = outbuf.device_views(out, like, prob.T, prob.top_k, return_scores, device_id, ordered=ordered)
+    if out is not None:
+        outbuf.check_apart(targets, return_scores, readers)
     with cp.cuda.Device(device_id):
         dev = device_facts(device_id)
         if out is not None and not host_result:

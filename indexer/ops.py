@@ -36,7 +36,8 @@ def _check_call(precision, workspace, workspace_budget, stream):
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                backend="auto", precision="fast", return_scores=False, physical=False,
-               validate=True, out=None, workspace=None, stream=None, workspace_budget=None, _cu_seqlens=None):
+               validate=True, out=None, workspace=None, stream=None, workspace_budget=None, _cu_seqlens=None,
+               _readers=()):
     """Score every visible key of each query and return the top-k entries, highest first.
 
     ``I[t, s] = sum_h w[t, h] * max(0, q[t, h, :] . k[s, :])`` over the entries
@@ -68,7 +69,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         float32 (T, top_k)): C-contiguous arrays the result is written into, of the
         result's framework and device (NumPy for the NumPy backend and host inputs; CuPy,
         PyTorch CUDA or another DLPack CUDA array like ``q`` on the GPU, written zero-copy).
-        The call then returns ``out`` itself and allocates no result arrays.
+        The call then returns ``out`` itself and allocates no result arrays. ``out`` must
+        not share memory with an input or between its pair (ValueError naming it).
     workspace : None or ``indexer.Workspace``: device scratch memory owned by the caller
         instead of CuPy's pool, so the call can be captured in a CUDA graph (see
         ``indexer.workspace``). The NumPy backend accepts and ignores it.
@@ -89,6 +91,9 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         NumPy for NumPy inputs, CuPy for device inputs, PyTorch for PyTorch tensors.
     scores : float32 (T, top_k), only with ``return_scores``.
     With ``out``: ``out`` itself, filled.
+
+    ``_cu_seqlens`` and ``_readers`` are ``score_topk_ragged``'s: the offsets of grouped rows,
+    and (name, array) pairs of its own arguments that ``out`` must not overlap either.
     """
     _check_call(precision, workspace, workspace_budget, stream)
     inputs = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
@@ -97,6 +102,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         host = [arrays.to_numpy(x) for x in inputs]
         prob = _validate.check_score_topk(*host, top_k, values=True)
         targets = None if out is None else outbuf.check_host(out, prob.T, prob.top_k, return_scores)
+        if targets is not None:  # the result is written after it is computed, but into the caller's inputs
+            outbuf.check_apart(targets, return_scores, (*zip(_NAMES, host), *_readers))
         result = reference.score_topk(*host, int(top_k), return_scores=return_scores, physical=physical)
         if targets is None:
             return result
@@ -107,7 +114,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
 
     return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,  # gpu-only
                                physical=physical, validate=validate, out=out, workspace=workspace, stream=stream,
-                               workspace_budget=workspace_budget, _cu_seqlens=_cu_seqlens)
+                               workspace_budget=workspace_budget, _cu_seqlens=_cu_seqlens, _readers=_readers)
 
 
 def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k, *,
@@ -168,4 +175,6 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
 
         call = cuda_ops.score_topk
     # the GPU path pairs consecutive rows of one sequence so they share each key tile
-    return call(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, _cu_seqlens=cu_seqlens_q, **kwargs)
+    readers = (("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q))  # out= must not overlap them
+    return call(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, _cu_seqlens=cu_seqlens_q,
+                _readers=readers, **kwargs)

@@ -5,7 +5,9 @@
 the result would have: NumPy for the NumPy backend and for host inputs on the GPU; for
 device inputs the framework of ``q`` (CuPy for CuPy, a PyTorch CUDA tensor for PyTorch;
 CuPy for JAX, whose arrays are immutable; CuPy or the same library for other DLPack
-arrays), on ``q``'s device. They must be C-contiguous and must not overlap the inputs.
+arrays), on ``q``'s device. They must be C-contiguous and must not overlap the inputs or
+each other (``check_apart``: the kernels would read what they write, and the caller's
+inputs would change).
 The GPU writes into them through zero-copy CuPy views; the call returns ``out`` itself.
 """
 
@@ -15,7 +17,7 @@ import numpy as np
 
 from . import arrays
 
-__all__ = ["split", "check_host", "device_views", "returned"]
+__all__ = ["split", "check_host", "device_views", "check_apart", "check_apart_extents", "returned"]
 
 _WANT = {"numpy": "a NumPy array", "cupy": "a CuPy array", "torch": "a PyTorch CUDA tensor"}
 
@@ -84,6 +86,27 @@ def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: 
             raise ValueError(f"{name}: expected an array on cuda:{device_id} (where q is), got cuda:{view.data.device_id}")
         views.append(view)
     return tuple(views)
+
+
+def check_apart_extents(outs, inputs):
+    """ValueError naming the first ``out`` array whose memory overlaps an input's or the
+    other ``out`` array's: the kernels would read what they write and the caller's input
+    would be changed. ``outs``, ``inputs``: (name, (first byte, one past the last)) each,
+    an extent None where it is unknown or empty (never overlapping)."""
+    for i, (name, extent) in enumerate(outs):
+        if extent is None:
+            continue
+        for other, held in (*inputs, *outs[:i]):
+            if held is not None and extent[0] < held[1] and held[0] < extent[1]:
+                raise ValueError(f"{name}: expected memory of its own, got an array overlapping {other}")
+
+
+def check_apart(parts, return_scores: bool, inputs):
+    """``check_apart_extents`` for the checked ``out`` arrays ``parts`` (indices, scores or
+    None) and ``inputs``, (name, array) pairs of the caller's arrays (``arrays.byte_extent``:
+    NumPy, CuPy, PyTorch and ``__cuda_array_interface__`` arrays)."""
+    outs = [(name, arrays.byte_extent(x)) for name, x in zip(_names(return_scores), parts) if name is not None]
+    check_apart_extents(outs, [(name, arrays.byte_extent(x)) for name, x in inputs if x is not None])
 
 
 def returned(out, return_scores: bool):

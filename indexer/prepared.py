@@ -162,6 +162,8 @@ class PreparedCall:
             device_id = views[0].data.device_id
             plan = cuda_ops.launch_plan(self.precision, prob, device_id, views[0], views[3],
                                         self._budget, cu)
+            # bytes of each array (contiguous, checked every call): out= is kept apart from them
+            self._nbytes = tuple(v.nbytes for v in views)
             return prob, device_id, plan, cuda_ops.plan_alignment(views[0].data.ptr, views[3].data.ptr)
 
     def __repr__(self):
@@ -259,7 +261,7 @@ class PreparedCall:
         plan = self._plan if cuda_ops.plan_alignment(views[0].data.ptr, views[3].data.ptr) == self._aligned else None
         return cuda_ops.run_checked(self.precision, prob, self._device, tuple(views[:5]), table, views[6], cu,
                                     given[0], out, self.return_scores, self.physical, self._budget,
-                                    self.workspace, plan=plan, ordered=ordered)
+                                    self.workspace, plan=plan, ordered=ordered, readers=tuple(zip(_NAMES, views)))
 
     def _replayed(self, given, out, current):  # gpu-only
         """Whether the call ran as a replay of the CUDA graph of its pointers on stream
@@ -274,6 +276,8 @@ class PreparedCall:
         if cuda_ops.plan_alignment(key[0], key[3]) != self._aligned:
             return False  # q or key_scale off the prepared alignment: another plan, launched eagerly
         held = self._graphs.get(key)
+        if held is None:  # pointers not replayed yet: out= apart from the inputs (before any capture)
+            self._check_apart(key)
         if held is None or held[1] != self.workspace.generation:
             held = None
             seen = self._seen.get(key, 0) + 1
@@ -322,6 +326,16 @@ class PreparedCall:
             self._graphs_on = False
             return None
         return graph
+
+    def _check_apart(self, key):  # gpu-only
+        """``outbuf.check_apart_extents`` from a call's pointers (``_replayed``'s key: the
+        inputs', then out's), every array contiguous and of its prepared size."""
+        count = len(self._nbytes)
+        inputs = [(name, (ptr, ptr + n)) for name, ptr, n in zip(_NAMES, key, self._nbytes)]
+        size = self._prob.T * self.top_k * 4  # int32 indices, float32 scores
+        names = ("out[0]", "out[1]") if self.return_scores else ("out",)
+        outs = [(name, (ptr, ptr + size)) for name, ptr in zip(names, key[count:])]
+        outbuf.check_apart_extents(outs, inputs)
 
     def _out_pointers(self, out):  # gpu-only
         """The pointers of ``out`` (its arrays checked as ``score_topk`` checks them)."""

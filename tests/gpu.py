@@ -1,6 +1,7 @@
 """What the GPU tests share: the skip rule (they run where CuPy sees a CUDA device, else
-skip), problem pairs for refilling captured inputs, calls from several threads, and the
-NumPy answer for one score row of the select kernels' direct tests."""
+skip), problem pairs for refilling captured inputs, calls from several threads, the
+NumPy answer for one score row of the select kernels' direct tests, and an input and an
+``out=`` array laid out in one buffer (the CPU tests of ``out=`` take it too)."""
 
 import concurrent.futures
 
@@ -11,6 +12,17 @@ import indexer
 from indexer import arrays, testing
 
 requires_gpu = pytest.mark.skipif(not arrays.gpu_available(), reason="needs CuPy and a CUDA GPU")
+
+
+def in_one_buffer(x, T, k, overlap, xp=np):
+    """(a copy of array ``x``, an int32 (T, k) array) in one buffer of module ``xp``: the
+    second starts at ``x``'s last 4 bytes (``overlap``) or just past them."""
+    assert x.nbytes % 4 == 0
+    start = x.nbytes - 4 if overlap else x.nbytes
+    raw = xp.empty((start + T * k * 4) // 4, dtype=xp.int32).view(xp.uint8)  # 4-byte aligned
+    copy = raw[: x.nbytes].view(x.dtype).reshape(x.shape)
+    copy[...] = x
+    return copy, raw[start:].view(xp.int32).reshape(T, k)
 
 
 def row_topk(row, n, k):

@@ -8,7 +8,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import check_threads, pair_of_problems, requires_gpu, warmed_stream_case
+from tests.gpu import check_threads, in_one_buffer, pair_of_problems, requires_gpu, warmed_stream_case
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -99,6 +99,42 @@ def test_bad_device_out_names_the_argument():
     with pytest.raises(ValueError, match="^out\\[1\\]: expected float32"):
         indexer.score_topk(*dev, p.top_k, return_scores=True,
                            out=(cp.empty((3, 12), dtype=cp.int32), cp.empty((3, 12), dtype=cp.float64)))
+
+
+NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
+
+
+@pytest.mark.parametrize("which", [0, 2, 3, 6])
+@pytest.mark.parametrize("host", [False, True], ids=["cupy", "numpy"])
+def test_out_overlapping_an_input_is_refused_and_the_input_kept(which, host):
+    cp = arrays.cupy()
+    xp = np if host else cp
+    p = testing.random_problem(np.random.default_rng(34), T=3, H=64, D=128, E=64, L=40, lens=[2000, 5, 700], top_k=64)
+    args = list(p.arrays()) if host else on_device(p)
+    args[which], out = in_one_buffer(args[which], 3, 64, overlap=True, xp=xp)
+    kept = args[which].copy()
+    with pytest.raises(ValueError, match=f"^out: expected memory of its own, got an array overlapping {NAMES[which]}$"):
+        indexer.score_topk(*args, p.top_k, backend="cuda", out=out)
+    assert (args[which] == kept).all()
+    args[which], out = in_one_buffer(args[which], 3, 64, overlap=False, xp=xp)
+    assert indexer.score_topk(*args, p.top_k, backend="cuda", out=out) is out
+    testing.check_topk(p, arrays.to_numpy(out), tol=testing.TOL_FAST)
+
+
+def test_ragged_out_overlapping_its_offsets_or_its_pair_is_refused():
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(35), T=3, H=64, D=128, E=64, L=40, lens=[2000, 1990, 700],
+                               top_k=64)
+    dev = on_device(p)
+    table = cp.tile(cp.arange(40, dtype=cp.int32), (2, 1))
+    cu, out = in_one_buffer(cp.array([0, 2, 3], dtype=cp.int32), 3, 64, overlap=True, xp=cp)
+    args = (*dev[:5], table, cu, dev[6], p.top_k)
+    with pytest.raises(ValueError, match="^out: expected memory of its own, got an array overlapping cu_seqlens_q$"):
+        indexer.score_topk_ragged(*args, out=out)
+    assert cu.tolist() == [0, 2, 3]
+    raw = cp.empty(3 * 64, dtype=cp.int32)
+    with pytest.raises(ValueError, match="^out\\[1\\]: expected memory of its own, got an array overlapping out\\[0\\]$"):
+        indexer.score_topk_ragged(*args, return_scores=True, out=(raw.reshape(3, 64), raw.view(cp.float32).reshape(3, 64)))
 
 
 # ----------------------------------------------------------------------------- workspace=

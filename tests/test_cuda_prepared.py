@@ -7,7 +7,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import in_one_buffer, requires_gpu
 from tests.test_ragged import grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -279,3 +279,25 @@ def test_a_capture_that_fails_falls_back_to_the_launches():
         assert step(*dev, out=out) is out
         same(out, want)
     assert not step._graphs and not step._graphs_on
+
+
+@pytest.mark.parametrize("which", [0, 6])
+def test_out_overlapping_an_input_is_refused_every_call_and_graphs_stay_on(which):
+    cp = arrays.cupy()
+    names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
+    p = testing.random_problem(np.random.default_rng(60), T=2, H=64, D=128, E=64, L=80, lens=[5000, 300], top_k=128)
+    dev = on_device(p.arrays())
+    dev[which], out = in_one_buffer(dev[which], 2, 128, overlap=True, xp=cp)
+    kept = dev[which].copy()
+    step = indexer.prepare(*dev, p.top_k)
+    for _ in range(3):  # the eager call's pointers, then those a graph would be captured for
+        with pytest.raises(ValueError, match=f"^out: expected memory of its own, got an array overlapping {names[which]}$"):
+            step(*dev, out=out)
+    assert (dev[which] == kept).all() and step._graphs_on and not step._graphs
+    _, apart = in_one_buffer(dev[which], 2, 128, overlap=False, xp=cp)
+    want = indexer.score_topk(*dev, p.top_k)
+    for _ in range(3):  # eager, captured, replayed
+        apart.fill(-7)
+        assert step(*dev, out=apart) is apart
+        same(apart, want)
+    assert len(step._graphs) == 1

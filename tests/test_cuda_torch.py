@@ -53,6 +53,20 @@ def test_bad_out_tensors_name_the_argument():
         indexer.score_topk(*x, p.top_k, out=torch.empty((12, 3), dtype=torch.int32, device="cuda").t())
 
 
+def test_out_tensor_overlapping_an_input_tensor_is_refused():
+    p = testing.random_problem(np.random.default_rng(52), T=3, H=8, D=64, E=16, L=3, top_k=12)
+    x = tensors(p)
+    raw = torch.empty(3 + 3 * 12, dtype=torch.int32, device="cuda")
+    raw[:3] = x[6]
+    x[6] = raw[:3]  # valid_lens, then out from its last entry on
+    with pytest.raises(ValueError, match="^out: expected memory of its own, got an array overlapping valid_lens$"):
+        indexer.score_topk(*x, p.top_k, out=raw[2:38].view(3, 12))
+    assert x[6].cpu().numpy().tolist() == p.valid_lens.tolist()
+    out = raw[3:].view(3, 12)  # just past it
+    assert indexer.score_topk(*x, p.top_k, out=out) is out
+    testing.check_topk(p, out.cpu().numpy(), tol=testing.TOL_FAST)
+
+
 def _sleep_then_refill(x, new):
     """On the current torch stream: ~0.1 s of GPU sleep, then overwrite the inputs in place.
     Work on any other stream would see the old inputs (torch's side streams do not wait

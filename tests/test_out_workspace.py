@@ -7,6 +7,7 @@ import pytest
 
 import indexer
 from indexer import KeyPool, arrays, outbuf, reference, streams, testing, workspace as workspace_mod
+from tests.gpu import in_one_buffer
 
 
 def problem(rng, T=4, top_k=10):
@@ -144,6 +145,69 @@ def test_out_split_and_returned():
     assert outbuf.returned(t, True) is t
     with pytest.raises(TypeError, match="a list of 1"):
         outbuf.split([a], True)
+
+
+NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
+
+
+@pytest.mark.parametrize("which", range(7))
+def test_out_overlapping_an_input_is_refused_and_the_input_kept(rng, which):
+    p = problem(rng)
+    T, k = p.q.shape[0], p.top_k
+    args = list(p.args())
+    args[which], out = in_one_buffer(args[which], T, k, overlap=True)
+    kept = args[which].copy()
+    out_before = out.copy()
+    with pytest.raises(ValueError, match=f"^out: expected memory of its own, got an array overlapping {NAMES[which]}$"):
+        indexer.score_topk(*args, backend="numpy", out=out)
+    np.testing.assert_array_equal(args[which], kept)
+    np.testing.assert_array_equal(out, out_before)
+    # the same buffer, out just past the input: accepted and filled
+    args[which], out = in_one_buffer(p.args()[which], T, k, overlap=False)
+    assert indexer.score_topk(*args, backend="numpy", out=out) is out
+    np.testing.assert_array_equal(out, reference.score_topk(*p.args()))
+    np.testing.assert_array_equal(args[which], p.args()[which])
+
+
+def test_out_pair_overlapping_itself_or_an_input_is_refused(rng):
+    p = problem(rng)
+    T, k = p.q.shape[0], p.top_k
+    raw = np.empty(T * k, dtype=np.int32)
+    with pytest.raises(ValueError, match="^out\\[1\\]: expected memory of its own, got an array overlapping out\\[0\\]$"):
+        indexer.score_topk(*p.args(), backend="numpy", return_scores=True, out=(raw.reshape(T, k), raw.view(np.float32).reshape(T, k)))
+    args = list(p.args())
+    args[1], scores_raw = in_one_buffer(p.w, T, k, overlap=True)
+    with pytest.raises(ValueError, match="^out\\[1\\]: expected memory of its own, got an array overlapping w$"):
+        indexer.score_topk(*args, backend="numpy", return_scores=True, out=(raw.reshape(T, k), scores_raw.view(np.float32)))
+    np.testing.assert_array_equal(args[1], p.w)
+
+
+@pytest.mark.parametrize("which", ["block_table", "cu_seqlens_q"])
+def test_ragged_out_overlapping_its_groups_is_refused(rng, which):
+    p = problem(rng, T=3)
+    T, k = 3, p.top_k
+    table = np.tile(np.arange(p.block_table.shape[1], dtype=np.int32), (2, 1))  # every block valid
+    grouped = dict(block_table=table, cu_seqlens_q=np.array([0, 2, 3], dtype=np.int32))
+    grouped[which], out = in_one_buffer(grouped[which], T, k, overlap=True)
+    kept = grouped[which].copy()
+    with pytest.raises(ValueError, match=f"^out: expected memory of its own, got an array overlapping {which}$"):
+        indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, grouped["block_table"],
+                                  grouped["cu_seqlens_q"], p.valid_lens, k, backend="numpy", out=out)
+    np.testing.assert_array_equal(grouped[which], kept)
+
+
+def test_byte_extent_and_check_apart_extents():
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    base = a.__array_interface__["data"][0]
+    assert arrays.byte_extent(a) == (base, base + 48)
+    assert arrays.byte_extent(a[::-1, ::2]) == (base, base + 44)  # reversed rows, every other column
+    assert arrays.byte_extent(a[:, 1:2]) == (base + 4, base + 40)
+    assert arrays.byte_extent(a[:0]) is None and arrays.byte_extent([1, 2]) is None
+    outbuf.check_apart_extents([("out", (10, 20))], [("q", (0, 10)), ("w", (20, 30)), ("x", None)])
+    outbuf.check_apart_extents([("out", None)], [("q", (0, 100))])
+    for other in ((19, 21), (0, 11), (12, 13), (5, 25)):
+        with pytest.raises(ValueError, match="^out: expected memory of its own, got an array overlapping q$"):
+            outbuf.check_apart_extents([("out", (10, 20))], [("q", other)])
 
 
 # ----------------------------------------------------------------------------- workspace=
