@@ -72,8 +72,20 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
                            block_table, valid_lens, cu_seqlens, like, out, return_scores, physical,
                            workspace_budget, workspace, ordered=ordered, run_on=run_on, score_only=_score_only,
                            fast_kernel=_fast_kernel, select=_select,
-                           # out= apart from the caller's memory: host arrays for a host result, else the views
-                           readers=(*zip(names, given if isinstance(like, np.ndarray) else views), *_readers))
+                           readers=() if out is None else _readers_of(like, names, given, views, cu_seqlens, _readers))
+
+
+def _readers_of(like, names, given, views, cu_seqlens, grouped):
+    """(name, extent) of the memory a call's ``out=`` must keep apart from: the caller's host
+    arrays for a host result, else the checked (contiguous) views, and the grouped call's
+    own arguments ``grouped`` ((name, array) pairs)."""
+    if isinstance(like, np.ndarray):
+        named = [(name, arrays.byte_extent(x)) for name, x in zip(names, given)]
+    else:
+        named = outbuf.extents(zip(names, views))
+    if cu_seqlens is not None:
+        named += outbuf.extents((("cu_seqlens_q", cu_seqlens),))
+    return named + [(name, arrays.byte_extent(x)) for name, x in grouped]
 
 
 def check_key_alignment(prob, keys_fp4, key_scale):
@@ -93,7 +105,8 @@ def run_checked(precision, prob, device_id, query_and_pool, block_table, valid_l
     ``like`` the caller's ``q`` (the result's framework), ``out`` as ``score_topk`` takes it
     (checked here), ``plan`` the call's launch plan where the caller holds it (else looked
     up), ``ordered`` as ``arrays.to_cupy`` takes it, ``run_on`` the call's stream or None;
-    ``readers``: (name, array) pairs of the caller's arrays, which ``out`` must not overlap."""
+    ``readers``: (name, extent) pairs of the caller's memory, which ``out`` must not overlap
+    (``arrays.byte_extent``)."""
     workspace_budget = _budget(workspace_budget, cu_seqlens)
     host_result = isinstance(like, np.ndarray)
     if out is not None and host_result:

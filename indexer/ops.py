@@ -103,7 +103,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         prob = _validate.check_score_topk(*host, top_k, values=True)
         targets = None if out is None else outbuf.check_host(out, prob.T, prob.top_k, return_scores)
         if targets is not None:  # the result is written after it is computed, but into the caller's inputs
-            outbuf.check_apart(targets, return_scores, (*zip(_NAMES, host), *_readers))
+            named = (*zip(_NAMES, host), *_readers)
+            outbuf.check_apart(targets, return_scores, [(name, arrays.byte_extent(x)) for name, x in named])
         result = reference.score_topk(*host, int(top_k), return_scores=return_scores, physical=physical)
         if targets is None:
             return result

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import arrays
 
-__all__ = ["split", "check_host", "device_views", "check_apart", "check_apart_extents", "returned"]
+__all__ = ["split", "check_host", "device_views", "check_apart", "check_apart_extents", "extents", "returned"]
 
 _WANT = {"numpy": "a NumPy array", "cupy": "a CuPy array", "torch": "a PyTorch CUDA tensor"}
 
@@ -103,10 +103,24 @@ def check_apart_extents(outs, inputs):
 
 def check_apart(parts, return_scores: bool, inputs):
     """``check_apart_extents`` for the checked ``out`` arrays ``parts`` (indices, scores or
-    None) and ``inputs``, (name, array) pairs of the caller's arrays (``arrays.byte_extent``:
-    NumPy, CuPy, PyTorch and ``__cuda_array_interface__`` arrays)."""
-    outs = [(name, arrays.byte_extent(x)) for name, x in zip(_names(return_scores), parts) if name is not None]
-    check_apart_extents(outs, [(name, arrays.byte_extent(x)) for name, x in inputs if x is not None])
+    None) and ``inputs``: (name, extent) pairs, an extent as ``extents`` or
+    ``arrays.byte_extent`` gives it."""
+    outs = []
+    for name, x in zip(_names(return_scores), parts):
+        if name is not None:  # C-contiguous (checked): device views by their pointers
+            outs.append((name, arrays.byte_extent(x) if isinstance(x, np.ndarray) else _span(x.data.ptr, x.nbytes)))
+    check_apart_extents(outs, inputs)
+
+
+def extents(named):
+    """(name, extent) of each (name, array) pair of C-contiguous NumPy or CuPy arrays (the
+    call's checked inputs: ~0.2 us an array where ``arrays.byte_extent`` takes ~1)."""
+    return [(name, arrays.byte_extent(x) if isinstance(x, np.ndarray) else _span(x.data.ptr, x.nbytes))
+            for name, x in named if x is not None]
+
+
+def _span(start, nbytes):
+    return (start, start + nbytes) if nbytes else None
 
 
 def returned(out, return_scores: bool):

@@ -261,7 +261,7 @@ class PreparedCall:
         plan = self._plan if cuda_ops.plan_alignment(views[0].data.ptr, views[3].data.ptr) == self._aligned else None
         return cuda_ops.run_checked(self.precision, prob, self._device, tuple(views[:5]), table, views[6], cu,
                                     given[0], out, self.return_scores, self.physical, self._budget,
-                                    self.workspace, plan=plan, ordered=ordered, readers=tuple(zip(_NAMES, views)))
+                                    self.workspace, plan=plan, ordered=ordered, readers=() if out is None else outbuf.extents(zip(_NAMES, views)))
 
     def _replayed(self, given, out, current):  # gpu-only
         """Whether the call ran as a replay of the CUDA graph of its pointers on stream
