@@ -72,7 +72,10 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
                            block_table, valid_lens, cu_seqlens, like, out, return_scores, physical,
                            workspace_budget, workspace, ordered=ordered, run_on=run_on, score_only=_score_only,
                            fast_kernel=_fast_kernel, select=_select,
-                           readers=() if out is None else _readers_of(like, names, given, views, cu_seqlens, _readers))
+                           # out= apart from the inputs: a check of their addresses, ~4-8 us of host time,
+                           # skipped with the value checks in a hot loop (docs/performance.md v47)
+                           readers=(_readers_of(like, names, given, views, cu_seqlens, _readers)
+                                    if out is not None and validate else None))
 
 
 def _readers_of(like, names, given, views, cu_seqlens, grouped):
@@ -98,7 +101,7 @@ def check_key_alignment(prob, keys_fp4, key_scale):
 
 def run_checked(precision, prob, device_id, query_and_pool, block_table, valid_lens, cu_seqlens, like, out,
                 return_scores, physical, workspace_budget, workspace, *, plan=None, ordered=False, run_on=None,
-                score_only=False, fast_kernel="auto", select="auto", readers=()):
+                score_only=False, fast_kernel="auto", select="auto", readers=None):
     """The launches and results of a call whose arrays are checked CuPy arrays (the end of
     ``score_topk``, and each call of an ``indexer.PreparedCall``): ``query_and_pool`` is
     (q, w, keys_fp4, key_scale, key_gscale), ``block_table`` the per-token (T, L) table;
@@ -106,14 +109,14 @@ def run_checked(precision, prob, device_id, query_and_pool, block_table, valid_l
     (checked here), ``plan`` the call's launch plan where the caller holds it (else looked
     up), ``ordered`` as ``arrays.to_cupy`` takes it, ``run_on`` the call's stream or None;
     ``readers``: (name, extent) pairs of the caller's memory, which ``out`` must not overlap
-    (``arrays.byte_extent``)."""
+    (``arrays.byte_extent``), or None: not checked."""
     workspace_budget = _budget(workspace_budget, cu_seqlens)
     host_result = isinstance(like, np.ndarray)
     if out is not None and host_result:
         targets = outbuf.check_host(out, prob.T, prob.top_k, return_scores)
     elif out is not None:
         targets = outbuf.device_views(out, like, prob.T, prob.top_k, return_scores, device_id, ordered=ordered)
-    if out is not None:
+    if out is not None and readers is not None:
         outbuf.check_apart(targets, return_scores, readers)
     with cp.cuda.Device(device_id):
         dev = device_facts(device_id)

@@ -28,7 +28,9 @@ Each call:
   on several streams need a prepared call, or a workspace, each);
 * skips the value checks (block ids, lengths, global scales) as ``score_topk`` does with
   ``validate=False``: out-of-range values still cannot make a kernel read or write outside
-  the arrays. ``validate=True`` on a call runs the whole ``score_topk`` instead.
+  the arrays. That ``out`` shares no memory with the inputs is checked once for each set
+  of pointers, before their graph is captured (not at all with ``graphs=False``).
+  ``validate=True`` on a call runs the whole ``score_topk`` instead.
 
 CuPy arrays and PyTorch CUDA tensors (or a mix: a ``KeyPool``'s CuPy arrays beside a
 model's tensors) take the short path. The NumPy backend and other
@@ -261,7 +263,7 @@ class PreparedCall:
         plan = self._plan if cuda_ops.plan_alignment(views[0].data.ptr, views[3].data.ptr) == self._aligned else None
         return cuda_ops.run_checked(self.precision, prob, self._device, tuple(views[:5]), table, views[6], cu,
                                     given[0], out, self.return_scores, self.physical, self._budget,
-                                    self.workspace, plan=plan, ordered=ordered, readers=() if out is None else outbuf.extents(zip(_NAMES, views)))
+                                    self.workspace, plan=plan, ordered=ordered)
 
     def _replayed(self, given, out, current):  # gpu-only
         """Whether the call ran as a replay of the CUDA graph of its pointers on stream
