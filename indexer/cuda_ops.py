@@ -74,20 +74,18 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
                            fast_kernel=_fast_kernel, select=_select,
                            # out= apart from the inputs: a check of their addresses, ~4-8 us of host time,
                            # skipped with the value checks in a hot loop (docs/performance.md v47)
-                           readers=(_readers_of(like, names, given, views, cu_seqlens, _readers)
+                           readers=(_readers_of(like, names, given, views, _readers)
                                     if out is not None and validate else None))
 
 
-def _readers_of(like, names, given, views, cu_seqlens, grouped):
+def _readers_of(like, names, given, views, grouped):
     """(name, extent) of the memory a call's ``out=`` must keep apart from: the caller's host
     arrays for a host result, else the checked (contiguous) views, and the grouped call's
-    own arguments ``grouped`` ((name, array) pairs)."""
+    own arguments ``grouped`` ((name, array) pairs: its (B, L) table and offsets)."""
     if isinstance(like, np.ndarray):
         named = [(name, arrays.byte_extent(x)) for name, x in zip(names, given)]
     else:
         named = outbuf.extents(zip(names, views))
-    if cu_seqlens is not None:
-        named += outbuf.extents((("cu_seqlens_q", cu_seqlens),))
     return named + [(name, arrays.byte_extent(x)) for name, x in grouped]
 
 
