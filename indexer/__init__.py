@@ -7,6 +7,8 @@ and ``causal_lens`` (queries grouped by sequence: prefill, multi-token decode), 
 (a call checked and planned once for arrays of fixed shapes, then run per layer), ``KeyPool``
 (the paged NVFP4 key pool), ``Workspace`` (preallocated device scratch memory for CUDA-graph
 capture), ``nvfp4`` (the codec) and ``reference`` (the float64 specification).
+``indexer.torch_ops`` (imported by name only: it needs PyTorch) registers the calls as
+PyTorch operators for ``torch.compile``.
 """
 
 from . import nvfp4, reference

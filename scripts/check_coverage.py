@@ -5,13 +5,23 @@
 
 Modules that need CuPy and a GPU to run at all (the CUDA launch code) are listed in
 GPU_ONLY and reported but not held to the threshold: CI has no GPU, and their tests run on
-the device machine.
+the device machine. Modules that need an optional library (NEEDS) are held to it only where
+that library imports.
 """
 
 import json
 import sys
 
 GPU_ONLY = {"indexer/cuda_ops.py", "indexer/device_checks.py"}
+# modules that need an optional library: held to the threshold where it imports (CI installs
+# PyTorch's CPU build), reported otherwise
+NEEDS = {"indexer/torch_ops.py": "torch"}
+
+
+def _importable(module: str) -> bool:
+    import importlib.util  # noqa: PLC0415
+
+    return importlib.util.find_spec(module) is not None
 
 
 def main(path, threshold):
@@ -19,7 +29,12 @@ def main(path, threshold):
     failed = []
     for name, data in sorted(files.items()):
         pct = data["summary"]["percent_covered"]
-        tag = "gpu-only" if name in GPU_ONLY else ("ok" if pct >= threshold else "LOW")
+        if name in GPU_ONLY:
+            tag = "gpu-only"
+        elif name in NEEDS and not _importable(NEEDS[name]):
+            tag = f"needs {NEEDS[name]}"
+        else:
+            tag = "ok" if pct >= threshold else "LOW"
         print(f"{name:32s} {pct:6.1f}%  {tag}")
         if tag == "LOW":
             failed.append(name)

@@ -1,0 +1,157 @@
+"""PyTorch operators ``torch.ops.indexer.score_topk`` and ``score_topk_ragged``, for models
+compiled by ``torch.compile`` or captured in CUDA graphs.
+
+``torch.compile`` cannot trace into CuPy: a model that calls ``indexer.score_topk`` breaks its
+graph there at every layer (and ``fullgraph=True`` refuses to compile it). Importing this
+module (it needs PyTorch; nothing else in the package imports it) registers the two calls
+as custom operators with ``torch.library``: the compiler sees one opaque node per call, whose
+outputs' shapes and dtypes the fake implementations below give, and runs the indexer there.
+
+    import indexer.torch_ops as iops
+
+    @torch.compile(fullgraph=True)
+    def layer_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens):
+        idx, scores = iops.score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table,
+                                      valid_lens, 512, physical=True)
+        return idx
+
+Each call returns new tensors ``(indices, scores)``: int32 and float32 (T, top_k), on ``q``'s
+device, exactly what ``indexer.score_topk(..., return_scores=True)`` returns.
+
+* CUDA tensors take the CUDA path on PyTorch's current stream (the capture stream inside
+  ``torch.cuda.graph`` or a compiled model's CUDA graphs), with ``validate=False`` unless
+  asked for: the value checks read a result back to the host, which a captured graph
+  cannot do. Scratch memory comes from one ``indexer.Workspace`` a device (``workspace()``),
+  which grows on a call that needs more: run each shape once before a capture (PyTorch's
+  warm-up iterations do; ``torch.compile(mode="reduce-overhead")`` runs them itself), or
+  ``workspace(device).reserve(nbytes)``. That workspace serves one stream at a time, as
+  every ``Workspace`` does.
+* CPU tensors take the NumPy reference (always validated), on zero-copy NumPy views.
+
+Bad input raises the same ``ValueError`` / ``TypeError`` naming the argument as the public
+calls do; a ``top_k`` out of range is refused while the graph is traced, by the fake
+implementation, before anything runs.
+"""
+
+import torch
+
+from . import ops, validate as _validate
+from .workspace import Workspace
+
+__all__ = ["score_topk", "score_topk_ragged", "workspace"]
+
+_WORKSPACES = {}  # CUDA device index -> the operators' Workspace there
+
+
+def workspace(device=None) -> Workspace:
+    """The ``Workspace`` the operators' calls on CUDA device ``device`` (an index, a
+    ``torch.device`` or None for the current one) take their scratch memory from."""
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda")
+    if device.type != "cuda":
+        raise ValueError(f"device: expected a CUDA device, got {device}")
+    index = device.index
+    if index is None:
+        index = torch.cuda.current_device()  # gpu-only
+    ws = _WORKSPACES.get(index)
+    if ws is None:
+        ws = _WORKSPACES[index] = Workspace()
+    return ws
+
+
+def _results(q, top_k):
+    """Empty (indices, scores) of the call's shape on ``q``'s device."""
+    T = q.shape[0]
+    return (torch.empty((T, top_k), dtype=torch.int32, device=q.device),
+            torch.empty((T, top_k), dtype=torch.float32, device=q.device))
+
+
+def _call(public, tensors, top_k, precision, physical, validate):
+    """``public`` (``ops.score_topk`` or ``ops.score_topk_ragged``) on ``tensors`` (their
+    positional arrays), writing into new result tensors; returns them."""
+    top_k = _validate.check_top_k(top_k)
+    tensors = [t.detach() if t.requires_grad else t for t in tensors]  # DLPack refuses tensors that require grad
+    idx, sc = _results(tensors[0], top_k)
+    kwargs = dict(precision=precision, return_scores=True, physical=physical)
+    if tensors[0].is_cuda:
+        public(*tensors, top_k, backend="cuda", validate=validate, out=(idx, sc),  # gpu-only
+               workspace=workspace(tensors[0].device), **kwargs)
+    else:
+        public(*_host_views(public, tensors), top_k, backend="numpy", out=(idx.numpy(), sc.numpy()), **kwargs)
+    return idx, sc
+
+
+def _host_views(public, tensors):
+    """NumPy views of CPU tensors (errors name the argument: another device, or a dtype
+    NumPy lacks, such as bfloat16)."""
+    views = []
+    for name, t in zip(_names(public), tensors):
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}: expected a tensor on q's device (cpu), got {t.device}")
+        try:
+            views.append(t.numpy())
+        except TypeError as exc:
+            raise TypeError(f"{name}: expected a NumPy dtype (docs/semantics.md), got {t.dtype} ({exc})") from None
+    return views
+
+
+def _names(public):
+    names = ["q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens"]
+    if public is ops.score_topk_ragged:
+        names.insert(6, "cu_seqlens_q")
+    return names
+
+
+# The operators are defined through torch.library's low-level API, as vLLM's
+# direct_register_custom_op does: torch.library.custom_op's Python wrapper cost an eager
+# batch-1 call +67 us of host time over score_topk, this form +29 (docs/performance.md v48).
+_LIB = torch.library.Library("indexer", "DEF")  # noqa: TOR901  (the namespace's one definition)
+_TAIL = "int top_k, str precision, bool physical, bool validate) -> (Tensor, Tensor)"
+_POOL = "Tensor q, Tensor w, Tensor keys_fp4, Tensor key_scale, Tensor key_gscale, Tensor block_table, "
+_LIB.define(f"score_topk({_POOL}Tensor valid_lens, {_TAIL}")
+_LIB.define(f"score_topk_ragged({_POOL}Tensor cu_seqlens_q, Tensor valid_lens, {_TAIL}")
+
+
+def _score_topk_impl(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, precision, physical,
+                     validate):
+    return _call(ops.score_topk, (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens), top_k,
+                 precision, physical, validate)
+
+
+def _score_topk_ragged_impl(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k,
+                            precision, physical, validate):
+    return _call(ops.score_topk_ragged, (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q,
+                                         valid_lens), top_k, precision, physical, validate)
+
+
+def _fake(q, *args):
+    """Both operators' fake (meta) implementation: the results' shapes, dtypes and device;
+    ``args[-4]`` is ``top_k``."""
+    return _results(q, _validate.check_top_k(args[-4]))
+
+
+for _name, _impl in (("score_topk", _score_topk_impl), ("score_topk_ragged", _score_topk_ragged_impl)):
+    for _key in ("CPU", "CUDA"):
+        _LIB.impl(_name, _impl, _key)
+    # no gradient: autograd passes the operators by (their results never require grad)
+    _LIB.impl(_name, torch.library.fallthrough_kernel, "Autograd")
+    torch.library.register_fake(f"indexer::{_name}", _fake, lib=_LIB)
+
+
+def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *, precision="fast",
+               physical=False, validate=False):
+    """``torch.ops.indexer.score_topk``: ``indexer.score_topk`` on PyTorch tensors (shapes
+    and dtypes as there), as one operator ``torch.compile`` keeps in its graph. Returns
+    ``(indices, scores)``: int32 and float32 (T, top_k) tensors on ``q``'s device.
+    ``validate``: the value checks on CUDA tensors (a host synchronisation, so never inside
+    a captured graph); CPU tensors are always validated."""
+    return torch.ops.indexer.score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
+                                        precision, physical, validate)
+
+
+def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k, *,
+                      precision="fast", physical=False, validate=False):
+    """``torch.ops.indexer.score_topk_ragged``: ``indexer.score_topk_ragged`` (queries grouped
+    by sequence, ``block_table`` (B, L), ``cu_seqlens_q`` (B+1,)) as one operator. Returns
+    ``(indices, scores)`` as ``score_topk`` does."""
+    return torch.ops.indexer.score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q,
+                                               valid_lens, top_k, precision, physical, validate)

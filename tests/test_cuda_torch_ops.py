@@ -1,0 +1,118 @@
+"""The PyTorch operators (indexer.torch_ops) on CUDA tensors: the public call's answers bit
+for bit, inside torch.compile (fullgraph, the inductor backend and its CUDA graphs) and a
+captured torch.cuda.CUDAGraph replayed with new contents, and value checks on request."""
+
+import numpy as np
+import pytest
+
+import indexer
+from indexer import ragged, testing
+from tests.gpu import pair_of_problems, requires_gpu
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+torch = pytest.importorskip("torch")
+iops = pytest.importorskip("indexer.torch_ops")
+
+
+def tensors(p):
+    return [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in p.arrays()]
+
+
+def assert_same(got, expected):
+    assert torch.equal(got[0], expected[0])
+    assert got[1].cpu().numpy().tobytes() == expected[1].cpu().numpy().tobytes()
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+@pytest.mark.parametrize("physical", [False, True])
+def test_operator_gives_the_public_calls_bits(precision, physical):
+    p = testing.random_problem(np.random.default_rng(90), T=6, H=64, D=128, E=64, lens=[0, 5, 3000, 9000, 64, 700],
+                               top_k=256)
+    x = tensors(p)
+    got = iops.score_topk(*x, p.top_k, precision=precision, physical=physical)
+    assert got[0].is_cuda and got[0].dtype == torch.int32 and got[1].dtype == torch.float32
+    assert_same(got, indexer.score_topk(*x, p.top_k, precision=precision, physical=physical, return_scores=True))
+    logical = got if not physical else iops.score_topk(*x, p.top_k, precision=precision)
+    testing.check_topk(p, logical[0].cpu().numpy(), logical[1].cpu().numpy(),
+                       tol=testing.TOL_FAST if precision == "fast" else testing.TOL_EXACT)
+    assert iops.workspace(x[0].device).nbytes > 0  # its scratch came from the operators' workspace
+
+
+def grouped_tensors(rng, counts=(40, 1, 0, 7), E=64, L=40):
+    p = testing.random_problem(rng, T=1, H=64, D=128, E=E, L=L, P=len(counts) * L + 1, lens=1, top_k=300)
+    table = rng.permutation(p.keys_fp4.shape[0])[: len(counts) * L].reshape(len(counts), L).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    T = int(cu[-1])
+    lens = ragged.causal_lens(cu, ratio=4, context_lens=[2000, 0, 0, 1500])
+    q = rng.standard_normal((T, 64, 128)).astype(np.float32)
+    w = rng.standard_normal((T, 64)).astype(np.float32)
+    return [torch.from_numpy(a).cuda() for a in (q, w, p.keys_fp4, p.key_scale, p.key_gscale, table, cu, lens)]
+
+
+def test_ragged_operator_gives_the_grouped_calls_bits():
+    x = grouped_tensors(np.random.default_rng(91))
+    got = iops.score_topk_ragged(*x, 300, physical=True)
+    assert_same(got, indexer.score_topk_ragged(*x, 300, physical=True, return_scores=True))
+
+
+def test_compiled_model_keeps_the_operator_in_one_graph():
+    p = testing.random_problem(np.random.default_rng(92), T=4, H=64, D=128, E=64, lens=[4000, 0, 123, 2500],
+                               top_k=128)
+    x = tensors(p)
+
+    def layer(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens):
+        idx, sc = iops.score_topk(q * 2.0, w * 0.5, keys_fp4, key_scale, key_gscale, block_table, valid_lens, 128,
+                                  physical=True)
+        return idx, torch.where(idx >= 0, sc, torch.zeros_like(sc)).sum(dim=1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)  # inductor; a graph break would raise
+    got = compiled(*x)
+    want = layer(*x)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
+def test_compiled_with_cuda_graphs_scores_each_steps_new_inputs():
+    # mode="reduce-overhead": inductor's CUDA graphs, warmed up, captured, then replayed on
+    # copies of every step's inputs
+    a, b = pair_of_problems(93, T=2, H=64, D=128, E=64, lens=[5000, 1200], top_k=200)
+    xa, xb = tensors(a), tensors(b)
+
+    def step(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens):
+        return iops.score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, 200)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for x in (xa, xb, xa, xb, xb, xa):
+        got = compiled(*x)
+        assert_same(got, indexer.score_topk(*x, 200, return_scores=True))
+
+
+def test_captured_in_a_cuda_graph_and_replayed_with_new_contents():
+    a, b = pair_of_problems(94, T=3, H=64, D=128, E=64, lens=[3000, 0, 800], top_k=100)
+    x, new = tensors(a), tensors(b)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: kernels compiled, the workspace sized
+        iops.score_topk(*x, 100)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = iops.score_topk(*x, 100)
+    for src in (new, x):
+        for dst, s in zip(x, src):
+            dst.copy_(s)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same(out, indexer.score_topk(*src, 100, return_scores=True))
+
+
+def test_values_are_checked_when_asked():
+    p = testing.random_problem(np.random.default_rng(95), T=2, H=8, D=64, E=16, lens=40, L=3, top_k=8)
+    x = tensors(p)
+    x[6][1] = 10**6
+    with pytest.raises(ValueError, match="^valid_lens"):
+        iops.score_topk(*x, 8, validate=True)
+    with pytest.raises(TypeError, match="^w: expected"):
+        iops.score_topk(x[0], x[1].cpu(), *x[2:], 8)  # another device

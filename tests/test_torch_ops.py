@@ -1,0 +1,145 @@
+"""The PyTorch operators (indexer.torch_ops) on CPU tensors: the NumPy reference's answers,
+torch.library's own checks of the registration, torch.compile with fullgraph=True, and bad
+input refused by name. Skipped where PyTorch is not installed."""
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from indexer import ops, ragged, reference, score_topk, score_topk_ragged, testing
+
+torch = pytest.importorskip("torch")
+iops = pytest.importorskip("indexer.torch_ops")
+
+
+def tensors(p):
+    return [torch.from_numpy(a) for a in p.arrays()]
+
+
+def grouped(rng, counts=(3, 0, 2), E=16, L=5, top_k=20):
+    """Rows of three sequences (one empty), causal lengths: (tensors, top_k)."""
+    p = testing.random_problem(rng, T=1, H=8, D=64, E=E, L=L, P=len(counts) * L + 1, lens=1, top_k=top_k)
+    table = rng.permutation(p.keys_fp4.shape[0])[: len(counts) * L].reshape(len(counts), L).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    T = int(cu[-1])
+    lens = ragged.causal_lens(cu, ratio=1, context_lens=[40, 0, 70])
+    q = rng.standard_normal((T, 8, 64)).astype(np.float32)
+    w = rng.standard_normal((T, 8)).astype(np.float32)
+    arrays = (q, w, p.keys_fp4, p.key_scale, p.key_gscale, table, cu, lens)
+    return arrays, top_k
+
+
+def test_importing_the_package_registers_no_operator():
+    code = "import sys, indexer; assert 'indexer.torch_ops' not in sys.modules and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("physical", [False, True])
+def test_operator_gives_the_reference_answer(physical):
+    rng = np.random.default_rng(70)
+    p = testing.random_problem(rng, T=5, H=8, D=64, E=16, lens=[0, 1, 37, 80, 64], top_k=24)
+    idx, sc = iops.score_topk(*tensors(p), p.top_k, physical=physical)
+    assert idx.dtype == torch.int32 and sc.dtype == torch.float32 and tuple(idx.shape) == (5, 24)
+    want = reference.score_topk(*p.arrays(), p.top_k, return_scores=True, physical=physical)
+    np.testing.assert_array_equal(idx.numpy(), want[0])
+    np.testing.assert_array_equal(sc.numpy(), want[1])
+    # torch.ops names the same operator
+    again = torch.ops.indexer.score_topk(*tensors(p), p.top_k, "fast", physical, False)
+    np.testing.assert_array_equal(again[0].numpy(), want[0])
+
+
+def test_inputs_that_require_grad_give_results_that_do_not():
+    # the operators have no gradient: autograd passes them by, with no warning
+    rng = np.random.default_rng(76)
+    p = testing.random_problem(rng, T=2, H=8, D=64, E=16, lens=30, top_k=8)
+    x = tensors(p)
+    x[0].requires_grad_()
+    x[1].requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        idx, sc = iops.score_topk(*x, p.top_k)
+    assert not idx.requires_grad and not sc.requires_grad
+    np.testing.assert_array_equal(idx.numpy(), reference.score_topk(*p.arrays(), p.top_k))
+
+
+def test_ragged_operator_gives_the_grouped_answer():
+    rng = np.random.default_rng(71)
+    arrays, top_k = grouped(rng)
+    idx, sc = iops.score_topk_ragged(*(torch.from_numpy(a) for a in arrays), top_k, physical=True)
+    want = score_topk_ragged(*arrays, top_k, backend="numpy", return_scores=True, physical=True)
+    np.testing.assert_array_equal(idx.numpy(), want[0])
+    np.testing.assert_array_equal(sc.numpy(), want[1])
+
+
+def test_torch_library_checks_the_registrations():
+    # schema, fake (meta) implementation against the real one, and AOT dispatch with dynamic shapes
+    rng = np.random.default_rng(72)
+    p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=[50, 0, 17], top_k=12)
+    torch.library.opcheck(torch.ops.indexer.score_topk.default, (*tensors(p), p.top_k, "fast", True, False))
+    arrays, top_k = grouped(rng)
+    torch.library.opcheck(torch.ops.indexer.score_topk_ragged.default,
+                          (*(torch.from_numpy(a) for a in arrays), top_k, "exact", False, False))
+
+
+def test_compiled_with_fullgraph_keeps_one_node_and_the_answer():
+    rng = np.random.default_rng(73)
+    p = testing.random_problem(rng, T=4, H=8, D=64, E=16, lens=[64, 3, 0, 41], top_k=16)
+    x = tensors(p)
+
+    def topk_then_use(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens):
+        idx, sc = iops.score_topk(q * 1.0, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, 16)
+        return idx, torch.where(idx >= 0, sc, torch.zeros_like(sc)).sum(dim=1)  # torch ops around it
+
+    torch._dynamo.reset()
+    compiled = torch.compile(topk_then_use, backend="aot_eager", fullgraph=True)  # no graph break, or it raises
+    idx, total = compiled(*x)
+    want = reference.score_topk(*p.arrays(), 16, return_scores=True)
+    np.testing.assert_array_equal(idx.numpy(), want[0])
+    np.testing.assert_allclose(total.numpy(), np.where(want[0] >= 0, want[1], 0).sum(axis=1), rtol=1e-6)
+
+
+def test_bad_input_is_refused_by_name():
+    rng = np.random.default_rng(74)
+    p = testing.random_problem(rng, T=2, H=8, D=64, E=16, lens=20, top_k=8)
+    x = tensors(p)
+    with pytest.raises(ValueError, match="top_k"):
+        iops.score_topk(*x, 0)
+    with pytest.raises(TypeError, match="^q: expected a NumPy dtype"):
+        iops.score_topk(x[0].to(torch.bfloat16), *x[1:], 8)
+    with pytest.raises(TypeError, match="^w: expected dtype float32"):
+        iops.score_topk(x[0], x[1].double(), *x[2:], 8)
+    bad = p.valid_lens.copy()
+    bad[1] = 10**6
+    with pytest.raises(ValueError, match="^valid_lens"):
+        iops.score_topk(*x[:6], torch.from_numpy(bad), 8)  # CPU tensors are always validated
+    with pytest.raises(ValueError, match="precision"):
+        iops.score_topk(*x, 8, precision="fp8")
+    with pytest.raises(ValueError, match="^w: expected a tensor on q's device"):  # the dispatcher sends meta
+        iops._host_views(ops.score_topk, [x[0], x[1].to("meta"), *x[2:]])      # tensors to the fake kernel
+    with pytest.raises(ValueError, match="^device"):
+        iops.workspace("cpu")
+    # the fake implementation refuses a bad top_k while tracing, before anything runs
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: iops.score_topk(*a, 5000)[0], backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="top_k"):
+        compiled(*x)
+
+
+def test_one_workspace_a_cuda_device():
+    # built lazily, no GPU needed to name it; the operators' CUDA calls take it
+    ws = iops.workspace(0)
+    assert iops.workspace("cuda:0") is ws and iops.workspace(torch.device("cuda", 0)) is ws
+    assert iops.workspace(1) is not ws
+
+
+def test_operator_matches_the_public_call_on_a_saved_problem_layout():
+    # the same arrays through the public NumPy call and the operator: identical bits
+    rng = np.random.default_rng(75)
+    p = testing.adversarial_problem("ties", rng)
+    idx, sc = iops.score_topk(*tensors(p), p.top_k)
+    want = score_topk(*p.arrays(), p.top_k, backend="numpy", return_scores=True)
+    np.testing.assert_array_equal(idx.numpy(), want[0])
+    assert sc.numpy().tobytes() == want[1].tobytes()
