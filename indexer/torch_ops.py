@@ -95,10 +95,8 @@ def _host_views(public, tensors):
 
 
 def _names(public):
-    names = ["q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens"]
-    if public is ops.score_topk_ragged:
-        names.insert(6, "cu_seqlens_q")
-    return names
+    """The argument names of ``public``'s arrays, in order."""
+    return ops._NAMES[:6] + ("cu_seqlens_q",) + ops._NAMES[6:] if public is ops.score_topk_ragged else ops._NAMES
 
 
 # The operators are defined through torch.library's low-level API, as vLLM's

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import indexer
-from indexer import ragged, testing
+from indexer import testing
 from tests.gpu import pair_of_problems, requires_gpu
+from tests.test_ragged import grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 torch = pytest.importorskip("torch")
@@ -38,19 +39,10 @@ def test_operator_gives_the_public_calls_bits(precision, physical):
     assert iops.workspace(x[0].device).nbytes > 0  # its scratch came from the operators' workspace
 
 
-def grouped_tensors(rng, counts=(40, 1, 0, 7), E=64, L=40):
-    p = testing.random_problem(rng, T=1, H=64, D=128, E=E, L=L, P=len(counts) * L + 1, lens=1, top_k=300)
-    table = rng.permutation(p.keys_fp4.shape[0])[: len(counts) * L].reshape(len(counts), L).astype(np.int32)
-    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    T = int(cu[-1])
-    lens = ragged.causal_lens(cu, ratio=4, context_lens=[2000, 0, 0, 1500])
-    q = rng.standard_normal((T, 64, 128)).astype(np.float32)
-    w = rng.standard_normal((T, 64)).astype(np.float32)
-    return [torch.from_numpy(a).cuda() for a in (q, w, p.keys_fp4, p.key_scale, p.key_gscale, table, cu, lens)]
-
-
 def test_ragged_operator_gives_the_grouped_calls_bits():
-    x = grouped_tensors(np.random.default_rng(91))
+    arrays = grouped_problem(np.random.default_rng(91), [40, 1, 0, 7], H=64, D=128, E=64,
+                             seq_entries=[2500, 300, 100, 1800], top_k=300, ratio=1)
+    x = [torch.from_numpy(a).cuda() for a in arrays]
     got = iops.score_topk_ragged(*x, 300, physical=True)
     assert_same(got, indexer.score_topk_ragged(*x, 300, physical=True, return_scores=True))
 

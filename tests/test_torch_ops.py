@@ -9,7 +9,8 @@ import warnings
 import numpy as np
 import pytest
 
-from indexer import ops, ragged, reference, score_topk, score_topk_ragged, testing
+from indexer import ops, reference, score_topk, score_topk_ragged, testing
+from tests.test_ragged import grouped_problem
 
 torch = pytest.importorskip("torch")
 iops = pytest.importorskip("indexer.torch_ops")
@@ -17,19 +18,6 @@ iops = pytest.importorskip("indexer.torch_ops")
 
 def tensors(p):
     return [torch.from_numpy(a) for a in p.arrays()]
-
-
-def grouped(rng, counts=(3, 0, 2), E=16, L=5, top_k=20):
-    """Rows of three sequences (one empty), causal lengths: (tensors, top_k)."""
-    p = testing.random_problem(rng, T=1, H=8, D=64, E=E, L=L, P=len(counts) * L + 1, lens=1, top_k=top_k)
-    table = rng.permutation(p.keys_fp4.shape[0])[: len(counts) * L].reshape(len(counts), L).astype(np.int32)
-    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    T = int(cu[-1])
-    lens = ragged.causal_lens(cu, ratio=1, context_lens=[40, 0, 70])
-    q = rng.standard_normal((T, 8, 64)).astype(np.float32)
-    w = rng.standard_normal((T, 8)).astype(np.float32)
-    arrays = (q, w, p.keys_fp4, p.key_scale, p.key_gscale, table, cu, lens)
-    return arrays, top_k
 
 
 def test_importing_the_package_registers_no_operator():
@@ -66,10 +54,9 @@ def test_inputs_that_require_grad_give_results_that_do_not():
 
 
 def test_ragged_operator_gives_the_grouped_answer():
-    rng = np.random.default_rng(71)
-    arrays, top_k = grouped(rng)
-    idx, sc = iops.score_topk_ragged(*(torch.from_numpy(a) for a in arrays), top_k, physical=True)
-    want = score_topk_ragged(*arrays, top_k, backend="numpy", return_scores=True, physical=True)
+    arrays = grouped_problem(np.random.default_rng(71), [3, 0, 2, 5], seq_entries=[40, 9, 70, 33], ratio=1)
+    idx, sc = iops.score_topk_ragged(*(torch.from_numpy(a) for a in arrays), 12, physical=True)
+    want = score_topk_ragged(*arrays, 12, backend="numpy", return_scores=True, physical=True)
     np.testing.assert_array_equal(idx.numpy(), want[0])
     np.testing.assert_array_equal(sc.numpy(), want[1])
 
@@ -79,9 +66,9 @@ def test_torch_library_checks_the_registrations():
     rng = np.random.default_rng(72)
     p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=[50, 0, 17], top_k=12)
     torch.library.opcheck(torch.ops.indexer.score_topk.default, (*tensors(p), p.top_k, "fast", True, False))
-    arrays, top_k = grouped(rng)
+    arrays = grouped_problem(rng, [4, 1, 0], ratio=2)
     torch.library.opcheck(torch.ops.indexer.score_topk_ragged.default,
-                          (*(torch.from_numpy(a) for a in arrays), top_k, "exact", False, False))
+                          (*(torch.from_numpy(a) for a in arrays), 12, "exact", False, False))
 
 
 def test_compiled_with_fullgraph_keeps_one_node_and_the_answer():
