@@ -16,7 +16,12 @@ outputs' shapes and dtypes the fake implementations below give, and runs the ind
         return idx
 
 Each call returns new tensors ``(indices, scores)``: int32 and float32 (T, top_k), on ``q``'s
-device, exactly what ``indexer.score_topk(..., return_scores=True)`` returns.
+device, exactly what ``indexer.score_topk(..., return_scores=True)`` returns. With ``out=``
+(the indices tensor, or the pair) the wrappers call the mutating forms
+``torch.ops.indexer.score_topk_out`` / ``score_topk_ragged_out`` instead, which write the
+caller's tensors in place and make none (what an engine with its buffers kept from step to
+step calls eagerly; under ``torch.compile`` the compiler's functionalization handles the
+mutation).
 
 * CUDA tensors take the CUDA path on PyTorch's current stream (the capture stream inside
   ``torch.cuda.graph`` or a compiled model's CUDA graphs), with ``validate=False`` unless
@@ -65,19 +70,36 @@ def _results(q, top_k):
             torch.empty((T, top_k), dtype=torch.float32, device=q.device))
 
 
-def _call(public, tensors, top_k, precision, physical, validate):
+def _call(public, tensors, top_k, precision, physical, validate, out=None):
     """``public`` (``ops.score_topk`` or ``ops.score_topk_ragged``) on ``tensors`` (their
-    positional arrays), writing into new result tensors; returns them."""
+    positional arrays), writing into ``out`` (an int32 indices tensor, or a pair of it and
+    the float32 scores), or into new result tensors when it is None; returns what it wrote."""
     top_k = _validate.check_top_k(top_k)
     tensors = [t.detach() if t.requires_grad else t for t in tensors]  # DLPack refuses tensors that require grad
-    idx, sc = _results(tensors[0], top_k)
-    kwargs = dict(precision=precision, return_scores=True, physical=physical)
+    if out is None:
+        out = _results(tensors[0], top_k)
+    pair = isinstance(out, tuple)
+    kwargs = dict(precision=precision, return_scores=pair, physical=physical)
     if tensors[0].is_cuda:
-        public(*tensors, top_k, backend="cuda", validate=validate, out=(idx, sc),  # gpu-only
+        public(*tensors, top_k, backend="cuda", validate=validate, out=out,  # gpu-only
                workspace=workspace(tensors[0].device), **kwargs)
     else:
-        public(*_host_views(public, tensors), top_k, backend="numpy", out=(idx.numpy(), sc.numpy()), **kwargs)
-    return idx, sc
+        views = _host_views(public, tensors)
+        public(*views, top_k, backend="numpy", out=_host_out(out, tensors[0]), **kwargs)
+    return out
+
+
+def _host_out(out, q):
+    """NumPy views of CPU result tensors (``out`` given to a CPU call: on q's device)."""
+    views = []
+    for t in out if isinstance(out, tuple) else (out,):
+        if t.device != q.device:
+            raise ValueError(f"out: expected tensors on q's device ({q.device}), got {t.device}")
+        try:
+            views.append(t.numpy())
+        except TypeError as exc:
+            raise TypeError(f"out: expected int32 indices and float32 scores, got {t.dtype} ({exc})") from None
+    return tuple(views) if isinstance(out, tuple) else views[0]
 
 
 def _host_views(public, tensors):
@@ -102,54 +124,90 @@ def _names(public):
 # The operators are defined through torch.library's low-level API, as vLLM's
 # direct_register_custom_op does: torch.library.custom_op's Python wrapper cost an eager
 # batch-1 call +67 us of host time over score_topk, this form +29 (docs/performance.md v48).
+# The _out forms write into the caller's tensors (mutable arguments, no results), which
+# takes the two result allocations off each eager call.
 _LIB = torch.library.Library("indexer", "DEF")  # noqa: TOR901  (the namespace's one definition)
-_TAIL = "int top_k, str precision, bool physical, bool validate) -> (Tensor, Tensor)"
 _POOL = "Tensor q, Tensor w, Tensor keys_fp4, Tensor key_scale, Tensor key_gscale, Tensor block_table, "
-_LIB.define(f"score_topk({_POOL}Tensor valid_lens, {_TAIL}")
-_LIB.define(f"score_topk_ragged({_POOL}Tensor cu_seqlens_q, Tensor valid_lens, {_TAIL}")
+_FLAGS = "str precision, bool physical, bool validate"
+_OUT = "Tensor(a!) indices, Tensor(b!)? scores, "
+for _name, _rows in (("score_topk", ""), ("score_topk_ragged", "Tensor cu_seqlens_q, ")):
+    _LIB.define(f"{_name}({_POOL}{_rows}Tensor valid_lens, int top_k, {_FLAGS}) -> (Tensor, Tensor)")
+    _LIB.define(f"{_name}_out({_POOL}{_rows}Tensor valid_lens, int top_k, {_OUT}{_FLAGS}) -> ()")
 
 
-def _score_topk_impl(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, precision, physical,
-                     validate):
-    return _call(ops.score_topk, (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens), top_k,
-                 precision, physical, validate)
+def _functional(public):
+    """The functional operator's kernel for ``public``: its arrays, then top_k and the flags."""
+    n = len(_names(public))
+
+    def impl(*args):
+        return _call(public, args[:n], *args[n:])
+    return impl
 
 
-def _score_topk_ragged_impl(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k,
-                            precision, physical, validate):
-    return _call(ops.score_topk_ragged, (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q,
-                                         valid_lens), top_k, precision, physical, validate)
+def _mutating(public):
+    """The _out operator's kernel for ``public``: its arrays, top_k, indices, scores (or
+    None), then the flags."""
+    n = len(_names(public))
+
+    def impl(*args):
+        top_k, indices, scores = args[n:n + 3]
+        _call(public, args[:n], top_k, *args[n + 3:], out=indices if scores is None else (indices, scores))
+    return impl
 
 
 def _fake(q, *args):
-    """Both operators' fake (meta) implementation: the results' shapes, dtypes and device;
-    ``args[-4]`` is ``top_k``."""
+    """The functional operators' fake (meta) implementation: the results' shapes, dtypes and
+    device; ``args[-4]`` is ``top_k``."""
     return _results(q, _validate.check_top_k(args[-4]))
 
 
-for _name, _impl in (("score_topk", _score_topk_impl), ("score_topk_ragged", _score_topk_ragged_impl)):
-    for _key in ("CPU", "CUDA"):
-        _LIB.impl(_name, _impl, _key)
-    # no gradient: autograd passes the operators by (their results never require grad)
-    _LIB.impl(_name, torch.library.fallthrough_kernel, "Autograd")
-    torch.library.register_fake(f"indexer::{_name}", _fake, lib=_LIB)
+def _fake_out(q, *args):
+    """The _out operators' fake implementation: nothing to make (``args[-6]`` is ``top_k``,
+    refused here while tracing when out of range)."""
+    _validate.check_top_k(args[-6])
+
+
+for _public in (ops.score_topk, ops.score_topk_ragged):
+    for _name, _impl, _fake_impl in ((_public.__name__, _functional(_public), _fake),
+                                     (_public.__name__ + "_out", _mutating(_public), _fake_out)):
+        for _key in ("CPU", "CUDA"):
+            _LIB.impl(_name, _impl, _key)
+        # no gradient: autograd passes the operators by (their results never require grad)
+        _LIB.impl(_name, torch.library.fallthrough_kernel, "Autograd")
+        torch.library.register_fake(f"indexer::{_name}", _fake_impl, lib=_LIB)
+
+
+def _dispatch(functional, mutating, arrays, top_k, flags, out):
+    """Call the functional operator (new results) or, with ``out``, the _out one; returns
+    the results or ``out`` itself."""
+    if out is None:
+        return functional(*arrays, top_k, *flags)
+    pair = isinstance(out, (tuple, list))
+    indices, scores = out if pair else (out, None)
+    mutating(*arrays, top_k, indices, scores, *flags)
+    return out
 
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *, precision="fast",
-               physical=False, validate=False):
+               physical=False, validate=False, out=None):
     """``torch.ops.indexer.score_topk``: ``indexer.score_topk`` on PyTorch tensors (shapes
     and dtypes as there), as one operator ``torch.compile`` keeps in its graph. Returns
     ``(indices, scores)``: int32 and float32 (T, top_k) tensors on ``q``'s device.
     ``validate``: the value checks on CUDA tensors (a host synchronisation, so never inside
-    a captured graph); CPU tensors are always validated."""
-    return torch.ops.indexer.score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
-                                        precision, physical, validate)
+    a captured graph); CPU tensors are always validated.
+    ``out``: an int32 (T, top_k) indices tensor, or a pair of it and a float32 (T, top_k)
+    scores tensor, on ``q``'s device, contiguous, written in place by
+    ``torch.ops.indexer.score_topk_out`` and returned (no result tensor is made)."""
+    return _dispatch(torch.ops.indexer.score_topk, torch.ops.indexer.score_topk_out,
+                     (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens), top_k,
+                     (precision, physical, validate), out)
 
 
 def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k, *,
-                      precision="fast", physical=False, validate=False):
+                      precision="fast", physical=False, validate=False, out=None):
     """``torch.ops.indexer.score_topk_ragged``: ``indexer.score_topk_ragged`` (queries grouped
     by sequence, ``block_table`` (B, L), ``cu_seqlens_q`` (B+1,)) as one operator. Returns
-    ``(indices, scores)`` as ``score_topk`` does."""
-    return torch.ops.indexer.score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q,
-                                               valid_lens, top_k, precision, physical, validate)
+    ``(indices, scores)``, or writes ``out``, as ``score_topk`` does."""
+    return _dispatch(torch.ops.indexer.score_topk_ragged, torch.ops.indexer.score_topk_ragged_out,
+                     (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens), top_k,
+                     (precision, physical, validate), out)

@@ -108,3 +108,56 @@ def test_values_are_checked_when_asked():
         iops.score_topk(*x, 8, validate=True)
     with pytest.raises(TypeError, match="^w: expected"):
         iops.score_topk(x[0], x[1].cpu(), *x[2:], 8)  # another device
+
+
+def test_out_forms_give_the_public_calls_bits_in_the_callers_tensors():
+    p = testing.random_problem(np.random.default_rng(96), T=5, H=64, D=128, E=64, lens=[0, 4100, 64, 900, 7000],
+                               top_k=256)
+    x = tensors(p)
+    want = indexer.score_topk(*x, 256, physical=True, return_scores=True)
+    out = (torch.full((5, 256), 9, dtype=torch.int32, device="cuda"), torch.zeros((5, 256), device="cuda"))
+    pointers = tuple(t.data_ptr() for t in out)
+    assert iops.score_topk(*x, 256, physical=True, out=out) is out
+    assert tuple(t.data_ptr() for t in out) == pointers
+    assert_same(out, want)
+    only = torch.zeros((5, 256), dtype=torch.int32, device="cuda")
+    iops.score_topk(*x, 256, physical=True, out=only)
+    assert torch.equal(only, want[0])
+    arrays = grouped_problem(np.random.default_rng(97), [30, 0, 9], H=64, D=128, E=64, seq_entries=[2000, 50, 900],
+                             top_k=128, ratio=1)
+    g = [torch.from_numpy(a).cuda() for a in arrays]
+    grouped = (torch.empty((39, 128), dtype=torch.int32, device="cuda"), torch.empty((39, 128), device="cuda"))
+    iops.score_topk_ragged(*g, 128, out=grouped)
+    assert_same(grouped, indexer.score_topk_ragged(*g, 128, return_scores=True))
+    with pytest.raises(TypeError, match="^out: expected a PyTorch CUDA tensor"):
+        iops.score_topk(*x, 256, out=torch.zeros((5, 256), dtype=torch.int32))  # on the host
+
+
+def test_out_form_compiled_and_captured():
+    a, b = pair_of_problems(98, T=3, H=64, D=128, E=64, lens=[3000, 0, 800], top_k=100)
+    x, new = tensors(a), tensors(b)
+    out = (torch.empty((3, 100), dtype=torch.int32, device="cuda"), torch.empty((3, 100), device="cuda"))
+
+    def layer(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, idx, sc):
+        iops.score_topk(q * 1.0, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, 100, out=(idx, sc))
+        return (idx >= 0).sum(dim=1)
+
+    torch._dynamo.reset()
+    counts = torch.compile(layer, fullgraph=True)(*x, *out)  # inductor: the mutation kept in place
+    want = indexer.score_topk(*x, 100, return_scores=True)
+    assert_same(out, want)
+    assert torch.equal(counts, (want[0] >= 0).sum(dim=1))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up before the capture
+        iops.score_topk(*x, 100, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        iops.score_topk(*x, 100, out=out)
+    for src in (new, x):
+        for dst, s in zip(x, src):
+            dst.copy_(s)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same(out, indexer.score_topk(*src, 100, return_scores=True))

@@ -130,3 +130,77 @@ def test_operator_matches_the_public_call_on_a_saved_problem_layout():
     want = score_topk(*p.arrays(), p.top_k, backend="numpy", return_scores=True)
     np.testing.assert_array_equal(idx.numpy(), want[0])
     assert sc.numpy().tobytes() == want[1].tobytes()
+
+
+def test_out_forms_write_the_callers_tensors_in_place():
+    rng = np.random.default_rng(77)
+    p = testing.random_problem(rng, T=4, H=8, D=64, E=16, lens=[0, 5, 40, 64], top_k=12)
+    want = reference.score_topk(*p.arrays(), 12, return_scores=True, physical=True)
+    idx, sc = torch.full((4, 12), 7, dtype=torch.int32), torch.full((4, 12), 3.0)
+    pointers = (idx.data_ptr(), sc.data_ptr())
+    out = (idx, sc)
+    assert iops.score_topk(*tensors(p), 12, physical=True, out=out) is out
+    assert (idx.data_ptr(), sc.data_ptr()) == pointers
+    np.testing.assert_array_equal(idx.numpy(), want[0])
+    assert sc.numpy().tobytes() == want[1].tobytes()
+    only = torch.zeros((4, 12), dtype=torch.int32)
+    assert iops.score_topk(*tensors(p), 12, physical=True, out=only) is only
+    np.testing.assert_array_equal(only.numpy(), want[0])
+    arrays = grouped_problem(rng, [3, 0, 2, 5], seq_entries=[40, 9, 70, 33], ratio=1)
+    grouped = (torch.empty((10, 12), dtype=torch.int32), torch.empty((10, 12)))
+    iops.score_topk_ragged(*(torch.from_numpy(a) for a in arrays), 12, out=grouped)
+    want = score_topk_ragged(*arrays, 12, backend="numpy", return_scores=True)
+    np.testing.assert_array_equal(grouped[0].numpy(), want[0])
+    np.testing.assert_array_equal(grouped[1].numpy(), want[1])
+
+
+def test_torch_library_checks_the_out_forms():
+    rng = np.random.default_rng(78)
+    p = testing.random_problem(rng, T=3, H=8, D=64, E=16, lens=[50, 0, 17], top_k=12)
+    results = (torch.empty((3, 12), dtype=torch.int32), torch.empty((3, 12)))
+    torch.library.opcheck(torch.ops.indexer.score_topk_out.default, (*tensors(p), 12, *results, "fast", True, False))
+    torch.library.opcheck(torch.ops.indexer.score_topk_out.default, (*tensors(p), 12, results[0], None, "exact",
+                                                                     False, False))
+    arrays = grouped_problem(rng, [4, 1, 0], ratio=2)
+    results = (torch.empty((5, 12), dtype=torch.int32), torch.empty((5, 12)))
+    torch.library.opcheck(torch.ops.indexer.score_topk_ragged_out.default,
+                          (*(torch.from_numpy(a) for a in arrays), 12, *results, "fast", False, False))
+
+
+def test_compiled_with_fullgraph_writes_out_in_place():
+    rng = np.random.default_rng(79)
+    p = testing.random_problem(rng, T=4, H=8, D=64, E=16, lens=[64, 3, 0, 41], top_k=16)
+
+    def layer(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, idx, sc):
+        iops.score_topk(q * 1.0, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, 16, out=(idx, sc))
+        return (idx >= 0).sum(dim=1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    idx, sc = torch.full((4, 16), 5, dtype=torch.int32), torch.zeros((4, 16))
+    counts = compiled(*tensors(p), idx, sc)
+    want = reference.score_topk(*p.arrays(), 16, return_scores=True)
+    np.testing.assert_array_equal(idx.numpy(), want[0])
+    np.testing.assert_array_equal(sc.numpy(), want[1])
+    np.testing.assert_array_equal(counts.numpy(), (want[0] >= 0).sum(axis=1))
+
+
+def test_bad_out_is_refused_by_name_and_left_as_it_was():
+    rng = np.random.default_rng(80)
+    p = testing.random_problem(rng, T=2, H=8, D=64, E=16, lens=20, top_k=8)
+    x = tensors(p)
+    scores = torch.full((2, 8), 2.5)
+    cases = [(torch.zeros((2, 7), dtype=torch.int32), ValueError, "^out: expected int32 of shape"),
+             (torch.zeros((2, 8), dtype=torch.int64), ValueError, "^out: expected int32"),
+             ((torch.zeros((2, 8), dtype=torch.int32), scores.to(torch.bfloat16)), TypeError, "^out: expected")]
+    for out, error, message in cases:
+        with pytest.raises(error, match=message):
+            iops.score_topk(*x, 8, out=out)
+    assert torch.equal(scores, torch.full((2, 8), 2.5))
+    with pytest.raises(ValueError, match="^out: expected tensors on q's device"):  # the dispatcher sends meta
+        iops._host_out((scores, scores.to("meta")), x[0])                           # tensors to the fake kernel
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: iops.score_topk(*a[:7], 5000, out=a[7]), backend="aot_eager",
+                             fullgraph=True)
+    with pytest.raises(Exception, match="top_k"):
+        compiled(*x, torch.zeros((2, 5000), dtype=torch.int32))
