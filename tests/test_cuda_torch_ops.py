@@ -24,6 +24,32 @@ def assert_same(got, expected):
     assert got[1].cpu().numpy().tobytes() == expected[1].cpu().numpy().tobytes()
 
 
+def capture(call):
+    """``call()`` captured in a ``torch.cuda.CUDAGraph`` after one warm-up call on a side
+    stream (kernels compiled, the workspace sized); returns the graph and what the captured
+    call returned."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = call()
+    return graph, result
+
+
+def assert_replays_follow(graph, x, sources, out, top_k):
+    """Each of ``sources`` copied into the captured inputs ``x``, the graph replayed: ``out``
+    holds the public call's answer for it."""
+    for src in sources:
+        for dst, s in zip(x, src):
+            dst.copy_(s)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same(out, indexer.score_topk(*src, top_k, return_scores=True))
+
+
 @pytest.mark.parametrize("precision", ["fast", "exact"])
 @pytest.mark.parametrize("physical", [False, True])
 def test_operator_gives_the_public_calls_bits(precision, physical):
@@ -84,20 +110,8 @@ def test_compiled_with_cuda_graphs_scores_each_steps_new_inputs():
 def test_captured_in_a_cuda_graph_and_replayed_with_new_contents():
     a, b = pair_of_problems(94, T=3, H=64, D=128, E=64, lens=[3000, 0, 800], top_k=100)
     x, new = tensors(a), tensors(b)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: kernels compiled, the workspace sized
-        iops.score_topk(*x, 100)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = iops.score_topk(*x, 100)
-    for src in (new, x):
-        for dst, s in zip(x, src):
-            dst.copy_(s)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_same(out, indexer.score_topk(*src, 100, return_scores=True))
+    graph, out = capture(lambda: iops.score_topk(*x, 100))
+    assert_replays_follow(graph, x, (new, x), out, 100)
 
 
 def test_values_are_checked_when_asked():
@@ -147,17 +161,5 @@ def test_out_form_compiled_and_captured():
     want = indexer.score_topk(*x, 100, return_scores=True)
     assert_same(out, want)
     assert torch.equal(counts, (want[0] >= 0).sum(dim=1))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up before the capture
-        iops.score_topk(*x, 100, out=out)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        iops.score_topk(*x, 100, out=out)
-    for src in (new, x):
-        for dst, s in zip(x, src):
-            dst.copy_(s)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_same(out, indexer.score_topk(*src, 100, return_scores=True))
+    graph, _ = capture(lambda: iops.score_topk(*x, 100, out=out))
+    assert_replays_follow(graph, x, (new, x), out, 100)
