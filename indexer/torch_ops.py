@@ -78,42 +78,37 @@ def _call(public, tensors, top_k, precision, physical, validate, out=None):
     tensors = [t.detach() if t.requires_grad else t for t in tensors]  # DLPack refuses tensors that require grad
     if out is None:
         out = _results(tensors[0], top_k)
-    pair = isinstance(out, tuple)
-    kwargs = dict(precision=precision, return_scores=pair, physical=physical)
+    kwargs = dict(precision=precision, return_scores=isinstance(out, tuple), physical=physical)
     if tensors[0].is_cuda:
         public(*tensors, top_k, backend="cuda", validate=validate, out=out,  # gpu-only
                workspace=workspace(tensors[0].device), **kwargs)
     else:
-        views = _host_views(public, tensors)
-        public(*views, top_k, backend="numpy", out=_host_out(out, tensors[0]), **kwargs)
+        public(*_host_views(public, tensors), top_k, backend="numpy", out=_host_out(out), **kwargs)
     return out
 
 
-def _host_out(out, q):
-    """NumPy views of CPU result tensors (``out`` given to a CPU call: on q's device)."""
-    views = []
-    for t in out if isinstance(out, tuple) else (out,):
-        if t.device != q.device:
-            raise ValueError(f"out: expected tensors on q's device ({q.device}), got {t.device}")
-        try:
-            views.append(t.numpy())
-        except TypeError as exc:
-            raise TypeError(f"out: expected int32 indices and float32 scores, got {t.dtype} ({exc})") from None
-    return tuple(views) if isinstance(out, tuple) else views[0]
+def _host_out(out):
+    """NumPy views of CPU result tensors (``out`` given to a CPU call)."""
+    dtypes = "int32 indices and float32 scores"
+    if isinstance(out, tuple):
+        return tuple(_host_view("out", t, dtypes) for t in out)
+    return _host_view("out", out, dtypes)
 
 
 def _host_views(public, tensors):
-    """NumPy views of CPU tensors (errors name the argument: another device, or a dtype
-    NumPy lacks, such as bfloat16)."""
-    views = []
-    for name, t in zip(_names(public), tensors):
-        if t.device.type != "cpu":
-            raise ValueError(f"{name}: expected a tensor on q's device (cpu), got {t.device}")
-        try:
-            views.append(t.numpy())
-        except TypeError as exc:
-            raise TypeError(f"{name}: expected a NumPy dtype (docs/semantics.md), got {t.dtype} ({exc})") from None
-    return views
+    """NumPy views of a CPU call's input tensors."""
+    return [_host_view(name, t, "a NumPy dtype (docs/semantics.md)") for name, t in zip(_names(public), tensors)]
+
+
+def _host_view(name, t, dtypes):
+    """The NumPy view of CPU tensor ``t``, argument ``name``; errors name it: a tensor on
+    another device, or a dtype NumPy lacks (bfloat16), ``dtypes`` saying what it expects."""
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: expected a tensor on q's device (cpu), got {t.device}")
+    try:
+        return t.numpy()
+    except TypeError as exc:
+        raise TypeError(f"{name}: expected {dtypes}, got {t.dtype} ({exc})") from None
 
 
 def _names(public):
