@@ -119,6 +119,14 @@ __device__ __forceinline__ int visible_len(const int* __restrict__ valid_lens, i
     return len < 0 ? 0 : (len > max_len ? max_len : len);
 }
 
+// *p = v where pred holds, by one predicated store: no branch around it, so that a caller
+// can make the address outside the hot path (ptxas sinks an address used only under a
+// branch into it, and makes it again each time)
+__device__ __forceinline__ void store_global_if(float* p, float v, bool pred) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q st.global.f32 [%0], %1;\n\t}" ::"l"(p), "f"(v),
+                 "r"((int)pred));
+}
+
 // ReLU that keeps NaN (fmaxf would turn NaN into 0 and select a broken entry).
 __device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
 

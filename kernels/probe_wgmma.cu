@@ -14,7 +14,7 @@ __device__ __forceinline__ u64 publish_b(unsigned char* smem) {
 }
 
 // The probes' register-only epilogue: ReLU keeping NaN and the head weight's FMA for each of
-// a sub-tile's 32 accumulators, into four running sums (weighted_head_sums' arithmetic
+// a sub-tile's 32 accumulators, into four running sums (weighted_head_sum_mine's arithmetic
 // without its shuffles).
 __device__ __forceinline__ void relu_fma_sums(const float (&d)[32], const float2 (&wt)[8], float (&e)[4]) {
 #pragma unroll
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(128) wgmma_rate_kernel(const u32* __restrict__
 //   * MMA: two sub-tiles of kDim / 16 wgmma.m64n64k16 (A in registers, B in shared memory);
 //   * ALU: the decode of 16 code words (e2m1x8_to_f16x2_cvt and the scale's fp16 multiplies:
 //     the kernel's decode_sub_tile without its shared-memory reads) and the epilogue of 64
-//     accumulators (ReLU keeping NaN and the head weight's FMA: weighted_head_sums without
+//     accumulators (ReLU keeping NaN and the head weight's FMA: weighted_head_sum_mine without
 //     its shuffles).
 // kMode 0: MMA only; 1: ALU only; 2: one warpgroup of each per CTA (256 threads: warpgroup 0
 // MMA, warpgroup 1 ALU, independent); 3: one warpgroup doing both in the kernel's order
@@ -265,10 +265,10 @@ wgmma_tile_kernel(const uint4* __restrict__ b, int rounds, float* __restrict__ o
         if (kStep == 1) {
             relu_fma_sums(d, wt, e);
         } else {  // score_segment's epilogue
-            const float2 sums = weighted_head_sums(d, wsm, c);
+            const float mine = weighted_head_sum_mine(d, wsm, c);
             if (c < 2) {
                 const int s = s0 + 8 * c;
-                const float score = (c ? sums.y : sums.x) * (c ? g1 : g0) + 0.0f;
+                const float score = mine * (c ? g1 : g0) + 0.0f;
                 dst[s] = score;
                 const u32 key = score_to_key(score);
                 if (key) atomicAdd(&hist_s[key >> 21], 1u);

@@ -316,7 +316,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             // each lane's weighted head sums of rows r0, r0 + 8 for the item's queries, then
             // the quad's sums scattered so that lane c holds query c's: lanes c, c ^ 1
             // first (the parity of c keeps queries of that parity), then c, c ^ 2: the
-            // association of weighted_head_sums, so the sums are its bits, in half the
+            // association of weighted_head_sum_mine, so the sums are its bits, in half the
             // shuffles and with no lane idle at the stores
             float2 part[4];  // a fourth query of zeros where an item has three (its lane stores nothing)
             part[3] = make_float2(0.0f, 0.0f);

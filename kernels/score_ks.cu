@@ -56,8 +56,11 @@ struct PrepToKsImage {
         *reinterpret_cast<u32*>(qimg + (long long)t * KsSmem<kDim>::kQSlot + (pr / 4) * kLbo + (h / 8) * kCoreBytes +
                                 (h % 8) * 16 + (pr % 4) * 4) = v;
     }
+    // the weights in the order the kernel's lanes read them: lane quad position c's 16
+    // (heads 8j + 2c, +1 for j = 0..7) contiguous, four 16-byte loads (16 c + 2 j + e)
     __device__ __forceinline__ void weight(int t, int h, float v) const {
-        reinterpret_cast<float*>(qimg + (long long)t * KsSmem<kDim>::kQSlot + KsSmem<kDim>::kQBytes)[h] = v;
+        reinterpret_cast<float*>(qimg + (long long)t * KsSmem<kDim>::kQSlot +
+                                 KsSmem<kDim>::kQBytes)[((h >> 1) & 3) * 16 + (h >> 3) * 2 + (h & 1)] = v;
     }
 };
 
@@ -231,14 +234,24 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
             const unsigned char* qb = smem + slot * Smem::kQSlot;
             const float* wsm = reinterpret_cast<const float*>(qb + Smem::kQBytes);
             const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
-            float* out = scores + (long long)t * ld;
-            auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
-                const float2 sums = weighted_head_sums(d, wsm, c);
-                if (c < 2) {
-                    const int s = s0 + 8 * c;
-                    const float score = (c ? sums.y : sums.x) * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
-                    if (s < n) out[s] = score;
-                }
+            // my entry of sub-tile u: s_mine + 64 u, stored by lanes c < 2 where visible. Its
+            // address is made once a round and the store predicated, with no branch: each
+            // instruction of this epilogue costs the kernel ~0.5% (docs/performance.md v50),
+            // and the address made inside a branch, for each sub-tile, took ~12
+            const int s_mine = first + r0 + 8 * (c & 1);
+            float* const dst = scores + (long long)t * ld + s_mine;
+            const float4* w4 = reinterpret_cast<const float4*>(wsm + 16 * c);  // my weights (PrepToKsImage)
+            auto epilogue = [&](const float (&d)[32], int u, float g0, float g1) {
+                float4 wq[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) wq[j] = w4[j];
+                const float mine = weighted_head_sum_mine_of(d, [&](int j) {
+                    const float4 v = wq[j >> 1];
+                    return j & 1 ? make_float2(v.z, v.w) : make_float2(v.x, v.y);
+                }, c);
+                // lanes c = 2, 3 compute lanes 0 and 1's scores again, and store nothing
+                const float score = mine * (c & 1 ? g1 : g0) + 0.0f;  // -0 folded into +0
+                store_global_if(dst + u * kSubTile, score, c < 2 && s_mine + u * kSubTile < n);
             };
             // every warpgroup multiplies, even for a row that ends before its entries (it
             // stores nothing then): a skip here measured 2% slower on prefill-chunk
@@ -246,10 +259,10 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
             for (int u = 0; u < 2; ++u) mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);
             wgmma_wait<1>();
             fence_accumulators(acc[0]);
-            epilogue(acc[0], first + r0, gsc[0][0], gsc[0][1]);
+            epilogue(acc[0], 0, gsc[0][0], gsc[0][1]);
             wgmma_wait<0>();
             fence_accumulators(acc[1]);
-            epilogue(acc[1], first + kSubTile + r0, gsc[1][0], gsc[1][1]);
+            epilogue(acc[1], 1, gsc[1][0], gsc[1][1]);
             // this warpgroup is done with the slot (its MMAs waited for, its weights read); the
             // last of the warpgroups out refills it with my item i + kSlots
             asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");

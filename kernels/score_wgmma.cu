@@ -91,12 +91,11 @@ __device__ __forceinline__ void score_segment(
     float acc[2][32];
     // weighted head sum of rows r0 and r0 + 8 of a finished sub-tile (entries s0, s0 + 8)
     auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
-        const float2 sums = weighted_head_sums(d, wsm, c);
-        const float lo = sums.x, hi = sums.y;
+        const float mine = weighted_head_sum_mine(d, wsm, c);  // row r0 + 8 (c & 1)
         // lane c = 0 stores row r0, lane c = 1 row r0 + 8 (one predicated path, no branches)
         if (c < 2) {
             const int s = s0 + 8 * c;
-            const float score = (c ? hi : lo) * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
+            const float score = mine * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
             out[s] = score;
             const u32 key = score_to_key(score);
             if (count_keys && s < n && key) atomicAdd(&hist_s[key >> 21], 1u);
@@ -324,12 +323,11 @@ __device__ __forceinline__ void score_pair_segment(
 
     // weighted head sum of rows r0, r0 + 8 of a finished sub-tile for query slot qi
     auto epilogue = [&](const float (&d)[32], int qi, int s0, float g0, float g1) {
-        const float2 sums = weighted_head_sums(d, qi ? w1 : w0, c);
-        const float lo = sums.x, hi = sums.y;
+        const float mine = weighted_head_sum_mine(d, qi ? w1 : w0, c);  // row r0 + 8 (c & 1)
         const bool live = qi == 0 || pair;
         if (live && c < 2) {
             const int s = s0 + 8 * c;
-            const float score = (c ? hi : lo) * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
+            const float score = mine * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
             (qi ? out1 : out0)[s] = score;
             const u32 key = score_to_key(score);
             if (count_keys && s < (qi ? nb : na) && key) count_key_packed(qi ? h1 : h0, key);

@@ -212,10 +212,10 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
     };
     float2 wpair[8];  // the weights of my heads 8j + 2c, + 1
     auto epilogue = [&](const float (&d)[32], int s0, float g0_, float g1_) {
-        const float2 sums = weighted_head_sums(d, wpair, c);
+        const float mine = weighted_head_sum_mine(d, wpair, c);  // row r0 + 8 (c & 1)
         if (c < 2) {  // lane c = 0 stores row r0, lane c = 1 row r0 + 8
             const int se = s0 + 8 * c;
-            const float score = (c ? sums.y : sums.x) * (c ? g1_ : g0_) + 0.0f;  // -0 folded into +0
+            const float score = mine * (c ? g1_ : g0_) + 0.0f;  // -0 folded into +0
             out[se] = score;
             const u32 key = score_to_key(score);
             if (count_keys && se < n && key) atomicAdd(&hist_s[key >> 21], 1u);

@@ -139,10 +139,10 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], u64 desc_a, 
 #endif
 }
 
-// Weighted head sums of my two rows of a finished m64n64 sub-tile (accumulators d; rows r0
-// and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed): .x row r0, .y
-// row r0 + 8, in every lane of the quad. weights(j): the float2 weights of heads 8j + 2c, +1.
-// ... this lane's part alone (its heads 8j + 2c, +1), before the quad's sum
+// The weighted head sum of one of my two rows of a finished m64n64 sub-tile (accumulators
+// d; rows r0 and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed).
+// weights(j): the float2 weights of heads 8j + 2c, +1.
+// ... this lane's part alone (its heads 8j + 2c, +1), before the quad's sum: .x row r0, .y r0 + 8
 template <typename Weights>
 __device__ __forceinline__ float2 weighted_head_partials(const float (&d)[32], Weights weights) {
     // two partial sums per row (even and odd heads) halve the dependent FMA chain
@@ -158,25 +158,29 @@ __device__ __forceinline__ float2 weighted_head_partials(const float (&d)[32], W
     return make_float2(lo0 + lo1, hi0 + hi1);
 }
 
+// ... the sum this lane stores: row r0 + 8 (c & 1) (lanes c and c ^ 2 get the same). The
+// lanes c, c ^ 1 first swap the row each keeps for the partner's part of it, then c, c ^ 2 add
+// their half sums: two shuffles and two adds where summing both rows in every lane took four
+// and four (docs/performance.md v50), with the same association of the four lanes' parts,
+// (p0 + p1) + (p2 + p3), so the same bits.
 template <typename Weights>
-__device__ __forceinline__ float2 weighted_head_sums_of(const float (&d)[32], Weights weights) {
+__device__ __forceinline__ float weighted_head_sum_mine_of(const float (&d)[32], Weights weights, int c) {
     const float2 part = weighted_head_partials(d, weights);
-    float lo = part.x, hi = part.y;
-    lo += __shfl_xor_sync(FULL_MASK, lo, 1);
-    hi += __shfl_xor_sync(FULL_MASK, hi, 1);
-    lo += __shfl_xor_sync(FULL_MASK, lo, 2);
-    hi += __shfl_xor_sync(FULL_MASK, hi, 2);
-    return make_float2(lo, hi);
+    const bool odd = c & 1;
+    float mine = odd ? part.y : part.x;
+    mine += __shfl_xor_sync(FULL_MASK, odd ? part.x : part.y, 1);
+    mine += __shfl_xor_sync(FULL_MASK, mine, 2);
+    return mine;
 }
 
 // ... with w the 64 weights in shared memory
-__device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const float* w, int c) {
-    return weighted_head_sums_of(d, [&](int j) { return *reinterpret_cast<const float2*>(w + 8 * j + 2 * c); });
+__device__ __forceinline__ float weighted_head_sum_mine(const float (&d)[32], const float* w, int c) {
+    return weighted_head_sum_mine_of(d, [&](int j) { return *reinterpret_cast<const float2*>(w + 8 * j + 2 * c); }, c);
 }
 
 // ... with my weights in registers: w[j] = heads 8j + 2c, +1
-__device__ __forceinline__ float2 weighted_head_sums(const float (&d)[32], const float2 (&w)[8], int) {
-    return weighted_head_sums_of(d, [&](int j) { return w[j]; });
+__device__ __forceinline__ float weighted_head_sum_mine(const float (&d)[32], const float2 (&w)[8], int c) {
+    return weighted_head_sum_mine_of(d, [&](int j) { return w[j]; }, c);
 }
 
 // The query of row t as a wgmma B operand, straight from the fp32 query, by one warpgroup
