@@ -337,8 +337,9 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             const float sum0 = keep.x + __shfl_xor_sync(FULL_MASK, give.x, 2);  // rows r0, r0 + 8
             const float sum8 = keep.y + __shfl_xor_sync(FULL_MASK, give.y, 2);
             const int s0 = (u - start[p]) * kSub + r0;
-            if (s0 < my_len) my_out[s0] = sum0 * g0 + 0.0f;  // -0 folded into +0
-            if (s0 + 8 < my_len) my_out[s0 + 8] = sum8 * g1 + 0.0f;
+            // predicated stores, no branches (score_ks.cu's epilogue, docs/performance.md v50)
+            store_global_if(my_out + s0, sum0 * g0 + 0.0f, s0 < my_len);  // -0 folded into +0
+            store_global_if(my_out + s0 + 8, sum8 * g1 + 0.0f, s0 + 8 < my_len);
         }
         mbar_arrive(bempty + buf);  // my reads of the buffer's queries and weights are done
         ++il;
