@@ -237,7 +237,7 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
             // my entry of sub-tile u: s_mine + 64 u, stored by lanes c < 2 where visible. Its
             // address is made once a round and the store predicated, with no branch: each
             // instruction of this epilogue costs the kernel ~0.5% (docs/performance.md v50),
-            // and the address made inside a branch, for each sub-tile, took ~12
+            // and the address made inside a branch, for each sub-tile, took ~12 instructions
             const int s_mine = first + r0 + 8 * (c & 1);
             float* const dst = scores + (long long)t * ld + s_mine;
             const float4* w4 = reinterpret_cast<const float4*>(wsm + 16 * c);  // my weights (PrepToKsImage)
