@@ -363,7 +363,7 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
             p.keys_k = _kernel("score_dense.cu", f"dense_keys_kernel<{prob.D}>", device_id)
             p.units = i32(geometry.dense_units(prob.max_len))
         if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
-            p.prep_k = _kernel("score_ks.cu", f"ks_prep_kernel<{prob.D}>", device_id)
+            p.prep_k = _kernel(_SCORING_SOURCES[kind], f"ks_prep_kernel<{prob.D}>", device_id)
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             p.prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
@@ -503,7 +503,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 p.prep_k((nr, p.heads // 16), (256,), (run(q), run(w), p.H, v.q16, v.w_scaled))
                 query = (v.q16, v.w_scaled)
             elif kind == "ks":  # the same staging, written as the kernel's query images
-                p.prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, v.qimg))
+                p.prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, lens, p.max_len, v.qimg))
                 query = (v.qimg,)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
                 query = (run(q), run(w), p.H)

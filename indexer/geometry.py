@@ -214,8 +214,9 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
 
 _KS_WARPGROUPS = 3  # kernels/score_ks.cu: score_ks::kWarpgroups
 _KS_SLOTS = 4  # its query ring (score_ks::kSlots)
-#: bytes of one query's image for the keys-stationary kernel (KsSmem::kQSlot: B, then 64 weights)
-KS_QUERY_BYTES = (128 // 8) * 1024 + 64 * 4
+#: bytes of one query's image for the keys-stationary kernel (KsSmem::kQImage: B, its 64
+#: weights, the row's visible length padded to 16 bytes)
+KS_QUERY_BYTES = (128 // 8) * 1024 + 64 * 4 + 16
 #: entries one CTA of the keys-stationary kernel holds (score_ks::kGroup)
 KS_GROUP = _KS_WARPGROUPS * TILE_ENTRIES
 
@@ -253,9 +254,9 @@ def ks_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: in
 
 def ks_smem_bytes(D: int = 128) -> int:
     """Shared memory of ``score_ks_kernel<D>`` (kernels/score_ks.cu: KsSmem): the query
-    ring's slots (B and 64 weights each), one key stage a warpgroup."""
+    ring's slots (a query image, its barrier and count: 16 bytes), one key stage a warpgroup."""
     stage = _ring_stage_bytes(D)
-    return _KS_SLOTS * ((D // 8) * 1024 + 64 * 4) + _KS_WARPGROUPS * stage + _KS_SLOTS * (8 + 4)
+    return _KS_SLOTS * ((D // 8) * 1024 + 64 * 4 + 16 + 16) + _KS_WARPGROUPS * stage
 
 
 def score_ks_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:

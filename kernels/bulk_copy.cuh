@@ -11,6 +11,29 @@
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
+// Shared memory by its window address (smem_u32's): for loops that keep a slot's address in
+// a register and advance it, where a pointer's address was made again from the window's base
+// each time (an S2R and a few instructions a use under register pressure). Volatile, so
+// that a load stays after the barrier wait that publishes what it reads.
+__device__ __forceinline__ int ld_shared_s32(u32 addr) {
+    int v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ float4 ld_shared_f4(u32 addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 atomic_add_shared(u32 addr, u32 v) {
+    u32 old;
+    asm volatile("atom.shared.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(addr), "r"(v) : "memory");
+    return old;
+}
+
 #if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void mbar_init(u64* bar, u32 arrivals) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
@@ -31,7 +54,22 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
+// ... the barrier at window address bar
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
 // global -> shared, `bytes` (multiple of 16) reported to `bar`
+__device__ __forceinline__ void bulk_copy_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
@@ -52,6 +90,9 @@ __device__ __forceinline__ void mbar_arrive(u64*) { __trap(); }
 __device__ __forceinline__ void mbar_arrive_expect_tx(u64*, u32) { __trap(); }
 __device__ __forceinline__ void mbar_wait(u64*, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s(void*, const void*, u32, u64*) { __trap(); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32, u32) { __trap(); }
+__device__ __forceinline__ void mbar_wait(u32, u32) { __trap(); }
+__device__ __forceinline__ void bulk_copy_g2s(u32, const void*, u32, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s_evict_first(void*, const void*, u32, u64*) { __trap(); }
 __device__ __forceinline__ void fence_proxy_async() {}
 #endif

@@ -33,18 +33,25 @@ constexpr int kSlots = 4;  // query ring: queries t + 1 .. t + kSlots - 1 in fli
 constexpr int kMaxSeqs = 256;  // sequences a launch takes (geometry.KS_MAX_SEQS)
 }  // namespace score_ks
 
+// A slot of the query ring: the image one bulk copy brings (B, its 64 weights, the row's
+// visible length and 12 bytes of padding), then the slot's mbarrier and the count of
+// warpgroups done with it, so that one register (the slot's window address) locates all
+// three.
 template <int kDim>
 struct KsSmem {
     static constexpr int kQBytes = (kDim / 8) * score_wgmma::kLbo;         // one query's B
-    static constexpr int kQSlot = kQBytes + score_wgmma::kHeads * 4;       // B, then its 64 weights
+    static constexpr int kWeights = kQBytes;                               // its 64 weights (PrepToKsImage)
+    static constexpr int kLen = kWeights + score_wgmma::kHeads * 4;        // the row's visible length
+    static constexpr int kQImage = kLen + 16;                              // bytes ks_prep_kernel writes a row
+    static constexpr int kBar = kQImage;                                   // u64: the slot's query landed
+    static constexpr int kCount = kBar + 8;                                // u32: warpgroups done with it
+    static constexpr int kQSlot = kQImage + 16;                            // a slot's bytes (16-byte aligned)
     static constexpr int kKeys = score_ks::kSlots * kQSlot;                // the key stages, one a warpgroup
-    static constexpr int kBars = kKeys + score_ks::kWarpgroups * wgmma_stage_bytes(kDim);  // u64[kSlots]
-    static constexpr int kCounts = kBars + score_ks::kSlots * 8;          // u32[kSlots]
-    static constexpr int kBytes = kCounts + score_ks::kSlots * 4;
+    static constexpr int kBytes = kKeys + score_ks::kWarpgroups * wgmma_stage_bytes(kDim);
 };
 
 // prep_query_row's output (fast_common.cuh) as score_ks_kernel's query images, qimg
-// [T][kQSlot bytes]: each query's B operand as that kernel's shared memory holds it
+// [T][kQImage bytes]: each query's B operand as that kernel's shared memory holds it
 // (core-matrix layout: slot pair pr of head h in the 16-byte chunk pr / 4 of its K chunk)
 // and its weights after it, so that one bulk copy brings both. No padding slots.
 template <int kDim>
@@ -53,23 +60,29 @@ struct PrepToKsImage {
     static constexpr int kPairs = kDim / 2;
     __device__ __forceinline__ void pair(int t, int h, int pr, u32 v) const {
         using namespace score_wgmma;
-        *reinterpret_cast<u32*>(qimg + (long long)t * KsSmem<kDim>::kQSlot + (pr / 4) * kLbo + (h / 8) * kCoreBytes +
+        *reinterpret_cast<u32*>(qimg + (long long)t * KsSmem<kDim>::kQImage + (pr / 4) * kLbo + (h / 8) * kCoreBytes +
                                 (h % 8) * 16 + (pr % 4) * 4) = v;
     }
     // the weights in the order the kernel's lanes read them: lane quad position c's 16
     // (heads 8j + 2c, +1 for j = 0..7) contiguous, four 16-byte loads (16 c + 2 j + e)
     __device__ __forceinline__ void weight(int t, int h, float v) const {
-        reinterpret_cast<float*>(qimg + (long long)t * KsSmem<kDim>::kQSlot +
-                                 KsSmem<kDim>::kQBytes)[((h >> 1) & 3) * 16 + (h >> 3) * 2 + (h & 1)] = v;
+        reinterpret_cast<float*>(qimg + (long long)t * KsSmem<kDim>::kQImage +
+                                 KsSmem<kDim>::kWeights)[((h >> 1) & 3) * 16 + (h >> 3) * 2 + (h & 1)] = v;
     }
 };
 
-// q [T, H, kDim] and w [T, H] float32 -> qimg [T][kQSlot] (PrepToKsImage): the query staging
+// q [T, H, kDim] and w [T, H] float32 -> qimg [T][kQImage] (PrepToKsImage): the query staging
 // of prep_query_kernel (the same fp16 values), written straight into the images, one launch
-// and no staged rows. grid (T, 64 / 16), 256 threads.
+// and no staged rows; and row t's visible length (valid_lens[t] clamped to [0, max_len]),
+// which the scoring kernel then reads from shared memory with the query. grid (T, 64 / 16),
+// 256 threads.
 template <int kDim>
 __global__ void __launch_bounds__(256) ks_prep_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
+                                                      const int* __restrict__ valid_lens, int max_len,
                                                       unsigned char* __restrict__ qimg) {
+    if (blockIdx.y == 0 && threadIdx.x == 0)
+        *reinterpret_cast<int4*>(qimg + (long long)blockIdx.x * KsSmem<kDim>::kQImage + KsSmem<kDim>::kLen) =
+            make_int4(visible_len(valid_lens, blockIdx.x, max_len), 0, 0, 0);
     prep_query_row<kDim, score_wgmma::kHeads / 8>(q, w, H, PrepToKsImage<kDim>{qimg});
 }
 
@@ -83,7 +96,7 @@ __global__ void __launch_bounds__(256) ks_prep_kernel(const float* __restrict__ 
 // group) pairs; it decodes each once.
 template <int kDim>
 __global__ void __launch_bounds__(score_ks::kThreads, 1)
-score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] from ks_prep_kernel
+score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQImage] from ks_prep_kernel
                 const u8* __restrict__ keys_fp4,         // [P, E, D/2]
                 const u8* __restrict__ key_scale,        // [P, E, D/16]
                 const float* __restrict__ key_gscale,    // [P]
@@ -107,8 +120,9 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31, warp = wtid >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int max_len = L * E;
-    u64* full = reinterpret_cast<u64*>(smem + Smem::kBars);      // slot j's query landed
-    u32* out_count = reinterpret_cast<u32*>(smem + Smem::kCounts);  // warpgroups done with slot j's query
+    // the query ring by window addresses: slot j at ring0 + j kQSlot (KsSmem: its image, its
+    // barrier, its count of warpgroups done)
+    const u32 ring0 = smem_u32(smem);
 
     // ---- the run's work: for each sequence b, its rows in the run (s_cu[b] .. s_cu[b + 1] -
     // 1, relative to the run) times its groups up to its longest visible row (groups past
@@ -117,8 +131,8 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     __shared__ long long s_items[score_ks::kMaxSeqs + 1];
     if (tid == 0) {
         for (int j = 0; j < kSlots; ++j) {
-            mbar_init(full + j, 1);
-            out_count[j] = 0u;
+            mbar_init(reinterpret_cast<u64*>(smem + j * Smem::kQSlot + Smem::kBar), 1);
+            *reinterpret_cast<u32*>(smem + j * Smem::kQSlot + Smem::kCount) = 0u;
         }
         mbar_init_fence();
     }
@@ -167,13 +181,13 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
         const long long local = k - s_items[lo];
         return Item{lo, (int)(local / rows), s_cu[lo] + (int)(local % rows)};
     };
-    // row t's query image into slot j, by one thread: one bulk copy
-    auto stage_query = [&](int t, int j) {
-        mbar_arrive_expect_tx(full + j, (u32)Smem::kQSlot);
-        bulk_copy_g2s(smem + j * Smem::kQSlot, qimg + (long long)t * Smem::kQSlot, (u32)Smem::kQSlot, full + j);
+    // row t's query image into the slot at window address slot, by one thread: one bulk copy
+    auto stage_query = [&](int t, u32 slot) {
+        mbar_arrive_expect_tx(slot + Smem::kBar, (u32)Smem::kQImage);
+        bulk_copy_g2s(slot, qimg + (long long)t * Smem::kQImage, (u32)Smem::kQImage, slot + Smem::kBar);
     };
     if (tid == 0)
-        for (int j = 0; j < kSlots && j < items; ++j) stage_query(item_at(k0 + j).t, j);
+        for (int j = 0; j < kSlots && j < items; ++j) stage_query(item_at(k0 + j).t, ring0 + j * Smem::kQSlot);
 
     unsigned char* st = smem + Smem::kKeys + wg * wgmma_stage_bytes(kDim);
     const int r0 = 16 * warp + g;  // my first row of a sub-tile
@@ -218,45 +232,45 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
     };
 
     // my share: from item k0, runs of rows of one (sequence, group), a group's keys decoded
-    // once for all its rows in the run
-    int i = 0;  // my item: its slot and phase in the ring
+    // once for all its rows in the run. The round's bookkeeping is kept to registers advanced
+    // each round: each instruction of a round costs the kernel ~0.25% (docs/performance.md
+    // v50, v51), and the slot's address and phase made from i, the row's length loaded from
+    // global memory and clamped, and the score's address made from t took ~20 a round.
+    int i = 0;                            // my item: the ring's round
+    u32 slot = ring0, parity = 0u;        // its slot (window address) and the phase to wait for
+    const u32 my_weights = Smem::kWeights + 16 * 4 * c;  // my 16 weights in a slot (PrepToKsImage)
+    const int r_mine = r0 + 8 * (c & 1);  // my row of a sub-tile, which lanes c < 2 store
     for (long long k = k0; k < k1;) {
         const Item at = item_at(k);
         const int first = at.grp * score_ks::kGroup + wg * kTile;  // my warpgroup's first entry
         load_keys(block_table + (long long)s_cu[at.b] * L, first);  // the sequence's table
         const int tb = (int)min((long long)s_cu[at.b + 1], at.t + (k1 - k));
         k += tb - at.t;
-        for (int t = at.t; t < tb; ++t, ++i) {
-            const int slot = i % kSlots;
-            mbar_wait(full + slot, (u32)(i / kSlots) & 1u);  // query t landed
-            // the row's length loaded here, not a round ahead: the prefetch measured 1-3% slower
-            const int n = visible_len(valid_lens, t, max_len);
-            const unsigned char* qb = smem + slot * Smem::kQSlot;
-            const float* wsm = reinterpret_cast<const float*>(qb + Smem::kQBytes);
-            const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
-            // my entry of sub-tile u: s_mine + 64 u, stored by lanes c < 2 where visible. Its
-            // address is made once a round and the store predicated, with no branch: each
-            // instruction of this epilogue costs the kernel ~0.5% (docs/performance.md v50),
-            // and the address made inside a branch, for each sub-tile, took ~12 instructions
-            const int s_mine = first + r0 + 8 * (c & 1);
-            float* const dst = scores + (long long)t * ld + s_mine;
-            const float4* w4 = reinterpret_cast<const float4*>(wsm + 16 * c);  // my weights (PrepToKsImage)
-            auto epilogue = [&](const float (&d)[32], int u, float g0, float g1) {
-                float4 wq[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) wq[j] = w4[j];
-                const float mine = weighted_head_sum_mine_of(d, [&](int j) {
-                    const float4 v = wq[j >> 1];
-                    return j & 1 ? make_float2(v.z, v.w) : make_float2(v.x, v.y);
-                }, c);
-                // lanes c = 2, 3 compute lanes 0 and 1's scores again, and store nothing
-                const float score = mine * (c & 1 ? g1 : g0) + 0.0f;  // -0 folded into +0
-                store_global_if(dst + u * kSubTile, score, c < 2 && s_mine + u * kSubTile < n);
-            };
+        // my entry of sub-tile u: s_mine + 64 u; lanes c >= 2 compute lanes 0 and 1's scores
+        // again and store nothing (a bound no length reaches)
+        const int s_mine = first + r_mine, s_test = c < 2 ? s_mine : 0x7fffffff - kSubTile;
+        float* dst = scores + (long long)at.t * ld + s_mine;  // row t's, one row on each round
+        for (int t = at.t; t < tb; ++t, ++i, dst += ld) {
+            mbar_wait(slot + Smem::kBar, parity);  // query t landed
+            const int n = ld_shared_s32(slot + Smem::kLen);  // its visible length (ks_prep_kernel)
+            const u64 desc_q = wgmma_desc_of(((slot & 0x3ffffu) >> 4) | ((u32)(kLbo >> 4) << 16), kCoreBytes);
             // every warpgroup multiplies, even for a row that ends before its entries (it
             // stores nothing then): a skip here measured 2% slower on prefill-chunk
 #pragma unroll
             for (int u = 0; u < 2; ++u) mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);
+            // my weights, once for both sub-tiles (a load after the accumulators' fences, whose
+            // memory clobbers made the compiler load them again for the second)
+            float4 wq[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) wq[j] = ld_shared_f4(slot + my_weights + 16 * j);
+            auto epilogue = [&](const float (&d)[32], int u, float g0, float g1) {
+                const float mine = weighted_head_sum_mine_of(d, [&](int j) {
+                    const float4 v = wq[j >> 1];
+                    return j & 1 ? make_float2(v.z, v.w) : make_float2(v.x, v.y);
+                }, c);
+                const float score = mine * (c & 1 ? g1 : g0) + 0.0f;  // -0 folded into +0
+                store_global_if(dst + u * kSubTile, score, s_test + u * kSubTile < n);
+            };
             wgmma_wait<1>();
             fence_accumulators(acc[0]);
             epilogue(acc[0], 0, gsc[0][0], gsc[0][1]);
@@ -266,13 +280,16 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQSlot] 
             // this warpgroup is done with the slot (its MMAs waited for, its weights read); the
             // last of the warpgroups out refills it with my item i + kSlots
             asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
-            if (wtid == 0 && atomicAdd(out_count + slot, 1u) == score_ks::kWarpgroups - 1) {
-                out_count[slot] = 0u;
+            if (wtid == 0 && atomic_add_shared(slot + Smem::kCount, 1u) == score_ks::kWarpgroups - 1) {
+                st_shared_u32(slot + Smem::kCount, 0u);
                 if (i + kSlots < items) {  // my item i + kSlots: row t + kSlots of this run, or found
                     fence_proxy_async();
                     stage_query(t + kSlots < tb ? t + kSlots : item_at(k0 + i + kSlots).t, slot);
                 }
             }
+            const bool wrap = slot == ring0 + (kSlots - 1) * Smem::kQSlot;
+            slot = wrap ? ring0 : slot + Smem::kQSlot;
+            parity ^= wrap ? 1u : 0u;
         }
     }
 }
