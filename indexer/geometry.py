@@ -254,9 +254,10 @@ def ks_preferred(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: in
 
 def ks_smem_bytes(D: int = 128) -> int:
     """Shared memory of ``score_ks_kernel<D>`` (kernels/score_ks.cu: KsSmem): the query
-    ring's slots (a query image, its barrier and count: 16 bytes), one key stage a warpgroup."""
+    ring's slots (a query image, its barrier and count, padded to 128-byte lines), one key
+    stage a warpgroup."""
     stage = _ring_stage_bytes(D)
-    return _KS_SLOTS * ((D // 8) * 1024 + 64 * 4 + 16 + 16) + _KS_WARPGROUPS * stage
+    return _KS_SLOTS * ((D // 8) * 1024 + 64 * 4 + 128) + _KS_WARPGROUPS * stage
 
 
 def score_ks_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200, E: int = 64) -> ScoreLaunch:

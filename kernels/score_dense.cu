@@ -245,7 +245,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             for (int qq = 0; qq < it.rows; ++qq) {
                 QueryStaging<kDim> staging;
                 staging.load(q, w, H, it.first + qq);
-                staging.store_chunked(qb + qq * (64 / 8) * 128, wsm + 64 * qq, kBLbo);
+                staging.store_chunked<true>(qb + qq * (64 / 8) * 128, wsm + 64 * qq, kBLbo);  // weights in lane order
             }
             if (wtid < 4) {  // rows past the item's end (and lane 3's with three queries): length 0
                 meta[buf * 8 + wtid] = wtid < it.rows ? visible_len(valid_lens, it.first + wtid, max_len) : 0;
@@ -321,10 +321,12 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             float2 part[4];  // a fourth query of zeros where an item has three (its lane stores nothing)
             part[3] = make_float2(0.0f, 0.0f);
 #pragma unroll
-            for (int qq = 0; qq < kQueries; ++qq)
-                part[qq] = weighted_head_partials(reinterpret_cast<const float(&)[32]>(acc[32 * qq]), [&](int j) {
-                    return *reinterpret_cast<const float2*>(wsm + 64 * qq + 8 * j + 2 * c);
-                });
+            for (int qq = 0; qq < kQueries; ++qq) {
+                LaneWeights wq;  // query qq's weights of my heads: four 16-byte loads (lane_order_weight)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) wq.v[i] = reinterpret_cast<const float4*>(wsm + 64 * qq + 4 * c)[4 * i];
+                part[qq] = weighted_head_partials(reinterpret_cast<const float(&)[32]>(acc[32 * qq]), wq);
+            }
             const bool odd = c & 1, upper = c & 2;
             float2 pair[2];  // queries odd and 2 + odd, summed over lanes c, c ^ 1
 #pragma unroll

@@ -45,7 +45,9 @@ struct KsSmem {
     static constexpr int kQImage = kLen + 16;                              // bytes ks_prep_kernel writes a row
     static constexpr int kBar = kQImage;                                   // u64: the slot's query landed
     static constexpr int kCount = kBar + 8;                                // u32: warpgroups done with it
-    static constexpr int kQSlot = kQImage + 16;                            // a slot's bytes (16-byte aligned)
+    // a slot's bytes, a multiple of 128, so that B's core matrices (128 bytes each) start on
+    // 128-byte lines (16-byte aligned slots, which the descriptor allows, measured the same)
+    static constexpr int kQSlot = (kQImage + 16 + 127) / 128 * 128;
     static constexpr int kKeys = score_ks::kSlots * kQSlot;                // the key stages, one a warpgroup
     static constexpr int kBytes = kKeys + score_ks::kWarpgroups * wgmma_stage_bytes(kDim);
 };
@@ -63,11 +65,10 @@ struct PrepToKsImage {
         *reinterpret_cast<u32*>(qimg + (long long)t * KsSmem<kDim>::kQImage + (pr / 4) * kLbo + (h / 8) * kCoreBytes +
                                 (h % 8) * 16 + (pr % 4) * 4) = v;
     }
-    // the weights in the order the kernel's lanes read them: lane quad position c's 16
-    // (heads 8j + 2c, +1 for j = 0..7) contiguous, four 16-byte loads (16 c + 2 j + e)
+    // the weights in the order the kernel's lanes read them (lane_order_weight)
     __device__ __forceinline__ void weight(int t, int h, float v) const {
-        reinterpret_cast<float*>(qimg + (long long)t * KsSmem<kDim>::kQImage +
-                                 KsSmem<kDim>::kWeights)[((h >> 1) & 3) * 16 + (h >> 3) * 2 + (h & 1)] = v;
+        reinterpret_cast<float*>(qimg + (long long)t * KsSmem<kDim>::kQImage + KsSmem<kDim>::kWeights)[lane_order_weight(h)] =
+            v;
     }
 };
 
@@ -238,7 +239,7 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQImage]
     // global memory and clamped, and the score's address made from t took ~20 a round.
     int i = 0;                            // my item: the ring's round
     u32 slot = ring0, parity = 0u;        // its slot (window address) and the phase to wait for
-    const u32 my_weights = Smem::kWeights + 16 * 4 * c;  // my 16 weights in a slot (PrepToKsImage)
+    const u32 my_weights = Smem::kWeights + 16 * c;  // my first 16 bytes of weights in a slot (lane_order_weight)
     const int r_mine = r0 + 8 * (c & 1);  // my row of a sub-tile, which lanes c < 2 store
     for (long long k = k0; k < k1;) {
         const Item at = item_at(k);
@@ -260,14 +261,11 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQImage]
             for (int u = 0; u < 2; ++u) mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);
             // my weights, once for both sub-tiles (a load after the accumulators' fences, whose
             // memory clobbers made the compiler load them again for the second)
-            float4 wq[4];
+            LaneWeights wq;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) wq[j] = ld_shared_f4(slot + my_weights + 16 * j);
+            for (int i = 0; i < 4; ++i) wq.v[i] = ld_shared_f4(slot + my_weights + 64 * i);
             auto epilogue = [&](const float (&d)[32], int u, float g0, float g1) {
-                const float mine = weighted_head_sum_mine_of(d, [&](int j) {
-                    const float4 v = wq[j >> 1];
-                    return j & 1 ? make_float2(v.z, v.w) : make_float2(v.x, v.y);
-                }, c);
+                const float mine = weighted_head_sum_mine_of(d, wq, c);
                 const float score = mine * (c & 1 ? g1 : g0) + 0.0f;  // -0 folded into +0
                 store_global_if(dst + u * kSubTile, score, s_test + u * kSubTile < n);
             };

@@ -178,6 +178,27 @@ __device__ __forceinline__ float weighted_head_sum_mine(const float (&d)[32], co
     return weighted_head_sum_mine_of(d, [&](int j) { return *reinterpret_cast<const float2*>(w + 8 * j + 2 * c); }, c);
 }
 
+// Where head h's weight goes among a query's 64 when they are stored in the order the
+// epilogue's lanes read them: lane quad position c's heads 16i + 2c, +1, 16i + 8 + 2c, +1
+// (j = 2i, 2i + 1 of weighted_head_partials) as the 16 bytes at 64i + 16c, so that a lane
+// loads its 16 weights with four 16-byte loads (LaneWeights) where the head order took
+// eight 8-byte ones, and the quad's four pieces of a load lie side by side. (Each lane's 16
+// contiguous instead put the four pieces 64 bytes apart, two to a bank: the dense kernel,
+// bound by its shared-memory pipe, lost 8.5% to that conflict, docs/performance.md v51.)
+__device__ __forceinline__ int lane_order_weight(int h) {
+    return ((h >> 4) * 4 + ((h >> 1) & 3)) * 4 + ((h >> 3) & 1) * 2 + (h & 1);
+}
+
+// weights(j) of weighted_head_partials from a lane's four float4s of lane-ordered weights:
+// v[i] = the 16 bytes at 64i + 16c of its query's 64 weights
+struct LaneWeights {
+    float4 v[4];
+    __device__ __forceinline__ float2 operator()(int j) const {
+        const float4 x = v[j >> 1];
+        return j & 1 ? make_float2(x.z, x.w) : make_float2(x.x, x.y);
+    }
+};
+
 // ... with my weights in registers: w[j] = heads 8j + 2c, +1
 __device__ __forceinline__ float weighted_head_sum_mine(const float (&d)[32], const float2 (&w)[8], int c) {
     return weighted_head_sum_mine_of(d, [&](int j) { return w[j]; }, c);
@@ -244,8 +265,9 @@ struct QueryStaging {
 
     // Each of my heads in fp16 (scaled by 2^e, e = query_scale_exponent of its maximum):
     // store_head(j, h, sc, r) writes slot j's values (head h, lane r of its group) into B,
-    // and the group's lane 0 its weight, w * 2^(8 - e), into wsm[h].
-    template <typename StoreHead>
+    // and the group's lane 0 its weight, w * 2^(8 - e), into wsm[h] (kLaneOrder:
+    // wsm[lane_order_weight(h)]).
+    template <bool kLaneOrder = false, typename StoreHead>
     __device__ __forceinline__ void store_heads(float* wsm, StoreHead store_head) const {
         const int r = lane_in_head();
         float amax[kSlots];
@@ -254,7 +276,7 @@ struct QueryStaging {
         for (int j = 0; j < kSlots; ++j) {
             const int h = head(j), e = query_scale_exponent(amax[j]);
             store_head(j, h, pow2_scale(e), r);
-            if (r == 0) wsm[h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
+            if (r == 0) wsm[kLaneOrder ? lane_order_weight(h) : h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
         }
     }
 
@@ -274,9 +296,10 @@ struct QueryStaging {
         });
     }
 
+    template <bool kLaneOrder = false>
     __device__ __forceinline__ void store_chunked(unsigned char* qb, float* wsm, int lbo) const {
         static_assert(kDim == 128, "the chunked order's lanes hold dims 32qd + 4r .. + 3");
-        store_heads(wsm, [&](int j, int h, Pow2Scale sc, int r) {
+        store_heads<kLaneOrder>(wsm, [&](int j, int h, Pow2Scale sc, int r) {
 #pragma unroll
             for (int qd = 0; qd < 4; ++qd) {  // dims 32qd + 4r .. + 3: half r % 2 of chunk 4qd + r / 2
                 const float4 x = v[j][qd];
