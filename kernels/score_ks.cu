@@ -3,9 +3,9 @@
 //
 // The pair kernel (score_wgmma.cu) decodes every key tile once for two queries; here a
 // CTA decodes a group of kGroup entries once, keeps them as wgmma A fragments in
-// registers, and streams the run's queries past them, one query a round: its B operand
-// and weights (the shared-memory image ks_prep_kernel writes from the fp32 query, 16,640
-// bytes) come into a ring of kSlots slots by one bulk copy each. The
+// registers, and streams the run's queries past them, one query a round: its B operand,
+// weights and visible length (the shared-memory image ks_prep_kernel writes from the fp32
+// query, 16,656 bytes) come into a ring of kSlots slots by one bulk copy each. The
 // warpgroups do not meet at a barrier: each waits for its query's slot (an mbarrier the
 // copy completes) and counts itself out of it; the last one out refills it, so the
 // warpgroups drift apart and one's epilogue runs under another's MMAs. The decode is paid
