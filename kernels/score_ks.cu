@@ -234,9 +234,10 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQImage]
 
     // my share: from item k0, runs of rows of one (sequence, group), a group's keys decoded
     // once for all its rows in the run. The round's bookkeeping is kept to registers advanced
-    // each round: each instruction of a round costs the kernel ~0.25% (docs/performance.md
-    // v50, v51), and the slot's address and phase made from i, the row's length loaded from
-    // global memory and clamped, and the score's address made from t took ~20 a round.
+    // each round: the kernel's time follows its round's instruction count (docs/performance.md
+    // v50), and the slot's address and phase made from i, the row's length loaded from global
+    // memory and clamped, the score's address made from t and the weights loaded twice took
+    // ~30 of ~246 a round (v51: 216 now, the scoring 3.4% faster).
     int i = 0;                            // my item: the ring's round
     u32 slot = ring0, parity = 0u;        // its slot (window address) and the phase to wait for
     const u32 my_weights = Smem::kWeights + 16 * c;  // my first 16 bytes of weights in a slot (lane_order_weight)
@@ -263,7 +264,7 @@ score_ks_kernel(const unsigned char* __restrict__ qimg,  // [T][KsSmem::kQImage]
             // memory clobbers made the compiler load them again for the second)
             LaneWeights wq;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) wq.v[i] = ld_shared_f4(slot + my_weights + 64 * i);
+            for (int piece = 0; piece < 4; ++piece) wq.v[piece] = ld_shared_f4(slot + my_weights + 64 * piece);
             auto epilogue = [&](const float (&d)[32], int u, float g0, float g1) {
                 const float mine = weighted_head_sum_mine_of(d, wq, c);
                 const float score = mine * (c & 1 ? g1 : g0) + 0.0f;  // -0 folded into +0
