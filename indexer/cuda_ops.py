@@ -360,7 +360,7 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         if kind in ("pairs", "ks", "dense"):
             p.n_seq = i32(cu_seqlens.shape[0] - 1)
         if kind == "dense":  # each sequence's keys decoded once a run, then the GEMM over them
-            p.keys_k = _kernel("score_dense.cu", f"dense_keys_kernel<{prob.D}>", device_id)
+            p.keys_k = _kernel(_SCORING_SOURCES[kind], f"dense_keys_kernel<{prob.D}>", device_id)
             p.units = i32(geometry.dense_units(prob.max_len))
         if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
             p.prep_k = _kernel(_SCORING_SOURCES[kind], f"ks_prep_kernel<{prob.D}>", device_id)
