@@ -54,8 +54,9 @@ struct KsSmem {
 
 // prep_query_row's output (fast_common.cuh) as score_ks_kernel's query images, qimg
 // [T][kQImage bytes]: each query's B operand as that kernel's shared memory holds it
-// (core-matrix layout: slot pair pr of head h in the 16-byte chunk pr / 4 of its K chunk)
-// and its weights after it, so that one bulk copy brings both. No padding slots.
+// (core-matrix layout: slot pair pr of head h in the 16-byte chunk pr / 4 of its K chunk),
+// its weights after it, then its visible length (ks_prep_kernel), so that one bulk copy
+// brings all three. No padding slots.
 template <int kDim>
 struct PrepToKsImage {
     unsigned char* __restrict__ qimg;
