@@ -100,7 +100,11 @@ def main(argv=None) -> int:  # gpu-only
     with tempfile.TemporaryDirectory() as scratch:
         for i, spec in enumerate(args.against):
             tag = f"{args.source}@{i}:{spec}"
-            texts[tag] = version_text(spec, args.source, Path(scratch))
+            try:
+                texts[tag] = version_text(spec, args.source, Path(scratch))
+            except ValueError as e:
+                print(f"ab_kernels.py: {e}", file=sys.stderr)
+                return 2
             names[spec if spec not in names else tag] = tag
     # the versions compile through _jit as sources of their own, the same instances
     read_source = _jit.read_source
