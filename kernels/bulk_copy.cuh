@@ -43,18 +43,7 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 __device__ __forceinline__ void mbar_arrive(u64* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
-// arrive, announcing `bytes` more bytes to land in this phase
-__device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
-}
-// ... the barrier at window address bar
+// arrive, announcing `bytes` more bytes to land in this phase (the barrier at window address bar)
 __device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -70,15 +59,22 @@ __device__ __forceinline__ void bulk_copy_g2s(u32 dst, const void* src, u32 byte
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+// the same by pointers into shared memory
+__device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, u32 bytes) { mbar_arrive_expect_tx(smem_u32(bar), bytes); }
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) { mbar_wait(smem_u32(bar), parity); }
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+    bulk_copy_g2s(smem_u32(dst), src, bytes, smem_u32(bar));
 }
 // the same, its lines marked first to leave L2 (keys read once a call: they should not push
 // out the scores the select reads next)
 __device__ __forceinline__ void bulk_copy_g2s_evict_first(void* dst, const void* src, u32 bytes, u64* bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
                  ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(l2_evict_first()) : "memory");
+}
+// ask L2 for `bytes` (multiple of 16) of global memory at src, so that later loads wait on
+// L2 rather than HBM (a hint: nothing waits for it)
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
 // order this thread's earlier shared-memory accesses before later async-proxy ones
 // (shared memory written with ordinary stores, then read by wgmma or overwritten by a bulk copy)
@@ -94,5 +90,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(u32, u32) { __trap(); }
 __device__ __forceinline__ void mbar_wait(u32, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s(u32, const void*, u32, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s_evict_first(void*, const void*, u32, u64*) { __trap(); }
+__device__ __forceinline__ void bulk_prefetch_l2(const void*, u32) {}
 __device__ __forceinline__ void fence_proxy_async() {}
 #endif

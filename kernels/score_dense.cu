@@ -225,8 +225,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
                 if (has_units(ahead)) {
                     const Item it = item_at(ahead++);
                     const u32 bytes = (u32)(it.rows * H * kDim * 4);
-                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q + (long long)it.first * H * kDim),
-                                 "r"(bytes) : "memory");
+                    bulk_prefetch_l2(q + (long long)it.first * H * kDim, bytes);
                     return;
                 }
         };
@@ -245,7 +244,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             for (int qq = 0; qq < it.rows; ++qq) {
                 QueryStaging<kDim> staging;
                 staging.load(q, w, H, it.first + qq);
-                staging.store_chunked<true>(qb + qq * (64 / 8) * 128, wsm + 64 * qq, kBLbo);  // weights in lane order
+                staging.template store_chunked<true>(qb + qq * (64 / 8) * 128, wsm + 64 * qq, kBLbo);  // weights in lane order
             }
             if (wtid < 4) {  // rows past the item's end (and lane 3's with three queries): length 0
                 meta[buf * 8 + wtid] = wtid < it.rows ? visible_len(valid_lens, it.first + wtid, max_len) : 0;
