@@ -186,6 +186,8 @@ _WGMMA_LAUNCHES = {"ws": geometry.score_ws_launch, "pairs": geometry.score_wgmma
 _SCORING_SOURCES = {"fp32": "score_fp32.cu", "mma": "score_mma.cu", "wgmma": "score_wgmma.cu",
                     "pairs": "score_wgmma.cu", "ws": "score_ws.cu", "ks": "score_ks.cu",
                     "dense": "score_dense.cu"}
+#: the select kernels' source (a name, so that scripts/ab_kernels.py can swap in another version)
+_SELECT_SOURCE = "select_fast.cu"
 
 
 def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens):
@@ -374,21 +376,21 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         # row up to 2,048 entries); longer ones (the row select forced, for tests) are read
         # by every pass
         row_name, p.row_threads = geometry.row_select_kernel(ld, prob.top_k, _validate.MAX_TOP_K)
-        p.row_k = _kernel("select_fast.cu", row_name, device_id)
+        p.row_k = _kernel(_SELECT_SOURCE, row_name, device_id)
     else:
         per = geometry.select_fast_per_thread(rows, sl.ld, dev)
         if not counts_keys:  # the other scoring kernels count the histogram in their epilogue
-            p.hist_k = _kernel("select_fast.cu", f"topk_histogram_kernel<256, {per}>", device_id)
-        p.filter_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}>", device_id)
+            p.hist_k = _kernel(_SELECT_SOURCE, f"topk_histogram_kernel<256, {per}>", device_id)
+        p.filter_k = _kernel(_SELECT_SOURCE, f"topk_filter_kernel<256, {per}>", device_id)
         all_pairs = geometry.rank_all_pairs(rows)
-        p.rank_k = _kernel("select_fast.cu", f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>", device_id)
+        p.rank_k = _kernel(_SELECT_SOURCE, f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>", device_id)
         p.rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
                        else geometry.rank_ctas_per_row(prob.top_k))
-        p.final_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {p.cap}>", device_id, 8 * p.cap)
+        p.final_k = _kernel(_SELECT_SOURCE, f"topk_final_kernel<1024, {p.cap}>", device_id, 8 * p.cap)
         if sampled_ok:
-            p.sample_k = _kernel("select_fast.cu", "topk_sample_kernel<256>", device_id)
-            p.filter_sampled_k = _kernel("select_fast.cu", f"topk_filter_kernel<256, {per}, true>", device_id)
-            p.final_sampled_k = _kernel("select_fast.cu", f"topk_final_kernel<1024, {p.cap}, true>", device_id,
+            p.sample_k = _kernel(_SELECT_SOURCE, "topk_sample_kernel<256>", device_id)
+            p.filter_sampled_k = _kernel(_SELECT_SOURCE, f"topk_filter_kernel<256, {per}, true>", device_id)
+            p.final_sampled_k = _kernel(_SELECT_SOURCE, f"topk_final_kernel<1024, {p.cap}, true>", device_id,
                                         8 * p.cap)
         p.chunks = geometry.select_fast_chunks(sl.ld, per)
     # each run of rows: its bounds, and (multi-CTA select) whether it takes the sampled

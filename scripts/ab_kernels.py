@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""One-process A/B of a scoring kernel's source file: the working tree's version against
-others, on one benchmark case, their graph replays alternated round after round.
+"""One-process A/B of a kernel source file (a scoring kernel's, or the select kernels'
+select_fast.cu): the working tree's version against others, on one benchmark case, their
+graph replays alternated round after round.
 
     python scripts/ab_kernels.py --source score_ks.cu --case prefill-chunk --against HEAD
     python scripts/ab_kernels.py --source score_dense.cu --case prefill-8K --against HEAD~2 --against my_dense.cu
     python scripts/ab_kernels.py --source score_wgmma.cu --case decode-128K --against HEAD --rounds 6
+    python scripts/ab_kernels.py --source select_fast.cu --case prefill-8K --against HEAD
 
 Why one process: this host's and the GPU's state (clocks, power, the tensor probe) move
 between runs by more than most single changes gain, so a change is judged against the code
@@ -15,8 +17,9 @@ A version is the whole source file: from a git revision (compiled with that revi
 headers) or from a file (a whole copy of the source, compiled with the working tree's
 headers). Every scoring kind that reads the file takes the version (score_wgmma.cu: the
 single-query and pair kernels), and so do the kernels launched beside it from the same file
-(the keys-stationary query staging, the dense kernel's key images). The launch code is the
-working tree's, so a version must take its launch arguments.
+(the keys-stationary query staging, the dense kernel's key images); select_fast.cu's version
+serves every select kernel of the call. The launch code is the working tree's, so a version
+must take its launch arguments.
 
 Per version it prints the whole call's and the scoring kernel's graph time (ms) each round
 and their medians, and whether its answers on the first input set (indices and scores) are
@@ -36,6 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from indexer import _jit  # noqa: E402
+
+#: the select kernels' source (indexer.cuda_ops._SELECT_SOURCE at rest)
+SELECT_SOURCE = "select_fast.cu"
 
 
 def version_text(spec: str, source: str, scratch: Path, root: Path = ROOT) -> str:
@@ -74,9 +80,9 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=20, help="graph replays timed a measurement (default 20)")
     ap.add_argument("--fast-kernel", default="auto", help="force the scoring kernel (as score_topk's _fast_kernel)")
     args = ap.parse_args(argv)
-    scoring = sorted(s for s in _jit.INSTANCES if s.startswith("score_"))
-    if args.source not in scoring:
-        ap.error(f"--source: {args.source!r} is not a scoring kernel's source (known: {', '.join(scoring)})")
+    swappable = sorted(s for s in _jit.INSTANCES if s.startswith("score_") or s == SELECT_SOURCE)
+    if args.source not in swappable:
+        ap.error(f"--source: {args.source!r} is not a scoring or select kernel's source (known: {', '.join(swappable)})")
     if args.rounds < 1 or args.repeats < 1:
         ap.error("--rounds and --repeats: at least 1")
     return args
@@ -95,6 +101,7 @@ def main(argv=None) -> int:  # gpu-only
     from indexer import Workspace, cuda_ops  # noqa: PLC0415
 
     kinds = [k for k, s in cuda_ops._SCORING_SOURCES.items() if s == args.source]
+    is_select = args.source == SELECT_SOURCE
     names = {"main": args.source}
     texts = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -111,7 +118,7 @@ def main(argv=None) -> int:  # gpu-only
     _jit.read_source = lambda name: texts[name] if name in texts else read_source(name)
     for tag in texts:
         _jit.INSTANCES[tag] = _jit.INSTANCES[args.source]
-    saved = dict(cuda_ops._SCORING_SOURCES)
+    saved = dict(cuda_ops._SCORING_SOURCES), cuda_ops._SELECT_SOURCE
     sets, _ = bench.input_sets(case, cp, 0)
 
     def call(x, ws, score_only=False, scores=False):
@@ -123,6 +130,8 @@ def main(argv=None) -> int:  # gpu-only
         for r in range(args.rounds):
             for label, source in names.items():
                 cuda_ops._SCORING_SOURCES.update({k: source for k in kinds})
+                if is_select:
+                    cuda_ops._SELECT_SOURCE = source
                 cuda_ops.clear_plans()
                 ws = Workspace()
                 if r == 0:
@@ -132,7 +141,8 @@ def main(argv=None) -> int:  # gpu-only
                 # None where a graph could not be captured
                 times.setdefault(label, []).append(tuple(float("nan") if t is None else t for t in (whole, scoring)))
     finally:
-        cuda_ops._SCORING_SOURCES.update(saved)
+        cuda_ops._SCORING_SOURCES.update(saved[0])
+        cuda_ops._SELECT_SOURCE = saved[1]
         cuda_ops.clear_plans()
         _jit.read_source = read_source
     print(f"{case.name}, {args.source}: graph ms, {args.rounds} rounds (whole call | scoring alone)")

@@ -80,6 +80,18 @@ def test_unknown_source_and_bad_counts_are_refused(capsys):
     args = ab.parse_args(["--source", "score_ks.cu", "--case", "prefill-chunk", "--against", "HEAD",
                           "--against", "x.cu"])
     assert args.against == ["HEAD", "x.cu"] and args.rounds == 4 and args.fast_kernel == "auto"
+    # the select kernels' source is swappable too; a header is not
+    assert ab.parse_args(["--source", "select_fast.cu", "--case", "prefill-8K", "--against", "HEAD"]).source == \
+        "select_fast.cu"
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--source", "select_row.cuh", "--case", "prefill-8K", "--against", "HEAD"])
+
+
+def test_the_select_source_it_swaps_is_the_one_the_launches_read():
+    # cuda_ops imports CuPy, so its text is read: every select launch through _SELECT_SOURCE
+    text = (ROOT / "indexer" / "cuda_ops.py").read_text()
+    assert f'_SELECT_SOURCE = "{ab.SELECT_SOURCE}"' in text
+    assert '_kernel("select_fast.cu"' not in text and text.count("_kernel(_SELECT_SOURCE") >= 8
 
 
 def test_without_a_gpu_or_with_an_unknown_case_it_says_so_in_one_line(capsys):
