@@ -19,33 +19,83 @@
 // Returns the key of entry i of the row (0 for NaN).
 __device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { return score_to_key(row[i]); }
 
+// The row kernels' keys in registers (kRegs a thread): register j of thread tid holds entry
+// row_entry(j, tid), four consecutive entries to a group of four registers (one 16-byte
+// load), the groups 4 x kThreads entries apart.
+template <int kThreads>
+__device__ __forceinline__ int row_entry(int j, int tid) { return (j >> 2) * (4 * kThreads) + 4 * tid + (j & 3); }
+
+// score_to_key with the sign folded in by a mask (no select between ~u and u | 2^31); 0 for
+// NaN and where !live
+__device__ __forceinline__ u32 live_key(float x, bool live) {
+    if (!live || x != x) return 0u;
+    const u32 u = __float_as_uint(x + 0.0f);  // -0 -> +0
+    return u ^ ((u32)((int)u >> 31) | 0x80000000u);
+}
+
+// Entries [0, n) of row r as keys in row_entry's order (0 past n): 16-byte loads where the
+// row is 16-byte aligned (the workspace's rows: ld a multiple of 4), else one entry a load.
+// A 16-byte load starts below n, a multiple of 4, so it ends inside the row's ld entries.
+template <int kThreads, int kRegs>
+__device__ __forceinline__ void load_row_keys(const float* __restrict__ r, int n, u32 (&keys)[kRegs]) {
+    static_assert(kRegs % 4 == 0, "whole groups of four");
+    const int tid = threadIdx.x;
+    float v[kRegs];
+    if ((reinterpret_cast<size_t>(r) & 15u) == 0) {  // the same in every thread
+#pragma unroll
+        for (int g = 0; g < kRegs / 4; ++g) {
+            const int first = row_entry<kThreads>(4 * g, tid);
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (first < n) x = __ldg(reinterpret_cast<const float4*>(r + first));
+            v[4 * g] = x.x;
+            v[4 * g + 1] = x.y;
+            v[4 * g + 2] = x.z;
+            v[4 * g + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < kRegs; ++j) {
+            const int i = row_entry<kThreads>(j, tid);
+            v[j] = i < n ? __ldg(r + i) : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < kRegs / 4; ++g) {
+        const int left = n - row_entry<kThreads>(4 * g, tid);  // the group's entries below n
+#pragma unroll
+        for (int e = 0; e < 4; ++e) keys[4 * g + e] = live_key(v[4 * g + e], e < left);
+    }
+}
+
 // Buckets of keys: the top kBucketBits bits of a key's distance below the largest key hi,
-// on keys whose interval (key(-eps), key(eps)) is collapsed to one point, eps the larger
-// magnitude of hi's and lo's scores times 2^-16. A monotone map (each step is), so larger
-// keys take lower buckets and equal keys the same one. Key bits space the buckets by
+// on keys whose interval [key(-eps), key(eps)] is collapsed to one point, eps the larger
+// magnitude of hi's and lo's scores times 2^-16. A monotone map, so larger keys take lower
+// buckets and equal keys the same one (which keys share a bucket only decides how much
+// comparing is left to the ranking, never the result). Key bits space the buckets by
 // binades, as a row's scores spread; the collapse keeps the ~250 binades of tiny
 // magnitudes, which keys of both signs span, from crowding the rest into a few buckets
 // (without it 48% of prefill-8K's rows crowded a bucket past 32 winners; with it none).
+// The collapse is key - clamp(key, key(-eps), key(eps)): read as a signed number it runs
+// from -key(-eps) through 0 to 2^32 - 1 - key(eps) (key(-eps) <= 2^31 <= key(eps)), so a
+// bucket is two min/max, one three-way add and a shift.
 template <int kBucketBits>
 struct KeyBuckets {
-    u32 kn, kp, gap, top;
+    u32 edge_lo, edge_hi, top;
     int shift;
     // hi >= lo, both selectable (non-zero) keys
     __device__ __forceinline__ KeyBuckets(u32 hi, u32 lo) {
         const float mag = fmaxf(fabsf(key_to_score(hi)), fabsf(key_to_score(lo)));
         const float eps = mag * (1.0f / 65536.0f);  // exact: a power of two
-        // keys in (kn, kp) map to kn + 1, keys from kp up shift down to follow it (u32
-        // wrap-around: a gap of 0 or 1 shifts up by 2 or 1; +inf's key has room)
-        kn = score_to_key(-eps);
-        kp = score_to_key(eps);
-        gap = kp - kn - 2u;
+        edge_lo = score_to_key(-eps);
+        edge_hi = score_to_key(eps);
         top = collapsed(hi);
-        const u32 range = top - collapsed(lo);
+        const u32 range = top - collapsed(lo);  // the distance, in u32 without wrap-around
         const int bits = range ? 32 - __clz((int)range) : 0;
         shift = bits > kBucketBits ? bits - kBucketBits : 0;  // range >> shift < 2^kBucketBits
     }
-    __device__ __forceinline__ u32 collapsed(u32 key) const { return key <= kn ? key : key < kp ? kn + 1u : key - gap; }
-    __device__ __forceinline__ u32 operator()(u32 key) const { return (top - collapsed(key)) >> shift; }
+    __device__ __forceinline__ u32 clamped(u32 key) const { return min(max(key, edge_lo), edge_hi); }
+    __device__ __forceinline__ u32 collapsed(u32 key) const { return key - clamped(key); }
+    __device__ __forceinline__ u32 operator()(u32 key) const { return (top - key + clamped(key)) >> shift; }
 };
 
 // The m winners cand[0, m) (any order; distinct, none zero) put in order, by (score
@@ -192,18 +242,18 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint4* quads = reinterpret_cast<uint4*>(bins);
 
-    // ---- the row's largest and smallest selectable keys; the bins zeroed
-    u32 lo = 0xffffffffu, hi = 0u;
+    // ---- the row's largest and smallest selectable keys (the smallest less one, so that a
+    // key of 0 wraps past every other without a branch); the bins zeroed
+    u32 lo1 = 0xffffffffu, hi = 0u;
 #pragma unroll
-    for (int j = 0; j < kRegs; ++j)
-        if (reg_keys[j]) {
-            lo = min(lo, reg_keys[j]);
-            hi = max(hi, reg_keys[j]);
-        }
-    lo = __reduce_min_sync(FULL_MASK, lo);
+    for (int j = 0; j < kRegs; ++j) {
+        lo1 = min(lo1, reg_keys[j] - 1u);
+        hi = max(hi, reg_keys[j]);
+    }
+    lo1 = __reduce_min_sync(FULL_MASK, lo1);
     hi = __reduce_max_sync(FULL_MASK, hi);
     if (lane == 0) {
-        s_lo[warp] = lo;
+        s_lo[warp] = lo1;
         s_hi[warp] = hi;
     }
     for (int i = tid; i < kBuckets / 4; i += kThreads) quads[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -211,14 +261,14 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     __syncthreads();
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-        lo = min(lo, s_lo[w]);
+        lo1 = min(lo1, s_lo[w]);
         hi = max(hi, s_hi[w]);
     }
     if (hi == 0u) {  // nothing selectable (the same in every thread): all padding
         *m_out = 0u;
         return true;
     }
-    const KeyBuckets<kBucketBits> bucket_of(hi, lo);
+    const KeyBuckets<kBucketBits> bucket_of(hi, lo1 + 1u);
 
     // ---- histogram
 #pragma unroll
@@ -227,41 +277,50 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     __syncthreads();
 
     // ---- offsets: thread t scans bins [kRegs t, kRegs (t + 1)), in bucket order (largest
-    // keys first); the k-th key's bucket thr is the one with offset < m <= offset + count
-    u32 mine = 0u;
+    // keys first); the k-th key's bucket thr is the one with offset < m <= offset + count.
+    // Its kQuads 16-byte quads are read starting from quad rot and wrapping around: the
+    // quarter-warp's eight loads then fall on eight distinct 16-byte bank groups (in plain
+    // order, threads kQuads * 16 bytes apart, two to eight of them shared one: v52).
+    static_assert(8 % kQuads == 0, "a quarter-warp's rotations");
+    const u32 rot = ((u32)tid / (8u / kQuads)) % kQuads;
+    u32 mine = 0u, before_rot = 0u;  // all my buckets' counts; those of quads before rot
 #pragma unroll
     for (int i = 0; i < kQuads; ++i) {
-        const uint4 v = quads[tid * kQuads + i];
-        mine += v.x + v.y + v.z + v.w;
+        const u32 q = ((u32)i + rot) % kQuads;
+        const uint4 v = quads[tid * kQuads + q];
+        const u32 sum = v.x + v.y + v.z + v.w;
+        mine += sum;
+        before_rot += q < rot ? sum : 0u;
     }
     u32 total;
-    u32 base = block_exclusive_scan<kThreads>(mine, scratch, &total);  // its barriers: every count read
+    const u32 base = block_exclusive_scan<kThreads>(mine, scratch, &total);  // its barriers: every count read
     const u32 m = min((u32)top_k, total);  // total >= 1: hi is a selectable key
-    u32 big = 0u;  // the largest count of the buckets up to thr
+    const u32 kth = m - 1u;  // the k-th key's place: its bucket's offset <= kth < offset + count
+    u32 run = base + before_rot;  // quad rot's offset
 #pragma unroll
     for (int i = 0; i < kQuads; ++i) {
-        const uint4 v = quads[tid * kQuads + i];
+        const u32 q = ((u32)i + rot) % kQuads;
+        if (i > 0 && q == 0u) run = base;  // wrapped around to the first quad
+        const uint4 v = quads[tid * kQuads + q];
         const u32 cnt[4] = {v.x, v.y, v.z, v.w};
         u32 off[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            off[e] = base;
-            if (base < m) {
-                big = max(big, cnt[e]);
-                if (m <= base + cnt[e]) {  // exactly one bucket of the row
-                    s_thr = (u32)(tid * kRegs + 4 * i + e);
-                    s_end = base + cnt[e];
-                }
+            off[e] = run;
+            if (kth - run < cnt[e]) {  // exactly one bucket of the row (u32: run > kth wraps)
+                s_thr = (u32)(tid * kRegs + e) + 4u * q;
+                s_end = run + cnt[e];
             }
-            base += cnt[e];
+            run += cnt[e];
         }
-        quads[tid * kQuads + i] = make_uint4(off[0], off[1], off[2], off[3]);
+        quads[tid * kQuads + q] = make_uint4(off[0], off[1], off[2], off[3]);
     }
-    big = __reduce_max_sync(FULL_MASK, big);
-    if (lane == 0 && big) atomicMax(&s_big, big);
     __syncthreads();
-    if (s_big > kRowBucketMax) return false;  // the same in every thread
-    const u32 thr = s_thr, end = s_end;  // end < m + kRowBucketMax <= kMaxK + kRowBucketMax
+    const u32 thr = s_thr, end = s_end;
+    // the buckets before thr end at offset < m <= kMaxK; thr's may hold more than cand has
+    // room for past them (a plateau): the same in every thread. A crowded bucket before it
+    // is found by the ranking below.
+    if (end > (u32)(kMaxK + (int)kRowBucketMax)) return false;
 
     // ---- gather the buckets up to thr, each entry at its bucket's next slot: afterwards
     // bins[b] is bucket b's end, and bucket b starts at bins[b - 1] (0 for b = 0)
@@ -270,7 +329,7 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
         const u32 key = reg_keys[j];
         if (key) {
             const u32 b = bucket_of(key);
-            if (b <= thr) cand[atomicAdd(&bins[b], 1u)] = make_candidate(key, j * kThreads + tid);
+            if (b <= thr) cand[atomicAdd(&bins[b], 1u)] = make_candidate(key, row_entry<kThreads>(j, tid));
         }
     }
     __syncthreads();
@@ -289,7 +348,9 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
             const u32 b = bucket_of(candidate_key(c[j]));
             const u32 first = b ? bins[b - 1] : 0u, last = bins[b];
             u32 ahead = 0u;
-            if (last - first > 1u) {
+            if (last - first > kRowBucketMax) {
+                s_big = 1u;  // a crowded bucket (a plateau, an outlier): the radix select instead
+            } else if (last - first > 1u) {
 #pragma unroll 1
                 for (u32 q = first; q < last; ++q) ahead += cand[q] > c[j] ? 1u : 0u;
             }
@@ -297,6 +358,7 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
         }
     }
     __syncthreads();  // every bucket read: cand rewritten in order
+    if (s_big) return false;  // the same in every thread
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
         if ((u32)(j * kThreads) >= end) break;
@@ -331,13 +393,7 @@ __device__ __forceinline__ void select_row_radix(
     __shared__ u32 s_bin, s_above, s_whole, s_taken;
     const int tid = threadIdx.x;
     u32 reg_keys[kRegs > 0 ? kRegs : 1];
-    if constexpr (kRegs > 0) {
-        float v[kRegs];
-#pragma unroll
-        for (int j = 0; j < kRegs; ++j) v[j] = r[max(min(tid + j * kThreads, n - 1), 0)];
-#pragma unroll
-        for (int j = 0; j < kRegs; ++j) reg_keys[j] = tid + j * kThreads < n ? score_to_key(v[j]) : 0u;
-    }
+    if constexpr (kRegs > 0) load_row_keys<kThreads, kRegs>(r, n, reg_keys);
     if constexpr (kRowSelectBucketed<kThreads, kMaxK, kRegs>) {  // the short rows: buckets first
         u32 m;
         if (select_row_bucketed<kThreads, kMaxK, kRegs>(reg_keys, top_k, cand, scratch, &m)) {
@@ -426,7 +482,7 @@ __device__ __forceinline__ void select_row_radix(
         };
         if constexpr (kRegs > 0) {
 #pragma unroll
-            for (int j = 0; j < kRegs; ++j) gather(j * kThreads + tid, reg_keys[j]);  // keys past n are 0
+            for (int j = 0; j < kRegs; ++j) gather(row_entry<kThreads>(j, tid), reg_keys[j]);  // keys past n are 0
         } else {
             for (int start = 0; start < n; start += kThreads) {
                 const int i = start + tid;
@@ -454,10 +510,35 @@ __device__ __forceinline__ void select_row_radix(
             eq_base += total & 0xffffu;
         };
         if constexpr (kRegs > 0) {
+            // a group of four registers at a time: each thread's four consecutive entries,
+            // the threads' in index order, one block scan of their counts
 #pragma unroll
-            for (int j = 0; j < kRegs; ++j) {
-                if (j * kThreads >= n) break;  // the same j in every thread
-                collect(j * kThreads + tid, reg_keys[j]);
+            for (int g = 0; g < kRegs / 4; ++g) {
+                if (g * 4 * kThreads >= n) break;  // the same g in every thread
+                u32 gt = 0u, eq = 0u;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 key = reg_keys[4 * g + e];
+                    gt += key > thr ? 1u : 0u;
+                    eq += key == thr && key != 0u ? 1u : 0u;
+                }
+                u32 total;
+                const u32 pre = block_exclusive_scan<kThreads>((gt << 16) | eq, scratch, &total);
+                u32 pos = gt_base + (pre >> 16), rank = eq_base + (pre & 0xffffu);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 key = reg_keys[4 * g + e];
+                    const int i = row_entry<kThreads>(4 * g + e, tid);
+                    if (key > thr) {
+                        if (pos < (u32)kMaxK) cand[pos] = make_candidate(key, i);
+                        ++pos;
+                    } else if (key == thr && key != 0u) {
+                        if (rank < take_eq) cand[n_gt + rank] = make_candidate(key, i);
+                        ++rank;
+                    }
+                }
+                gt_base += total >> 16;
+                eq_base += total & 0xffffu;
             }
         } else {
             for (int start = 0; start < n; start += kThreads) {
