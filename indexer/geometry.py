@@ -281,7 +281,7 @@ DENSE_UNIT_BYTES = 64 * 128 * 2 + 64 * 4
 #: the largest key image the dense kernel is chosen for by default: every unit is read
 #: once for each item of three rows that sees it, so the image should stay in L2 (50 MB)
 DENSE_MAX_IMAGE_BYTES = 16 << 20
-_DENSE_MAX_ITEMS = 3072  # score_dense::kMaxItems
+_DENSE_MAX_ITEMS = 2988  # score_dense::kMaxItems: ceil(DENSE_MAX_ROWS / 3) + DENSE_MAX_SEQS + 1
 _DENSE_STAGES = 4  # score_dense::kStages
 _DENSE_QUERIES = 3  # score_dense::kQueries: rows an item
 _DENSE_BUFFERS = 3  # score_dense::kBuffers
@@ -332,7 +332,8 @@ def dense_smem_bytes(D: int = 128) -> int:
     three B buffers of three queries and their weights, the key ring, barriers, the rows'
     lengths and the schedule's item starts."""
     n = 64 * _DENSE_QUERIES
-    return (_DENSE_BUFFERS * (D // 8) * (n // 8) * 128 + _DENSE_BUFFERS * n * 4 + _DENSE_STAGES * DENSE_UNIT_BYTES
+    b_lbo = (n // 8) * 128 + 32  # score_dense::kBLbo: K chunks 32 bytes off a multiple of 128 (bank-conflict-free staging)
+    return (_DENSE_BUFFERS * (D // 8) * b_lbo + _DENSE_BUFFERS * n * 4 + _DENSE_STAGES * DENSE_UNIT_BYTES
             + (_DENSE_STAGES + 2 * _DENSE_BUFFERS) * 8 + _DENSE_BUFFERS * 8 * 4 + (_DENSE_MAX_ITEMS + 1) * 4)
 
 
@@ -405,7 +406,7 @@ _WS_CTAS_PER_SM = 2  # its __launch_bounds__ (256 threads, 2 CTAs) and shared me
 
 def ws_smem_bytes(D: int = 128) -> int:
     """Shared memory of ``score_ws_kernel<D>`` (kernels/score_ws.cu: WsSmem)."""
-    return (_WS_DEC_STAGES * (TILE_ENTRIES * D * 2 + TILE_ENTRIES * 4 + 2 * 8) + (D // 8) * 1024 + 64 * 4
+    return (_WS_DEC_STAGES * (TILE_ENTRIES * D * 2 + TILE_ENTRIES * 4 + 2 * 8) + (D // 8) * (1024 + 32) + 64 * 4
             + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + MAX_BALANCED_ROWS * 4 + 32 * 4)
 
 

@@ -43,14 +43,17 @@ constexpr int kQueries = 3;                    // rows an item (a fourth's B buf
 constexpr int kBuffers = 3;                    // B buffers: items staged ahead of the MMAs' (kBuffers - 1)
 constexpr int kN = 64 * kQueries;              // N of the MMA: the item's queries' heads
 constexpr int kALbo = (kSub / 8) * 128;        // A: bytes between core matrices along K
-constexpr int kBLbo = (kN / 8) * 128;          // B: the same
+// B: the same, padded by 32 bytes: the staging's stores (QueryStaging::store_chunked) write
+// four consecutive K chunks in one instruction, which at a multiple of 128 bytes apart fell
+// on the same banks (eight wavefronts a store where two do; v52)
+constexpr int kBLbo = (kN / 8) * 128 + 32;
 constexpr int kImgA = kSub * kDim * 2;         // a unit's fp16 keys
 constexpr int kImg = kImgA + kSub * 4;         // ... and their global scales (geometry.DENSE_UNIT_BYTES)
 constexpr int kBBytes = (kDim / 8) * kBLbo;    // one B buffer
 constexpr int kStages = 4;                     // the key ring (units in flight)
 constexpr int kMmaGroups = 3;                  // MMA warpgroups, taking the units in turn
 constexpr int kThreads = 128 * (1 + kMmaGroups);  // staging warpgroup, the MMA warpgroups (geometry.DENSE_THREADS)
-constexpr int kMaxItems = 3072;                // items a run (geometry.DENSE_MAX_ROWS / kQueries + DENSE_MAX_SEQS)
+constexpr int kMaxItems = 2988;                // items a run (geometry.DENSE_MAX_ROWS / kQueries + DENSE_MAX_SEQS, rounded up)
 constexpr int kMaxSeqs = 256;                  // sequences a launch (geometry.DENSE_MAX_SEQS)
 constexpr int kTurnBarrier = 1 + kMmaGroups;   // named barriers 1 + m: MMA warpgroup m's own; kTurnBarrier + m: its turn
 }  // namespace score_dense

@@ -31,7 +31,9 @@ constexpr int kThreads = 256;                  // consumer warpgroup, producer w
 constexpr int kDecStages = 2;                  // decoded fp16 tiles in flight per CTA
 constexpr int kDecBytes = kTile * kDim * 2;    // one decoded stage: 32 KB
 constexpr int kLbo = (kTile / 8) * 128;        // stage: bytes between core matrices along K
-constexpr int kQLbo = (64 / 8) * 128;          // query: bytes between core matrices along K
+// query: bytes between core matrices along K, padded by 32 bytes so that the staging's
+// stores of four consecutive K chunks fall on distinct banks (QueryStaging::store_chunked, v52)
+constexpr int kQLbo = (64 / 8) * 128 + 32;
 constexpr int kConsumerBarrier = 1;            // named barrier of the consumer warpgroup
 constexpr int kHistBins = score_mma::kHistBins;
 }  // namespace score_ws

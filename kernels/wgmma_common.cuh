@@ -222,8 +222,10 @@ __device__ __forceinline__ float weighted_head_sum_mine(const float (&d)[32], co
 //     whole 16-byte rows of chunks 2r and 2r + 1;
 //   * store_chunked() (D = 128): chunk kc holds dims 8kc .. 8kc + 7, slot j dim 8kc + (j
 //     with bits 0 and 1 swapped), the order in which score_ws.cu decodes keys into shared
-//     memory: a lane holds half of chunk 4qd + r / 2 of each quarter (8 bytes a store, four
-//     wavefronts a warp's store).
+//     memory: a lane holds half of chunk 4qd + r / 2 of each quarter (8 bytes a store: a
+//     warp's store writes four consecutive K chunks, two wavefronts where lbo is 32 bytes
+//     off a multiple of 128, as the dense and warp-specialised kernels pad it, eight where
+//     lbo is a multiple of 128: v52).
 template <int kDim>
 struct QueryStaging {
     static constexpr int kQuarter = kDim / 4, kLanes = kQuarter / 4, kSlots = 4;  // lanes a head, heads a lane
