@@ -7,6 +7,7 @@ graph replays alternated round after round.
     python scripts/ab_kernels.py --source score_dense.cu --case prefill-8K --against HEAD~2 --against my_dense.cu
     python scripts/ab_kernels.py --source score_wgmma.cu --case decode-128K --against HEAD --rounds 6
     python scripts/ab_kernels.py --source select_fast.cu --case prefill-8K --against HEAD
+    python scripts/ab_kernels.py --source score_dense.cu --against HEAD --save ab/   # then --against ab/score_dense@HEAD.cu
 
 Why one process: this host's and the GPU's state (clocks, power, the tensor probe) move
 between runs by more than most single changes gain, so a change is judged against the code
@@ -73,13 +74,19 @@ def version_text(spec: str, source: str, scratch: Path, root: Path = ROOT) -> st
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--source", required=True, help="the kernel source file under kernels/, e.g. score_ks.cu")
-    ap.add_argument("--case", required=True, help="a benchmark case (scripts/bench.py --cases)")
+    ap.add_argument("--case", help="a benchmark case (scripts/bench.py --cases); not with --save")
     ap.add_argument("--against", action="append", required=True,
                     help="a git revision or a file holding another version of the source (repeatable)")
     ap.add_argument("--rounds", type=int, default=4, help="alternations (default 4)")
     ap.add_argument("--repeats", type=int, default=20, help="graph replays timed a measurement (default 20)")
     ap.add_argument("--fast-kernel", default="auto", help="force the scoring kernel (as score_topk's _fast_kernel)")
+    ap.add_argument("--save", metavar="DIR",
+                    help="write each --against version, its headers inlined, to DIR as a file to pass as --against "
+                         "where the repository's history is not at hand (the device's copy of the working tree), "
+                         "and stop; no GPU needed")
     args = ap.parse_args(argv)
+    if args.save is None and args.case is None:
+        ap.error("--case: required (unless --save)")
     swappable = sorted(s for s in _jit.INSTANCES if s.startswith("score_") or s == SELECT_SOURCE)
     if args.source not in swappable:
         ap.error(f"--source: {args.source!r} is not a scoring or select kernel's source (known: {', '.join(swappable)})")
@@ -88,8 +95,37 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:  # gpu-only
+def save_versions(source: str, specs: list[str], out_dir: Path, root: Path = ROOT) -> list[Path]:
+    """Each version in ``specs`` (as --against takes them) of ``kernels/<source>``, its
+    headers inlined, written to ``out_dir`` as ``<stem>@<spec>.cu`` (characters other than
+    letters, digits, '.', '-' and '_' as '_'). Returns the paths; raises ValueError as
+    version_text does."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for spec in specs:
+            text = version_text(spec, source, Path(scratch), root)
+            safe = "".join(ch if ch.isalnum() or ch in ".-_" else "_" for ch in spec)
+            path = out_dir / f"{Path(source).stem}@{safe}.cu"
+            path.write_text(text)
+            paths.append(path)
+    return paths
+
+
+def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.save is not None:
+        try:
+            for path in save_versions(args.source, args.against, Path(args.save)):
+                print(path)
+        except ValueError as e:
+            print(f"ab_kernels.py: {e}", file=sys.stderr)
+            return 2
+        return 0
+    return _run(args)
+
+
+def _run(args) -> int:  # gpu-only
     from indexer import bench  # noqa: PLC0415
 
     try:

@@ -98,3 +98,32 @@ def test_without_a_gpu_or_with_an_unknown_case_it_says_so_in_one_line(capsys):
     assert ab.main(["--source", "score_ks.cu", "--case", "no-such-case", "--against", "HEAD"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--case: unknown case 'no-such-case'" in err
+
+
+def test_save_writes_each_version_inlined_for_a_checkout_without_history(tmp_path, capsys):
+    if not _in_git_checkout():
+        pytest.skip("needs git and a checkout")
+    assert ab.main(["--source", "select_fast.cu", "--against", "HEAD", "--save", str(tmp_path / "v")]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == tmp_path / "v" / "select_fast@HEAD.cu" and path.is_file()
+    text = path.read_text()
+    assert not _local_includes(text) and "topk_row_kernel" in text
+    # the saved file is a version as --against takes one: its text comes back unchanged
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert ab.version_text(str(path), "select_fast.cu", scratch) == text
+
+
+def test_save_refuses_an_unknown_revision_in_one_line(tmp_path, capsys):
+    if not _in_git_checkout():
+        pytest.skip("needs git and a checkout")
+    assert ab.main(["--source", "score_ks.cu", "--against", "no-such-rev", "--save", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--against" in err
+
+
+def test_case_is_required_unless_saving(capsys):
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--source", "score_ks.cu", "--against", "HEAD"])
+    assert "--case" in capsys.readouterr().err
+    assert ab.parse_args(["--source", "score_ks.cu", "--against", "HEAD", "--save", "x"]).case is None
