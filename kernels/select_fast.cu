@@ -594,8 +594,8 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
 template <int kThreads, int kMaxK, int kRegs>
 __device__ __noinline__ void select_row_radix_call(const float* __restrict__ r, int n, int top_k, const int* __restrict__ bt_row,
                                                    int E, int num_blocks, int physical, int* __restrict__ oi,
-                                                   float* __restrict__ os, u64* cand) {
-    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand);
+                                                   float* __restrict__ os, u64* cand, bool whole_quads) {
+    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand, whole_quads);
 }
 
 // Short rows: the whole exact select of a row in one CTA (select_row.cuh), straight from its
@@ -620,6 +620,8 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
     const int row = gridDim.x - 1 - blockIdx.x;
     const int n = visible_len(valid_lens, row, max_len);
     const float* r = scores + (long long)row * ld;
+    // every row 16-byte aligned and ld a multiple of 4 (the workspace's rows): 16-byte loads
+    const bool whole_quads = (ld & 3) == 0 && (reinterpret_cast<size_t>(scores) & 15u) == 0;
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
@@ -628,11 +630,12 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
         // form: half the loads and key conversions, half the bins to clear and scan
         static_assert(row_cand_slots<kThreads, kMaxK, 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>(), "cand");
         if (n <= 8 * kThreads) {  // the same in every thread
-            select_row_radix_call<kThreads, kMaxK, 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand);
+            select_row_radix_call<kThreads, kMaxK, 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand,
+                                                      whole_quads);
             return;
         }
     }
-    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand);
+    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand, whole_quads);
 }
 
 // The block sort alone: out[0, sort_size(n)) = in[0, n) and zero padding, sorted descending,

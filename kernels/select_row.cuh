@@ -33,15 +33,18 @@ __device__ __forceinline__ u32 live_key(float x, bool live) {
     return u ^ ((u32)((int)u >> 31) | 0x80000000u);
 }
 
-// Entries [0, n) of row r as keys in row_entry's order (0 past n): 16-byte loads where the
-// row is 16-byte aligned (the workspace's rows: ld a multiple of 4), else one entry a load.
-// A 16-byte load starts below n, a multiple of 4, so it ends inside the row's ld entries.
+// Entries [0, n) of row r as keys in row_entry's order (0 past n): 16-byte loads where
+// `whole_quads` (the caller's rows are 16-byte aligned and their stride ld a multiple of 4
+// entries, as the workspace's are), else one entry a load. A 16-byte load starts below n
+// (n <= ld) at a multiple of 4, so with ld a multiple of 4 it ends inside the row's ld
+// entries: nothing past the row is read.
 template <int kThreads, int kRegs>
-__device__ __forceinline__ void load_row_keys(const float* __restrict__ r, int n, u32 (&keys)[kRegs]) {
+__device__ __forceinline__ void load_row_keys(const float* __restrict__ r, int n, bool whole_quads,
+                                              u32 (&keys)[kRegs]) {
     static_assert(kRegs % 4 == 0, "whole groups of four");
     const int tid = threadIdx.x;
     float v[kRegs];
-    if ((reinterpret_cast<size_t>(r) & 15u) == 0) {  // the same in every thread
+    if (whole_quads) {  // the same in every thread
 #pragma unroll
         for (int g = 0; g < kRegs / 4; ++g) {
             const int first = row_entry<kThreads>(4 * g, tid);
@@ -383,7 +386,8 @@ __device__ __forceinline__ void select_row_radix(
                    int E, int num_blocks, int physical,
                    int* __restrict__ out_idx,           // [top_k]
                    float* __restrict__ out_scores,      // [top_k] or nullptr
-                   u64* cand)
+                   u64* cand,
+                   bool whole_quads = false)            // kRegs > 0: load_row_keys may read by 16 bytes
 {
     static_assert((kMaxK & (kMaxK - 1)) == 0, "kMaxK must be a power of two");
     static_assert(kThreads >= 32 && (kThreads >= 256 || 256 % kThreads == 0), "whole warps; bins split evenly");
@@ -393,7 +397,7 @@ __device__ __forceinline__ void select_row_radix(
     __shared__ u32 s_bin, s_above, s_whole, s_taken;
     const int tid = threadIdx.x;
     u32 reg_keys[kRegs > 0 ? kRegs : 1];
-    if constexpr (kRegs > 0) load_row_keys<kThreads, kRegs>(r, n, reg_keys);
+    if constexpr (kRegs > 0) load_row_keys<kThreads, kRegs>(r, n, whole_quads, reg_keys);
     if constexpr (kRowSelectBucketed<kThreads, kMaxK, kRegs>) {  // the short rows: buckets first
         u32 m;
         if (select_row_bucketed<kThreads, kMaxK, kRegs>(reg_keys, top_k, cand, scratch, &m)) {

@@ -104,3 +104,33 @@ def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
         want_idx, want_sc = row_topk(scores[r], int(lens[r]), top_k)
         np.testing.assert_array_equal(got_idx[r], want_idx, err_msg=f"row {r} (n = {lens[r]})")
         np.testing.assert_array_equal(got_sc[r], want_sc, err_msg=f"row {r} (n = {lens[r]})")
+
+
+@pytest.mark.parametrize("max_k, top_k", [(512, 512), (1024, 700)])
+@pytest.mark.parametrize("ld_extra, offset", [(1, 1), (2, 0), (4, 1), (0, 0)])
+def test_short_row_select_reads_rows_of_any_stride_and_alignment(max_k, top_k, ld_extra, offset):
+    """Rows `ld` entries apart from a base `offset` entries into the buffer: 16-byte loads
+    only where every row is 16-byte aligned and ld a multiple of 4 (the last case), one entry
+    a load otherwise; lengths off multiples of 4 and up to ld's end, the last row included,
+    so that a load past a row's entries would show as a wrong answer (or to the sanitizer)."""
+    from indexer import _jit
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(ld_extra * 7 + offset + top_k)
+    rows, width = 9, 2048
+    ld = width + ld_extra
+    flat = rng.standard_normal(offset + rows * ld).astype(np.float32)
+    lens = np.array([width, width - 1, width - 3, 1025, 1023, 513, 3, 0, width - 2], dtype=np.int32)
+    kernel = _jit.get_kernel("select_fast.cu", f"topk_row_kernel<128, {max_k}, 16>")
+    out_idx = cp.full((rows, top_k), 7, dtype=cp.int32)
+    out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
+    table = cp.zeros((rows, 1), dtype=cp.int32)
+    buf = cp.asarray(flat)
+    kernel((rows,), (128,), (buf[offset:], np.int64(ld), cp.asarray(lens), np.int32(width), np.int32(top_k),
+                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc))
+    got_idx, got_sc = out_idx.get(), out_sc.get()
+    for r in range(rows):
+        row = flat[offset + r * ld: offset + r * ld + width]
+        want_idx, want_sc = row_topk(row, int(lens[r]), top_k)
+        np.testing.assert_array_equal(got_idx[r], want_idx, err_msg=f"row {r} (n = {lens[r]}, ld = {ld})")
+        np.testing.assert_array_equal(got_sc[r], want_sc, err_msg=f"row {r} (n = {lens[r]}, ld = {ld})")
