@@ -363,7 +363,7 @@ _PAIR_SCHEDULE_SLOTS = 1024
 def wgmma_pairs_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem)."""
     stage = _ring_stage_bytes(D)
-    return (2 * (D // 8) * 1024 + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
+    return ((D // 8) * (2 * 1024 + 16) + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
             + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4 + MAX_PAIR_ROWS // 8)
 
 

@@ -230,8 +230,10 @@ constexpr int kPackedWords = score_mma::kHistBins / 2;
 template <int kDim>
 struct WgmmaPairSmem {
     // B of both queries side by side, 128 heads wide: K chunks of 8 slots kPairLbo bytes
-    // apart, the first query's 8 core matrices then the second's in each
-    static constexpr int kPairLbo = 2 * score_wgmma::kLbo;
+    // apart, the first query's 8 core matrices then the second's in each; 16 bytes past a
+    // multiple of 128, so that a quarter-warp's staging stores (QueryStaging::store: eight
+    // lanes, one head, chunks 2r) fall two to a bank group, not eight
+    static constexpr int kPairLbo = 2 * score_wgmma::kLbo + 16;
     static constexpr int kQ1 = score_wgmma::kLbo;                       // second query's first core matrix
     static constexpr int kW = (kDim / 8) * kPairLbo;                    // float[2][64]
     static constexpr int kRing = kW + 2 * 64 * 4;                       // 128-aligned
