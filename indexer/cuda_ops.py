@@ -513,8 +513,10 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 p.keys_k((int(p.units), int(p.n_seq)), (256,),
                          (keys_fp4, key_scale, key_gscale, table, cu_seqlens, p.n_seq, r0_32, nr_32, *p.shape_args,
                           v.kimg, p.units))
-                p.score_k(sl.grid, sl.block, (*query, v.kimg, p.units, lens, cu_seqlens, p.n_seq, r0_32, nr_32,
-                                              p.max_len, v.scores, p.ld), shared_mem=sl.smem)
+                # under the key image's tail: its schedule built while the image is written
+                after_previous(p.score_k, device_id, sl.grid, sl.block,
+                               (*query, v.kimg, p.units, lens, cu_seqlens, p.n_seq, r0_32, nr_32, p.max_len, v.scores,
+                                p.ld), shared_mem=sl.smem)
             else:
                 if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)
                     grid, sched_args = sl.grid, (cu_seqlens, p.n_seq, r0_32, nr_32, *p.shape_args)

@@ -97,6 +97,10 @@ __global__ void __launch_bounds__(256) dense_keys_kernel(const u8* __restrict__ 
                                                          unsigned char* __restrict__ kimg, int J) {
     using namespace score_dense;
     static_assert(kDim == 128, "D = 128 only");
+    // the scoring kernel, launched after this one with programmatic dependent launch, may
+    // be placed now: it builds its schedule on the SMs this short grid leaves idle and waits
+    // for this grid's end before it reads the image
+    let_next_grid_start();
     const int j = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
     __shared__ int s_first, s_end;
     if (tid == 0) {  // the scoring kernel's clamped, monotone offsets
@@ -146,6 +150,9 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int s_cu[kMaxSeqs + 1], s_items[kMaxSeqs + 1];
     __shared__ u32 s_scratch[32];
+    // the select's CTAs may be placed as this grid's CTAs leave (they cannot share an SM
+    // with one: its registers are all taken); the select waits for this grid's end
+    let_next_grid_start();
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31, warp = wtid >> 5;
     const int g = lane >> 2, c = lane & 3;
     u64* kfull = reinterpret_cast<u64*>(smem + DenseSmem::kBars);  // ring stage j's unit landed
@@ -213,6 +220,9 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
         mbar_arrive_expect_tx(kfull + st, (u32)kImg);
         bulk_copy_g2s(smem + DenseSmem::kRing + st * kImg, src, (u32)kImg, kfull + st);
     };
+    // launched under dense_keys_kernel's tail (programmatic dependent launch): the schedule
+    // above reads only the call's inputs; the key image is that kernel's
+    wait_for_previous_grid();
     UnitCursor cursor{p_first, item_at(p_first).b};
     if (tid == 0)
         for (int u = u0; u < u1 && u < u0 + kStages; ++u) issue(u, cursor);

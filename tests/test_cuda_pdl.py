@@ -2,7 +2,8 @@
 into CUDA graphs with programmatic dependent launch (indexer/launch.py) give the same bits
 as ordinary launches, on every select route
 (all-pairs rank, binned rank, the one-CTA sort, the overflow fallback, the short-row
-select, the exact path's histogram) and on the ragged pair path; eager calls launch the
+select, the exact path's histogram), on the ragged pair path and on the dense kernel (under its
+key image's kernel, the select under its tail); eager calls launch the
 ordinary way."""
 
 import numpy as np
@@ -81,6 +82,26 @@ def test_ragged_same_bits_as_ordinary_launches(monkeypatch, counts, entries, top
     idx, sc = both_ways(monkeypatch, lambda out, ws: indexer.score_topk_ragged(
         *dev, top_k, return_scores=True, validate=False, out=out, workspace=ws), sum(counts), top_k)
     testing.check_topk(as_problem(*args, top_k), idx, sc, tol=testing.TOL_FAST)
+
+
+def test_dense_kernel_same_bits_as_ordinary_launches(monkeypatch):
+    # the dense kernel starts under its key image's kernel and lets the select start under
+    # its own tail (kernels/score_dense.cu): graph replays with and without the overlap agree
+    from indexer import cuda_ops, geometry  # imports CuPy
+
+    cp = arrays.cupy()
+    if not geometry.dense_supported(64, 128, cuda_ops.device_facts(cp.cuda.Device().id)):
+        pytest.skip("the dense kernel is a Hopper wgmma kernel")
+    rng = np.random.default_rng(85)
+    args = grouped_problem(rng, [700], H=64, D=128, E=64, seq_entries=[1500], ratio=2, top_k=256)
+    q, w, k, s, g, table, cu, lens = args
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    cu_dev = cp.asarray(cu)
+    idx, sc = both_ways(monkeypatch, lambda out, ws: cuda_ops.score_topk(
+        *dev, 256, return_scores=True, validate=False, out=out, workspace=ws, _cu_seqlens=cu_dev,
+        _fast_kernel="dense"), 700, 256)
+    testing.check_topk(as_problem(*args, 256), idx, sc, tol=testing.TOL_FAST)
 
 
 def test_eager_calls_launch_the_ordinary_way(monkeypatch):
