@@ -19,7 +19,8 @@ typedef unsigned long long u64;
 // visible, before it touches anything that grid writes, and before any early exit (a grid
 // whose CTAs all left without waiting could end before its predecessor): the select
 // kernels at their start, the single-query wgmma scoring kernel once it has scheduled its
-// tiles and started its key copies. Before the wait a CTA may read only what no kernel of
+// tiles and started its key copies, the dense scoring kernel once it has built its schedule
+// (before any copy of the key image, which the kernel before it writes). Before the wait a CTA may read only what no kernel of
 // the call writes: the histogram and filter kernels load their row's length (valid_lens, an
 // input) first. Whatever wrote it ran before the call's first launch, an ordinary one that
 // started after it ended, and each later kernel of the call starts after the one before it
@@ -38,7 +39,10 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 // next grid's CTAs waited on SMs the running grid was using, docs/performance.md v26);
 // prep_query_kernel, short, calls it at its start (v28); the filter once its count's atomic
 // is done, so that the rank's (or final's) CTAs are placed while it appends its candidates
-// (batch 1 -0.2..-0.3 us; once it knows its threshold, before its compares: +0.8..1.1 us, v42).
+// (batch 1 -0.2..-0.3 us; once it knows its threshold, before its compares: +0.8..1.1 us, v42);
+// dense_keys_kernel (32 CTAs for prefill-8K) at its start, so that the dense kernel builds its
+// schedule on the idle SMs (prefill-8K -2.8 us, v53), and the dense kernel at its start (its
+// registers leave no room for a select CTA on its SM: measured neutral, v53).
 __device__ __forceinline__ void let_next_grid_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");

@@ -198,6 +198,10 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     const int work = (int)tile_starts<kMaxItems, kThreads>(n_items, units_of, start, s_scratch);
     const int u0 = (int)((long long)work * blockIdx.x / gridDim.x);
     const int u1 = (int)((long long)work * (blockIdx.x + 1) / gridDim.x);
+    // launched under dense_keys_kernel's tail (programmatic dependent launch): the schedule
+    // above reads only the call's inputs; the key image is that kernel's. Waited for before
+    // any exit too: a grid whose CTAs all left first could end before its predecessor
+    wait_for_previous_grid();
     if (u0 >= u1) return;  // the same in every thread
     const int p_first = item_of_tile(start, n_items, u0);
     // Where unit u's image lies, for units asked for in increasing order: a cursor on the
@@ -220,9 +224,6 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
         mbar_arrive_expect_tx(kfull + st, (u32)kImg);
         bulk_copy_g2s(smem + DenseSmem::kRing + st * kImg, src, (u32)kImg, kfull + st);
     };
-    // launched under dense_keys_kernel's tail (programmatic dependent launch): the schedule
-    // above reads only the call's inputs; the key image is that kernel's
-    wait_for_previous_grid();
     UnitCursor cursor{p_first, item_at(p_first).b};
     if (tid == 0)
         for (int u = u0; u < u1 && u < u0 + kStages; ++u) issue(u, cursor);

@@ -84,9 +84,11 @@ def test_ragged_same_bits_as_ordinary_launches(monkeypatch, counts, entries, top
     testing.check_topk(as_problem(*args, top_k), idx, sc, tol=testing.TOL_FAST)
 
 
-def test_dense_kernel_same_bits_as_ordinary_launches(monkeypatch):
+@pytest.mark.parametrize("empty", [False, True])
+def test_dense_kernel_same_bits_as_ordinary_launches(monkeypatch, empty):
     # the dense kernel starts under its key image's kernel and lets the select start under
-    # its own tail (kernels/score_dense.cu): graph replays with and without the overlap agree
+    # its own tail (kernels/score_dense.cu): graph replays with and without the overlap
+    # agree; with every row empty, every CTA of the dense kernel leaves early (after its wait)
     from indexer import cuda_ops, geometry  # imports CuPy
 
     cp = arrays.cupy()
@@ -94,6 +96,8 @@ def test_dense_kernel_same_bits_as_ordinary_launches(monkeypatch):
         pytest.skip("the dense kernel is a Hopper wgmma kernel")
     rng = np.random.default_rng(85)
     args = grouped_problem(rng, [700], H=64, D=128, E=64, seq_entries=[1500], ratio=2, top_k=256)
+    if empty:
+        args[7][:] = 0
     q, w, k, s, g, table, cu, lens = args
     per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
     dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
