@@ -20,11 +20,12 @@ typedef unsigned long long u64;
 // whose CTAs all left without waiting could end before its predecessor): the select
 // kernels at their start, the single-query wgmma scoring kernel once it has scheduled its
 // tiles and started its key copies, the dense scoring kernel once it has built its schedule
-// (before any copy of the key image, which the kernel before it writes). Before the wait a CTA may read only what no kernel of
-// the call writes: the histogram and filter kernels load their row's length (valid_lens, an
-// input) first. Whatever wrote it ran before the call's first launch, an ordinary one that
-// started after it ended, and each later kernel of the call starts after the one before it
-// has started. A no-op for ordinary launches and before sm_90.
+// (before any copy of the key image, which the kernel before it writes). Before the wait a
+// CTA may read only what no kernel of the call writes: the histogram and filter kernels load
+// their row's length (valid_lens, an input) first. Whatever wrote it ran before the call's
+// first launch, an ordinary one that started after it ended, and each later kernel of the
+// call starts after the one before it has started. A no-op for ordinary launches and before
+// sm_90.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
