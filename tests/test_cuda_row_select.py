@@ -98,7 +98,7 @@ def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
     out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
     table = cp.zeros((rows, 1), dtype=cp.int32)
     kernel((rows,), (128,), (cp.asarray(scores), np.int64(width), cp.asarray(lens), np.int32(width), np.int32(top_k),
-                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc))
+                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc, 0))
     got_idx, got_sc = out_idx.get(), out_sc.get()
     for r in range(rows):
         want_idx, want_sc = row_topk(scores[r], int(lens[r]), top_k)
@@ -127,7 +127,7 @@ def test_short_row_select_reads_rows_of_any_stride_and_alignment(max_k, top_k, l
     table = cp.zeros((rows, 1), dtype=cp.int32)
     buf = cp.asarray(flat)
     kernel((rows,), (128,), (buf[offset:], np.int64(ld), cp.asarray(lens), np.int32(width), np.int32(top_k),
-                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc))
+                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc, 0))
     got_idx, got_sc = out_idx.get(), out_sc.get()
     for r in range(rows):
         row = flat[offset + r * ld: offset + r * ld + width]
