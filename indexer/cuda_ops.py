@@ -343,7 +343,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # zero at rest, in the workspace's zeroed part (the row kernel clears each row's); with
     # no workspace at rest the select waits for the whole scoring kernel instead (a fill
     # would cost what the early start gains)
-    p.row_ready = row_ready = kind == "dense" and row_select
+    # (rows held in registers only: the longer rows' passes read through the read-only path)
+    p.row_ready = row_ready = kind == "dense" and row_select and ld <= geometry.ROW_SELECT_MAX_LEN
     if row_ready:
         p.hist_bytes = rows * 4
     # the workspace's parts, in their order (the histograms' size is the call's: a workspace
