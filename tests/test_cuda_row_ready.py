@@ -161,7 +161,7 @@ def test_the_row_kernel_waits_for_each_count_and_clears_it():
     lengths are selected at once; a row whose count stays short is selected after the
     bounded wait (the wait for the previous grid, here none), not hung on; every count is
     zero afterwards."""
-    from tests.test_cuda_row_select import row_topk
+    from tests.gpu import row_topk
 
     cp = arrays.cupy()
     from indexer import _jit
