@@ -56,22 +56,36 @@ def problem(name, seed):
     return args, top_k
 
 
+def setup(name, seed, budget=None):
+    """(cuda_ops, args, top_k, call, out, ws) of one layout: its call on a new workspace and
+    out= buffers."""
+    cuda_ops = dense_or_skip()
+    cp = arrays.cupy()
+    args, top_k = problem(name, seed)
+    T = int(args[6][-1])
+    out = (cp.empty((T, top_k), cp.int32), cp.empty((T, top_k), cp.float32))
+    return cuda_ops, args, top_k, call_of(cuda_ops, args, top_k, budget=budget), out, indexer.Workspace()
+
+
+def check(args, top_k, out, ws):
+    """The answers in out against the reference, and every count zero at rest."""
+    cp = arrays.cupy()
+    cp.cuda.get_current_stream().synchronize()
+    testing.check_topk(as_problem(*args, top_k), out[0].get(), out[1].get(), tol=testing.TOL_FAST)
+    assert int(cp.count_nonzero(zeroed_part(ws))) == 0
+
+
 @pytest.mark.parametrize("pdl", ["0", "1"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_graph_replays_and_eager_calls_match_the_reference_and_leave_the_counts_zero(monkeypatch, name, pdl):
-    cuda_ops = dense_or_skip()
-    cp = arrays.cupy()
     monkeypatch.setenv("INDEXER_PDL", pdl)
-    args, top_k = problem(name, 91)
-    T = int(args[6][-1])
-    call = call_of(cuda_ops, args, top_k)
-    out = (cp.empty((T, top_k), cp.int32), cp.empty((T, top_k), cp.float32))
-    ws = indexer.Workspace()
+    _, args, top_k, call, out, ws = setup(name, 91)
+    cp = arrays.cupy()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         call(out, ws)  # compiles, sizes the workspace, leaves the zeroed part at rest
-        stream.synchronize()
-        assert ws.zeroed(8)[1] and int(cp.count_nonzero(zeroed_part(ws))) == 0
+        check(args, top_k, out, ws)
+        assert ws.zeroed(8)[1]
         stream.begin_capture()
         try:
             call(out, ws)
@@ -81,60 +95,42 @@ def test_graph_replays_and_eager_calls_match_the_reference_and_leave_the_counts_
             for a in out:
                 a.fill(-3)
             graph.launch(stream)
-            stream.synchronize()
-            testing.check_topk(as_problem(*args, top_k), out[0].get(), out[1].get(), tol=testing.TOL_FAST)
-            assert int(cp.count_nonzero(zeroed_part(ws))) == 0
+            check(args, top_k, out, ws)
+        out[0].fill(-3)
         call(out, ws)  # eager again, after the replays
-        stream.synchronize()
-    testing.check_topk(as_problem(*args, top_k), out[0].get(), out[1].get(), tol=testing.TOL_FAST)
-    assert int(cp.count_nonzero(zeroed_part(ws))) == 0
+        check(args, top_k, out, ws)
 
 
 def test_runs_of_rows_each_hand_their_rows_over():
-    cuda_ops = dense_or_skip()
-    cp = arrays.cupy()
-    args, top_k = problem("causal", 92)
-    T, max_len = int(args[6][-1]), int(args[7].max())
     budget = 600_000
+    _, args, top_k, call, out, ws = setup("causal", 92, budget=budget)
+    T, max_len = int(args[6][-1]), int(args[7].max())
     ld = geometry.tiles_per_row(max_len) * geometry.TILE_ENTRIES
     rows = geometry.workspace_rows(T, ld, budget, 0, True, max_rows=geometry.DENSE_MAX_ROWS)
     assert rows < T  # several runs, each clearing its rows' counts for the next
-    call = call_of(cuda_ops, args, top_k, budget=budget)
-    out = (cp.empty((T, top_k), cp.int32), cp.empty((T, top_k), cp.float32))
-    ws = indexer.Workspace()
     for _ in range(2):
+        out[0].fill(-3)
         call(out, ws)
-        testing.check_topk(as_problem(*args, top_k), out[0].get(), out[1].get(), tol=testing.TOL_FAST)
-        assert ws.zeroed(8)[1] and int(cp.count_nonzero(zeroed_part(ws))) == 0
+        check(args, top_k, out, ws)
+        assert ws.zeroed(8)[1]
 
 
 def test_a_scoring_only_call_counts_nothing():
-    cuda_ops = dense_or_skip()
-    cp = arrays.cupy()
-    args, top_k = problem("causal", 93)
-    T = int(args[6][-1])
-    call = call_of(cuda_ops, args, top_k)
-    out = (cp.empty((T, top_k), cp.int32), cp.empty((T, top_k), cp.float32))
-    ws = indexer.Workspace()
+    _, args, top_k, call, out, ws = setup("causal", 93)
     call(out, ws)
     call(None, ws, score_only=True)  # no select would clear what it counted
-    assert ws.zeroed(8)[1] and int(cp.count_nonzero(zeroed_part(ws))) == 0
+    assert ws.zeroed(8)[1]
     out[0].fill(-3)
     call(out, ws)
-    testing.check_topk(as_problem(*args, top_k), out[0].get(), out[1].get(), tol=testing.TOL_FAST)
+    check(args, top_k, out, ws)
 
 
 def test_a_call_interrupted_before_its_select_clears_the_counts(monkeypatch):
-    cuda_ops = dense_or_skip()
+    cuda_ops, args, top_k, call, out, ws = setup("causal", 94)
     cp = arrays.cupy()
-    args, top_k = problem("causal", 94)
-    T = int(args[6][-1])
-    call = call_of(cuda_ops, args, top_k)
-    out = (cp.empty((T, top_k), cp.int32), cp.empty((T, top_k), cp.float32))
-    ws = indexer.Workspace()
     call(out, ws)  # compiles
-    row_name, _ = geometry.row_select_kernel(geometry.tiles_per_row(int(args[7].max())) * geometry.TILE_ENTRIES,
-                                             top_k, cuda_ops._validate.MAX_TOP_K)
+    ld = geometry.tiles_per_row(int(args[7].max())) * geometry.TILE_ENTRIES
+    row_name, _ = geometry.row_select_kernel(ld, top_k, cuda_ops._validate.MAX_TOP_K)
     row_kernel = cuda_ops._kernel("select_fast.cu", row_name, cp.cuda.Device().id)
     real = cuda_ops.after_previous
 
@@ -152,8 +148,8 @@ def test_a_call_interrupted_before_its_select_clears_the_counts(monkeypatch):
     assert not ws.zeroed(8)[1]  # marked dirty: the next call fills the part first
     out[0].fill(-3)
     call(out, ws)
-    testing.check_topk(as_problem(*args, top_k), out[0].get(), out[1].get(), tol=testing.TOL_FAST)
-    assert ws.zeroed(8)[1] and int(cp.count_nonzero(zeroed_part(ws))) == 0
+    check(args, top_k, out, ws)
+    assert ws.zeroed(8)[1]
 
 
 def test_the_row_kernel_waits_for_each_count_and_clears_it():
