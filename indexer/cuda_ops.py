@@ -342,8 +342,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # the dense kernel's rows handed to the row select as they are stored: a count a row,
     # zero at rest, in the workspace's zeroed part (the row kernel clears each row's); with
     # no workspace at rest the select waits for the whole scoring kernel instead (a fill
-    # would cost what the early start gains)
-    # (rows held in registers only: the longer rows' passes read through the read-only path)
+    # would cost what the early start gains), and so do rows too long for the registers
+    # (their passes read through the read-only path)
     p.row_ready = row_ready = kind == "dense" and row_select and ld <= geometry.ROW_SELECT_MAX_LEN
     if row_ready:
         p.hist_bytes = rows * 4

@@ -19,8 +19,9 @@ typedef unsigned long long u64;
 // visible, before it touches anything that grid writes, and before any exit (a grid
 // whose CTAs all left without waiting could end before its predecessor): the select
 // kernels at their start (the row select under the dense kernel at its end instead, having
-// read its row once the row's count said it was stored: row_ready below), the single-query wgmma scoring kernel once it has scheduled its
-// tiles and started its key copies, the dense scoring kernel once it has built its schedule
+// read its row once the row's count said it was stored: row_ready below), the
+// single-query wgmma scoring kernel once it has scheduled its tiles and started its key
+// copies, the dense scoring kernel once it has built its schedule
 // (before any copy of the key image, which the kernel before it writes). Before the wait a
 // CTA may read only what no kernel of the call writes: the histogram and filter kernels load
 // their row's length (valid_lens, an input) first. Whatever wrote it ran before the call's

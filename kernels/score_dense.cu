@@ -21,7 +21,7 @@
 // workspace at rest, each MMA warpgroup counts the scores it has stored of an item's rows
 // (row_ready, common.cuh) once its stores of the item are done, so that the row select,
 // placed on the SMs this kernel's CTAs leave, selects each row as soon as it is complete
-// rather than after the whole grid (the CTAs end up to ~11 K cycles apart, v54).
+// rather than after the whole grid (its CTAs end up to ~21 K cycles apart, v54).
 //
 // CTA: four warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
 // into three B buffers (up to two items ahead of the MMAs: with two buffers, v33, an item
