@@ -79,13 +79,28 @@ def _rows(kind, rng, rows, width):
     raise ValueError(kind)
 
 
+def run_row_select(scores, ld, lens, width, top_k, max_k):
+    """(indices, scores) as NumPy arrays of ``topk_row_kernel<128, max_k, 16>`` over rows of
+    ``scores`` (a CuPy float32 array, rows ``ld`` entries apart) with lengths ``lens``, up to
+    ``width``; logical indices, the outputs first filled with junk."""
+    from indexer import _jit
+
+    cp = arrays.cupy()
+    rows = len(lens)
+    kernel = _jit.get_kernel("select_fast.cu", f"topk_row_kernel<128, {max_k}, 16>")
+    out_idx = cp.full((rows, top_k), 7, dtype=cp.int32)
+    out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
+    table = cp.zeros((rows, 1), dtype=cp.int32)
+    kernel((rows,), (128,), (scores, np.int64(ld), cp.asarray(lens), np.int32(width), np.int32(top_k),
+                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc, 0))
+    return out_idx.get(), out_sc.get()
+
+
 @pytest.mark.parametrize("kind", ["random", "small-ties", "plateau", "exponents", "outlier", "near-zero", "ulps", "tiny-span",
                                   "infinite", "wide", "ties-32", "ties-33", "nan"])
 @pytest.mark.parametrize("max_k, top_k", [(1024, 1), (1024, 100), (1024, 512), (1024, 1024), (512, 1), (512, 100),
                                           (512, 512)])
 def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
-    from indexer import _jit
-
     cp = arrays.cupy()
     rng = np.random.default_rng(top_k * 13 + max_k + len(kind))
     rows, width = 12, 2048
@@ -93,13 +108,7 @@ def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
     lens = rng.integers(0, width + 1, size=rows).astype(np.int32)
     lens[0], lens[1], lens[2] = width, top_k // 2, 0  # a full row, one short of k, an empty one
     lens[3], lens[4] = width // 2, width // 2 + 1  # the longest row of the 8-register form, the shortest past it
-    kernel = _jit.get_kernel("select_fast.cu", f"topk_row_kernel<128, {max_k}, 16>")
-    out_idx = cp.full((rows, top_k), 7, dtype=cp.int32)
-    out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
-    table = cp.zeros((rows, 1), dtype=cp.int32)
-    kernel((rows,), (128,), (cp.asarray(scores), np.int64(width), cp.asarray(lens), np.int32(width), np.int32(top_k),
-                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc, 0))
-    got_idx, got_sc = out_idx.get(), out_sc.get()
+    got_idx, got_sc = run_row_select(cp.asarray(scores), width, lens, width, top_k, max_k)
     for r in range(rows):
         want_idx, want_sc = row_topk(scores[r], int(lens[r]), top_k)
         np.testing.assert_array_equal(got_idx[r], want_idx, err_msg=f"row {r} (n = {lens[r]})")
@@ -113,22 +122,13 @@ def test_short_row_select_reads_rows_of_any_stride_and_alignment(max_k, top_k, l
     only where every row is 16-byte aligned and ld a multiple of 4 (the last case), one entry
     a load otherwise; lengths off multiples of 4 and up to ld's end, the last row included,
     so that a load past a row's entries would show as a wrong answer (or to the sanitizer)."""
-    from indexer import _jit
-
     cp = arrays.cupy()
     rng = np.random.default_rng(ld_extra * 7 + offset + top_k)
     rows, width = 9, 2048
     ld = width + ld_extra
     flat = rng.standard_normal(offset + rows * ld).astype(np.float32)
     lens = np.array([width, width - 1, width - 3, 1025, 1023, 513, 3, 0, width - 2], dtype=np.int32)
-    kernel = _jit.get_kernel("select_fast.cu", f"topk_row_kernel<128, {max_k}, 16>")
-    out_idx = cp.full((rows, top_k), 7, dtype=cp.int32)
-    out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
-    table = cp.zeros((rows, 1), dtype=cp.int32)
-    buf = cp.asarray(flat)
-    kernel((rows,), (128,), (buf[offset:], np.int64(ld), cp.asarray(lens), np.int32(width), np.int32(top_k),
-                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc, 0))
-    got_idx, got_sc = out_idx.get(), out_sc.get()
+    got_idx, got_sc = run_row_select(cp.asarray(flat)[offset:], ld, lens, width, top_k, max_k)
     for r in range(rows):
         row = flat[offset + r * ld: offset + r * ld + width]
         want_idx, want_sc = row_topk(row, int(lens[r]), top_k)
