@@ -158,10 +158,9 @@ def test_the_row_kernel_waits_for_each_count_and_clears_it():
     bounded wait (the wait for the previous grid, here none), not hung on; every count is
     zero afterwards."""
     from tests.gpu import row_topk
+    from tests.test_cuda_row_select import run_row_select
 
     cp = arrays.cupy()
-    from indexer import _jit
-
     rng = np.random.default_rng(95)
     rows, width, top_k = 6, 2048, 512
     scores = rng.standard_normal((rows, width)).astype(np.float32)
@@ -169,14 +168,7 @@ def test_the_row_kernel_waits_for_each_count_and_clears_it():
     ready = lens.astype(np.uint32).copy()
     ready[3] -= 1  # never completed: the bounded wait ends
     ready_dev = cp.asarray(ready)
-    kernel = _jit.get_kernel("select_fast.cu", f"topk_row_kernel<128, {top_k}, 16>")
-    out_idx = cp.full((rows, top_k), 7, dtype=cp.int32)
-    out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
-    table = cp.zeros((rows, 1), dtype=cp.int32)
-    kernel((rows,), (128,), (cp.asarray(scores), np.int64(width), cp.asarray(lens), np.int32(width), np.int32(top_k),
-                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc,
-                             ready_dev))
-    got_idx, got_sc = out_idx.get(), out_sc.get()
+    got_idx, got_sc = run_row_select(cp.asarray(scores), width, lens, width, top_k, top_k, row_ready=ready_dev)
     for r in range(rows):
         want_idx, want_sc = row_topk(scores[r], int(lens[r]), top_k)
         np.testing.assert_array_equal(got_idx[r], want_idx, err_msg=f"row {r}")
