@@ -17,7 +17,11 @@
 //     sums scattered so that lane c stores query c's scores, for entries below each row's
 //     visible length: the warp-specialised kernel's scores bit for bit (same fp16
 //     operands, K order and association).
-// No histogram: the select counts one by its own kernel where it needs one.
+// No histogram: the select counts one by its own kernel where it needs one. With a
+// workspace at rest, each MMA warpgroup counts the scores it has stored of an item's rows
+// (row_ready, common.cuh) once its stores of the item are done, so that the row select,
+// placed on the SMs this kernel's CTAs leave, selects each row as soon as it is complete
+// rather than after the whole grid (its CTAs end up to ~21 K cycles apart, v54).
 //
 // CTA: four warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
 // into three B buffers (up to two items ahead of the MMAs: with two buffers, v33, an item
@@ -143,7 +147,8 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
                    const int* __restrict__ cu_seqlens,      // [n_seq + 1]: the call's sequences' rows
                    int n_seq, int run_first, int T, int max_len,
                    float* __restrict__ scores,              // [T, ld] workspace
-                   long long ld)
+                   long long ld,
+                   u32* __restrict__ row_ready)             // [T]: scores stored a row (common.cuh), or null
 {
     using namespace score_dense;
     static_assert(kDim == score_dense::kDim, "D = 128 only");
@@ -151,7 +156,8 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     __shared__ int s_cu[kMaxSeqs + 1], s_items[kMaxSeqs + 1];
     __shared__ u32 s_scratch[32];
     // the select's CTAs may be placed as this grid's CTAs leave (they cannot share an SM
-    // with one: its registers are all taken); the select waits for this grid's end
+    // with one: its registers are all taken); the select waits for its row's count
+    // (row_ready), or else for this grid's end
     let_next_grid_start();
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31, warp = wtid >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -355,6 +361,21 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             // predicated stores, no branches (score_ks.cu's epilogue, docs/performance.md v50)
             store_global_if(my_out + s0, sum0 * g0 + 0.0f, s0 < my_len);  // -0 folded into +0
             store_global_if(my_out + s0 + 8, sum8 * g1 + 0.0f, s0 + 8 < my_len);
+        }
+        if (row_ready != nullptr) {  // my stores of the item's rows done: counted for the row select
+            named_barrier(1 + m, 128);
+            if (wtid == 0) {
+                // my units of the item again (from shared memory: nothing kept across the loop)
+                const int first = max(start[p], u0), last = min(start[p + 1], u1);
+                const int my_first = first + (m - (first - u0) % kMmaGroups + kMmaGroups) % kMmaGroups;
+                for (int i = 0; i < kQueries; ++i) {
+                    const int len = meta[buf * 8 + i];  // 0 past the item's rows
+                    u32 stored = 0u;
+                    for (int u = my_first; u < last; u += kMmaGroups)
+                        stored += (u32)min(max(len - (u - start[p]) * kSub, 0), kSub);
+                    if (stored) add_release(row_ready + meta[buf * 8 + 4 + i], stored);
+                }
+            }
         }
         mbar_arrive(bempty + buf);  // my reads of the buffer's queries and weights are done
         ++il;
