@@ -54,12 +54,12 @@ __device__ __forceinline__ void let_next_grid_start() {
 
 // Rows handed from the dense scoring kernel to the row select while it still runs (the
 // select's CTAs are placed on the SMs its CTAs leave, programmatic dependent launch): a
-// count a row of the scores stored, which the scoring kernel's warpgroups add to once their
-// stores of an item are done (a barrier of the warpgroup, then one release add: the pattern
-// of a "generic barrier"), and which the select reads with acquire until it reaches the
-// row's length, then clears (zero at rest, indexer/workspace.py).
-__device__ __forceinline__ void add_release(u32* p, u32 v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+// count a row of the scores stored, which each scoring CTA adds to at its end, once its
+// stores are done (a barrier, then a fence and a relaxed add a row: the release pattern),
+// and which the select reads with acquire until it reaches the row's length, then clears
+// (zero at rest, indexer/workspace.py).
+__device__ __forceinline__ void red_relaxed_add(u32* p, u32 v) {
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ u32 load_acquire(const u32* p) {
     u32 v;

@@ -18,10 +18,10 @@
 //     visible length: the warp-specialised kernel's scores bit for bit (same fp16
 //     operands, K order and association).
 // No histogram: the select counts one by its own kernel where it needs one. With a
-// workspace at rest, each MMA warpgroup counts the scores it has stored of an item's rows
-// (row_ready, common.cuh) once its stores of the item are done, so that the row select,
-// placed on the SMs this kernel's CTAs leave, selects each row as soon as it is complete
-// rather than after the whole grid (its CTAs end up to ~21 K cycles apart, v54).
+// workspace at rest, each CTA counts the scores it has stored of its share's rows
+// (row_ready, common.cuh) at its end, so that the row select, placed on the SMs this
+// kernel's CTAs leave, selects each row as soon as the CTAs holding it have ended rather
+// than after the whole grid (its CTAs end up to ~21 K cycles apart, v54).
 //
 // CTA: four warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
 // into three B buffers (up to two items ahead of the MMAs: with two buffers, v33, an item
@@ -60,6 +60,7 @@ constexpr int kThreads = 128 * (1 + kMmaGroups);  // staging warpgroup, the MMA 
 constexpr int kMaxItems = 2988;                // items a run (geometry.DENSE_MAX_ROWS / kQueries + DENSE_MAX_SEQS, rounded up)
 constexpr int kMaxSeqs = 256;                  // sequences a launch (geometry.DENSE_MAX_SEQS)
 constexpr int kTurnBarrier = 1 + kMmaGroups;   // named barriers 1 + m: MMA warpgroup m's own; kTurnBarrier + m: its turn
+constexpr int kEndBarrier = kTurnBarrier + kMmaGroups;  // the MMA warpgroups' stores all done (row_ready)
 }  // namespace score_dense
 
 struct DenseSmem {
@@ -362,25 +363,32 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             store_global_if(my_out + s0, sum0 * g0 + 0.0f, s0 < my_len);  // -0 folded into +0
             store_global_if(my_out + s0 + 8, sum8 * g1 + 0.0f, s0 + 8 < my_len);
         }
-        if (row_ready != nullptr) {  // my stores of the item's rows done: counted for the row select
-            named_barrier(1 + m, 128);
-            if (wtid == 0) {
-                // my units of the item again (from shared memory: nothing kept across the loop)
-                const int first = max(start[p], u0), last = min(start[p + 1], u1);
-                const int my_first = first + (m - (first - u0) % kMmaGroups + kMmaGroups) % kMmaGroups;
-                for (int i = 0; i < kQueries; ++i) {
-                    const int len = meta[buf * 8 + i];  // 0 past the item's rows
-                    u32 stored = 0u;
-                    for (int u = my_first; u < last; u += kMmaGroups)
-                        stored += (u32)min(max(len - (u - start[p]) * kSub, 0), kSub);
-                    if (stored) add_release(row_ready + meta[buf * 8 + 4 + i], stored);
-                }
-            }
-        }
         mbar_arrive(bempty + buf);  // my reads of the buffer's queries and weights are done
         ++il;
     }
     // every arrival at my turn barrier matched: the warpgroup whose turn would follow the
     // share's last unit has one turn left over
     if ((u1 - u0) % kMmaGroups == m) named_barrier(kTurnBarrier + m, 256);
+    if (row_ready == nullptr) return;
+    // Every MMA warpgroup's stores done (this barrier), then the share's rows counted for the
+    // row select: thread t of the three warpgroups takes row t % kQueries of the share's
+    // item t / kQueries, adds the number of its scores this CTA stored (the item's units in
+    // the share), each add after a fence of its own (a fence and a relaxed add: the release
+    // pattern). Once a CTA, at its end: an item's rows are complete only at its last unit,
+    // and a row select cannot be placed on this SM before this CTA leaves anyway (per item,
+    // a release each warpgroup cost the call more than the early start gained: v55).
+    named_barrier(kEndBarrier, 128 * kMmaGroups);
+    const int t = tid - 128, p = p_first + t / kQueries;
+    if (p >= n_items || start[p] >= u1 || !has_units(p)) return;
+    const Item it = item_at(p);
+    const int i = t % kQueries;
+    if (i >= it.rows) return;
+    const int row = it.first + i;
+    const int len = visible_len(valid_lens, row, max_len);
+    const int lo = max(start[p], u0), hi = min(start[p + 1], u1);
+    const int stored = min(max(len - (lo - start[p]) * kSub, 0), (hi - lo) * kSub);
+    if (stored > 0) {
+        __threadfence();
+        red_relaxed_add(row_ready + row, (u32)stored);
+    }
 }

@@ -1,6 +1,6 @@
 """The dense kernel hands each row to the row select as soon as its scores are stored
 (kernels/common.cuh: row_ready): a count a row in the workspace's zeroed part, added to by
-the scoring kernel's warpgroups and read (then cleared) by the select, whose CTAs may run on
+each scoring CTA at its end and read (then cleared) by the select, whose CTAs may run on
 the SMs the scoring kernel's CTAs leave. Checked against the reference in graphs (with and
 without programmatic dependent launch) and eagerly, over causal, ragged, empty and
 multi-run calls; the counts are zero after every call, after a scoring-only call, and after
