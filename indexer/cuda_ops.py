@@ -339,6 +339,14 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # rank_select holds for fewer rows where it holds for more)
     last_run = prob.T - rows * ((prob.T - 1) // rows)
     p.hist_bytes = 0 if row_select or takes_sample(last_run) else rows * bins * 4
+    # the dense kernel's rows handed to the row select as they are stored: a count a row,
+    # zero at rest, in the workspace's zeroed part (the row kernel clears each row's); with
+    # no workspace at rest the select waits for the whole scoring kernel instead (a fill
+    # would cost what the early start gains), and so do rows too long for the registers
+    # (their passes read through the read-only path)
+    p.row_ready = row_ready = kind == "dense" and row_select and ld <= geometry.ROW_SELECT_MAX_LEN
+    if row_ready:
+        p.hist_bytes = rows * 4
     # the workspace's parts, in their order (the histograms' size is the call's: a workspace
     # at rest keeps them in its zeroed part)
     p.part_bytes = {
@@ -417,7 +425,7 @@ class _RunViews:
 def _part_sizes(p, at_rest):
     """``_carve``'s sizes for plan ``p``: its parts, with the histograms in scratch only where
     the workspace's zeroed part does not hold them (``at_rest``)."""
-    return {**p.part_bytes, "hist": 0 if at_rest else p.hist_bytes}
+    return {**p.part_bytes, "hist": 0 if at_rest or p.row_ready else p.hist_bytes}
 
 
 def _run_views(p, parts, rest=None):
@@ -494,7 +502,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             # the run's rows of the per-row arrays: the arrays themselves when one run takes
             # every row (a slice costs ~2 us of host time, and a call makes up to eight)
             run = (lambda x: x) if nr == prob.T else (lambda x: x[r0:r1])  # noqa: B023
-            if not (p.row_select or hist_zero):
+            if not hist_zero and (p.row_ready or not p.row_select):
                 _zero(hist)  # then each run's select leaves them zero for the next
                 hist_zero = True
             lens, table = run(valid_lens), run(block_table)  # each sliced once a run
@@ -516,7 +524,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 # under the key image's tail: its schedule built while the image is written
                 after_previous(p.score_k, device_id, sl.grid, sl.block,
                                (*query, v.kimg, p.units, lens, cu_seqlens, p.n_seq, r0_32, nr_32, p.max_len, v.scores,
-                                p.ld), shared_mem=sl.smem)
+                                p.ld, hist if p.row_ready else 0), shared_mem=sl.smem)
             else:
                 if kind == "pairs":  # row pairs of one sequence share each key tile (one wave, balanced)
                     grid, sched_args = sl.grid, (cu_seqlens, p.n_seq, r0_32, nr_32, *p.shape_args)
@@ -543,8 +551,11 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             # block table that turns them into physical ids
             output_args = (table, *p.table_shape, physical32, run(indices), run(scores) if scores is not None else 0)
             if p.row_select:
+                # row_ready (dense kernel, workspace at rest): each row selected once its
+                # scores are stored, on the SMs the scoring kernel's CTAs leave
                 after_previous(p.row_k, device_id, (nr,), (p.row_threads,),
-                               (v.scores, p.ld, lens, p.max_len, p.top_k, *output_args))
+                               (v.scores, p.ld, lens, p.max_len, p.top_k, *output_args,
+                                hist if p.row_ready else 0))
                 continue
             row_args = (v.scores, p.ld, lens, p.max_len)  # every select kernel's first four
             if sampled:  # each row's threshold key from a sample of its scores

@@ -30,7 +30,9 @@ Rules:
 * The NumPy backend accepts a workspace and ignores it (it has no device memory).
 
 Beside its scratch buffer the workspace keeps the select's per-row histograms (of score
-bits) in a part of their own that is zero between calls: each call's last kernel clears
+bits), or for the dense kernel's calls a count a row of the scores stored (which lets the
+row select start on each row as soon as it is complete), in a part of their own that is
+zero between calls: each call's last kernel clears
 what its first ones counted, so a call on a workspace launches no fill of them (a memset
 node less in a captured graph). A call that stops between its launches (an
 exception, Ctrl-C) clears what it counted on its stream before it raises, so graphs captured

@@ -16,10 +16,12 @@ typedef unsigned long long u64;
 // as every CTA of the previous grid has exited or called let_next_grid_start, without
 // waiting for the grid's end to be signalled and a new launch to be processed. Every CTA of
 // such a kernel waits here until the previous grid has finished and its writes are
-// visible, before it touches anything that grid writes, and before any early exit (a grid
+// visible, before it touches anything that grid writes, and before any exit (a grid
 // whose CTAs all left without waiting could end before its predecessor): the select
-// kernels at their start, the single-query wgmma scoring kernel once it has scheduled its
-// tiles and started its key copies, the dense scoring kernel once it has built its schedule
+// kernels at their start (the row select under the dense kernel at its end instead, having
+// read its row once the row's count said it was stored: row_ready below), the
+// single-query wgmma scoring kernel once it has scheduled its tiles and started its key
+// copies, the dense scoring kernel once it has built its schedule
 // (before any copy of the key image, which the kernel before it writes). Before the wait a
 // CTA may read only what no kernel of the call writes: the histogram and filter kernels load
 // their row's length (valid_lens, an input) first. Whatever wrote it ran before the call's
@@ -48,6 +50,34 @@ __device__ __forceinline__ void let_next_grid_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
+}
+
+// Rows handed from the dense scoring kernel to the row select while it still runs (the
+// select's CTAs are placed on the SMs its CTAs leave, programmatic dependent launch): a
+// count a row of the scores stored, which each scoring CTA adds to at its end, once its
+// stores are done (a barrier, then a fence and a relaxed add a row: the release pattern),
+// and which the select reads with acquire until it reaches the row's length, then clears
+// (zero at rest, indexer/workspace.py).
+__device__ __forceinline__ void red_relaxed_add(u32* p, u32 v) {
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 load_acquire(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// Waits (thread 0 of the CTA; the caller's barrier then orders the other threads' reads)
+// until *count reaches n, about 10 ms at most: past that (a row no scoring CTA writes, from
+// inconsistent inputs run unvalidated) the wait for the whole previous grid takes over, so
+// a bad row costs time, never a hang.
+__device__ __forceinline__ void wait_for_count(const u32* count, u32 n) {
+    for (int spin = 0; spin < (1 << 16); ++spin) {
+        if (load_acquire(count) >= n) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+        __nanosleep(128);
+#endif
+    }
+    wait_for_previous_grid();
 }
 
 // The select's per-row candidate counts (the filter's append cursors) start each call at

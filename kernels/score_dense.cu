@@ -17,7 +17,11 @@
 //     sums scattered so that lane c stores query c's scores, for entries below each row's
 //     visible length: the warp-specialised kernel's scores bit for bit (same fp16
 //     operands, K order and association).
-// No histogram: the select counts one by its own kernel where it needs one.
+// No histogram: the select counts one by its own kernel where it needs one. With a
+// workspace at rest, each CTA counts the scores it has stored of its share's rows
+// (row_ready, common.cuh) at its end, so that the row select, placed on the SMs this
+// kernel's CTAs leave, selects each row as soon as the CTAs holding it have ended rather
+// than after the whole grid (its CTAs end up to ~21 K cycles apart, v54).
 //
 // CTA: four warpgroups, one CTA an SM. Warpgroup 0 stages the queries of the CTA's items
 // into three B buffers (up to two items ahead of the MMAs: with two buffers, v33, an item
@@ -56,6 +60,7 @@ constexpr int kThreads = 128 * (1 + kMmaGroups);  // staging warpgroup, the MMA 
 constexpr int kMaxItems = 2988;                // items a run (geometry.DENSE_MAX_ROWS / kQueries + DENSE_MAX_SEQS, rounded up)
 constexpr int kMaxSeqs = 256;                  // sequences a launch (geometry.DENSE_MAX_SEQS)
 constexpr int kTurnBarrier = 1 + kMmaGroups;   // named barriers 1 + m: MMA warpgroup m's own; kTurnBarrier + m: its turn
+constexpr int kEndBarrier = kTurnBarrier + kMmaGroups;  // the MMA warpgroups' stores all done (row_ready)
 }  // namespace score_dense
 
 struct DenseSmem {
@@ -143,7 +148,8 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
                    const int* __restrict__ cu_seqlens,      // [n_seq + 1]: the call's sequences' rows
                    int n_seq, int run_first, int T, int max_len,
                    float* __restrict__ scores,              // [T, ld] workspace
-                   long long ld)
+                   long long ld,
+                   u32* __restrict__ row_ready)             // [T]: scores stored a row (common.cuh), or null
 {
     using namespace score_dense;
     static_assert(kDim == score_dense::kDim, "D = 128 only");
@@ -151,7 +157,8 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     __shared__ int s_cu[kMaxSeqs + 1], s_items[kMaxSeqs + 1];
     __shared__ u32 s_scratch[32];
     // the select's CTAs may be placed as this grid's CTAs leave (they cannot share an SM
-    // with one: its registers are all taken); the select waits for this grid's end
+    // with one: its registers are all taken); the select waits for its row's count
+    // (row_ready), or else for this grid's end
     let_next_grid_start();
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, lane = tid & 31, warp = wtid >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -362,4 +369,26 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     // every arrival at my turn barrier matched: the warpgroup whose turn would follow the
     // share's last unit has one turn left over
     if ((u1 - u0) % kMmaGroups == m) named_barrier(kTurnBarrier + m, 256);
+    if (row_ready == nullptr) return;
+    // Every MMA warpgroup's stores done (this barrier), then the share's rows counted for the
+    // row select: thread t of the three warpgroups takes row t % kQueries of the share's
+    // item t / kQueries, adds the number of its scores this CTA stored (the item's units in
+    // the share), each add after a fence of its own (a fence and a relaxed add: the release
+    // pattern). Once a CTA, at its end: an item's rows are complete only at its last unit,
+    // and a row select cannot be placed on this SM before this CTA leaves anyway (per item,
+    // a release each warpgroup cost the call more than the early start gained: v55).
+    named_barrier(kEndBarrier, 128 * kMmaGroups);
+    const int t = tid - 128, p = p_first + t / kQueries;
+    if (p >= n_items || start[p] >= u1 || !has_units(p)) return;
+    const Item it = item_at(p);
+    const int i = t % kQueries;
+    if (i >= it.rows) return;
+    const int row = it.first + i;
+    const int len = visible_len(valid_lens, row, max_len);
+    const int lo = max(start[p], u0), hi = min(start[p + 1], u1);
+    const int stored = min(max(len - (lo - start[p]) * kSub, 0), (hi - lo) * kSub);
+    if (stored > 0) {
+        __threadfence();
+        red_relaxed_add(row_ready + row, (u32)stored);
+    }
 }

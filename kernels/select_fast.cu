@@ -611,14 +611,23 @@ template <int kThreads, int kMaxK, int kRegs>
 __global__ void __launch_bounds__(kThreads, kThreads == 128 ? 8 : 5)  // at most 64 / 51 registers
 topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                 int top_k, const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
-                int* __restrict__ out_idx, float* __restrict__ out_scores)
+                int* __restrict__ out_idx, float* __restrict__ out_scores,
+                u32* __restrict__ row_ready)  // [rows]: scores stored a row, zero at rest (common.cuh); or null
 {
-    wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
     __shared__ u64 cand[row_cand_slots<kThreads, kMaxK, kRegs>()];
     // rows in reverse: a causal prefill's rows grow with their index, so its longest rows
     // start first and the last wave is of its shortest (the grid's tail less uneven)
     const int row = gridDim.x - 1 - blockIdx.x;
-    const int n = visible_len(valid_lens, row, max_len);
+    const int n = visible_len(valid_lens, row, max_len);  // an input: read before any wait
+    if (row_ready == nullptr) {
+        wait_for_previous_grid();  // the scores come from the kernel before (common.cuh)
+    } else {  // the dense kernel's stores of this row counted: it may still run on other SMs
+        if (threadIdx.x == 0) {
+            wait_for_count(row_ready + row, (u32)n);
+            row_ready[row] = 0u;  // at rest again: every add to it is done
+        }
+        __syncthreads();
+    }
     const float* r = scores + (long long)row * ld;
     // every row 16-byte aligned and ld a multiple of 4 (the workspace's rows): 16-byte loads
     const bool whole_quads = (ld & 3) == 0 && (reinterpret_cast<size_t>(scores) & 15u) == 0;
@@ -632,10 +641,12 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
         if (n <= 8 * kThreads) {  // the same in every thread
             select_row_radix_call<kThreads, kMaxK, 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand,
                                                       whole_quads);
+            wait_for_previous_grid();  // never ending before the scoring kernel (common.cuh)
             return;
         }
     }
     select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand, whole_quads);
+    wait_for_previous_grid();  // never ending before the scoring kernel (a no-op once waited)
 }
 
 // The block sort alone: out[0, sort_size(n)) = in[0, n) and zero padding, sorted descending,

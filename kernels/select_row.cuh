@@ -38,6 +38,8 @@ __device__ __forceinline__ u32 live_key(float x, bool live) {
 // entries, as the workspace's are), else one entry a load. A 16-byte load starts below n
 // (n <= ld) at a multiple of 4, so with ld a multiple of 4 it ends inside the row's ld
 // entries: nothing past the row is read.
+// L2 loads (ld.global.cg), not the read-only path: the row kernel may read rows the
+// dense kernel has just stored while it still runs (common.cuh: row_ready).
 template <int kThreads, int kRegs>
 __device__ __forceinline__ void load_row_keys(const float* __restrict__ r, int n, bool whole_quads,
                                               u32 (&keys)[kRegs]) {
@@ -49,7 +51,7 @@ __device__ __forceinline__ void load_row_keys(const float* __restrict__ r, int n
         for (int g = 0; g < kRegs / 4; ++g) {
             const int first = row_entry<kThreads>(4 * g, tid);
             float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (first < n) x = __ldg(reinterpret_cast<const float4*>(r + first));
+            if (first < n) x = __ldcg(reinterpret_cast<const float4*>(r + first));
             v[4 * g] = x.x;
             v[4 * g + 1] = x.y;
             v[4 * g + 2] = x.z;
@@ -59,7 +61,7 @@ __device__ __forceinline__ void load_row_keys(const float* __restrict__ r, int n
 #pragma unroll
         for (int j = 0; j < kRegs; ++j) {
             const int i = row_entry<kThreads>(j, tid);
-            v[j] = i < n ? __ldg(r + i) : 0.0f;
+            v[j] = i < n ? __ldcg(r + i) : 0.0f;
         }
     }
 #pragma unroll

@@ -79,10 +79,11 @@ def _rows(kind, rng, rows, width):
     raise ValueError(kind)
 
 
-def run_row_select(scores, ld, lens, width, top_k, max_k):
+def run_row_select(scores, ld, lens, width, top_k, max_k, row_ready=0):
     """(indices, scores) as NumPy arrays of ``topk_row_kernel<128, max_k, 16>`` over rows of
     ``scores`` (a CuPy float32 array, rows ``ld`` entries apart) with lengths ``lens``, up to
-    ``width``; logical indices, the outputs first filled with junk."""
+    ``width``; logical indices, the outputs first filled with junk. ``row_ready``: the
+    kernel's per-row counts (a CuPy uint32 array) or 0 (none: the grid wait)."""
     from indexer import _jit
 
     cp = arrays.cupy()
@@ -92,7 +93,7 @@ def run_row_select(scores, ld, lens, width, top_k, max_k):
     out_sc = cp.full((rows, top_k), 7, dtype=cp.float32)
     table = cp.zeros((rows, 1), dtype=cp.int32)
     kernel((rows,), (128,), (scores, np.int64(ld), cp.asarray(lens), np.int32(width), np.int32(top_k),
-                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc))
+                             table, np.int32(1), np.int32(width), np.int32(1), np.int32(0), out_idx, out_sc, row_ready))
     return out_idx.get(), out_sc.get()
 
 
