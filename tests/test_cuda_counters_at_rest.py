@@ -46,6 +46,25 @@ def zeroed_part(ws):
     return ws._buffers[(int(cp.cuda.runtime.getDevice()), "zeroed")]
 
 
+def call_interrupted_before(monkeypatch, cuda_ops, kernel, call):
+    """Runs ``call()`` with the launch of ``kernel`` through ``cuda_ops.after_previous``
+    raising RuntimeError("interrupted") (the kernels before it launched, it and those after
+    it not), checks that the call raised it, and puts the launcher back."""
+    real = cuda_ops.after_previous
+
+    def broken(launched, *args, **kwargs):
+        if launched is kernel:
+            raise RuntimeError("interrupted")
+        return real(launched, *args, **kwargs)
+
+    monkeypatch.setattr(cuda_ops, "after_previous", broken)
+    try:
+        with pytest.raises(RuntimeError, match="interrupted"):
+            call()
+    finally:
+        monkeypatch.setattr(cuda_ops, "after_previous", real)
+
+
 @pytest.mark.parametrize("precision", ["fast", "exact"])
 def test_histograms_are_zero_after_every_call_of_every_route_and_shape(precision):
     from indexer import cuda_ops  # imports CuPy
@@ -98,17 +117,8 @@ def test_a_call_interrupted_between_launches_clears_what_it_counted(monkeypatch)
         finally:
             graph = stream.end_capture()
         rank = cuda_ops._kernel("select_fast.cu", "topk_rank_kernel<256, true>", cp.cuda.Device().id)
-        real = cuda_ops.after_previous
-
-        def broken(kernel, *args, **kwargs):
-            if kernel is rank:  # after the scoring and filter kernels have counted
-                raise RuntimeError("interrupted")
-            return real(kernel, *args, **kwargs)
-
-        monkeypatch.setattr(cuda_ops, "after_previous", broken)
-        with pytest.raises(RuntimeError, match="interrupted"):
-            cuda_ops.score_topk(*dev, p.top_k, workspace=ws)
-        monkeypatch.setattr(cuda_ops, "after_previous", real)
+        # interrupted after the scoring and filter kernels have counted
+        call_interrupted_before(monkeypatch, cuda_ops, rank, lambda: cuda_ops.score_topk(*dev, p.top_k, workspace=ws))
         stream.synchronize()
         assert int(cp.count_nonzero(zeroed_part(ws))) == 0
         assert not ws.zeroed(8)[1]  # still marked dirty: the next eager call fills them anyway

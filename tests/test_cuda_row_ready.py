@@ -13,7 +13,7 @@ import pytest
 import indexer
 from indexer import arrays, geometry, testing
 from tests.gpu import requires_gpu
-from tests.test_cuda_counters_at_rest import zeroed_part
+from tests.test_cuda_counters_at_rest import call_interrupted_before, zeroed_part
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -132,17 +132,8 @@ def test_a_call_interrupted_before_its_select_clears_the_counts(monkeypatch):
     ld = geometry.tiles_per_row(int(args[7].max())) * geometry.TILE_ENTRIES
     row_name, _ = geometry.row_select_kernel(ld, top_k, cuda_ops._validate.MAX_TOP_K)
     row_kernel = cuda_ops._kernel("select_fast.cu", row_name, cp.cuda.Device().id)
-    real = cuda_ops.after_previous
-
-    def broken(kernel, *a, **kw):
-        if kernel is row_kernel:  # after the dense kernel has counted its rows
-            raise RuntimeError("interrupted")
-        return real(kernel, *a, **kw)
-
-    monkeypatch.setattr(cuda_ops, "after_previous", broken)
-    with pytest.raises(RuntimeError, match="interrupted"):
-        call(out, ws)
-    monkeypatch.setattr(cuda_ops, "after_previous", real)
+    # interrupted after the dense kernel has counted its rows
+    call_interrupted_before(monkeypatch, cuda_ops, row_kernel, lambda: call(out, ws))
     cp.cuda.get_current_stream().synchronize()
     assert int(cp.count_nonzero(zeroed_part(ws))) == 0
     assert not ws.zeroed(8)[1]  # marked dirty: the next call fills the part first
