@@ -339,8 +339,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # rank_select holds for fewer rows where it holds for more)
     last_run = prob.T - rows * ((prob.T - 1) // rows)
     p.hist_bytes = 0 if row_select or takes_sample(last_run) else rows * bins * 4
-    # the dense kernel's rows handed to the row select as they are stored: a count a row,
-    # zero at rest, in the workspace's zeroed part (the row kernel clears each row's); with
+    # the dense kernel's rows handed to the row select as the CTAs holding them end: a count
+    # a row, zero at rest, in the workspace's zeroed part (the row kernel clears each row's); with
     # no workspace at rest the select waits for the whole scoring kernel instead (a fill
     # would cost what the early start gains), and so do rows too long for the registers
     # (their passes read through the read-only path)
@@ -551,8 +551,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             # block table that turns them into physical ids
             output_args = (table, *p.table_shape, physical32, run(indices), run(scores) if scores is not None else 0)
             if p.row_select:
-                # row_ready (dense kernel, workspace at rest): each row selected once its
-                # scores are stored, on the SMs the scoring kernel's CTAs leave
+                # row_ready (dense kernel, workspace at rest): each row selected once the
+                # CTAs holding it have ended, on the SMs the scoring kernel's CTAs leave
                 after_previous(p.row_k, device_id, (nr,), (p.row_threads,),
                                (v.scores, p.ld, lens, p.max_len, p.top_k, *output_args,
                                 hist if p.row_ready else 0))

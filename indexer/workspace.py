@@ -31,10 +31,9 @@ Rules:
 
 Beside its scratch buffer the workspace keeps the select's per-row histograms (of score
 bits), or for the dense kernel's calls a count a row of the scores stored (which lets the
-row select start on each row as soon as it is complete), in a part of their own that is
-zero between calls: each call's last kernel clears
-what its first ones counted, so a call on a workspace launches no fill of them (a memset
-node less in a captured graph). A call that stops between its launches (an
+row select start on each row as soon as the CTAs holding it have ended), in a part of their
+own that is zero between calls: each call's last kernel clears what its first ones counted,
+so a call on a workspace launches no fill of them (a memset node less in a captured graph). A call that stops between its launches (an
 exception, Ctrl-C) clears what it counted on its stream before it raises, so graphs captured
 earlier on the workspace stay right; it also leaves the part marked dirty, and the next call
 fills it first. The benchmark's scoring-only calls count into scratch memory instead.
