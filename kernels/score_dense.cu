@@ -372,23 +372,27 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     if (row_ready == nullptr) return;
     // Every MMA warpgroup's stores done (this barrier), then the share's rows counted for the
     // row select: thread t of the three warpgroups takes row t % kQueries of the share's
-    // item t / kQueries, adds the number of its scores this CTA stored (the item's units in
-    // the share), each add after a fence of its own (a fence and a relaxed add: the release
+    // items t / kQueries + 128 j, adds the number of its scores this CTA stored (the item's
+    // units in the share), each add after a fence of its own (a fence and a relaxed add: the release
     // pattern). Once a CTA, at its end: an item's rows are complete only at its last unit,
     // and a row select cannot be placed on this SM before this CTA leaves anyway (per item,
     // a release each warpgroup cost the call more than the early start gained: v55).
     named_barrier(kEndBarrier, 128 * kMmaGroups);
-    const int t = tid - 128, p = p_first + t / kQueries;
-    if (p >= n_items || start[p] >= u1 || !has_units(p)) return;
-    const Item it = item_at(p);
-    const int i = t % kQueries;
-    if (i >= it.rows) return;
-    const int row = it.first + i;
-    const int len = visible_len(valid_lens, row, max_len);
-    const int lo = max(start[p], u0), hi = min(start[p + 1], u1);
-    const int stored = min(max(len - (lo - start[p]) * kSub, 0), (hi - lo) * kSub);
-    if (stored > 0) {
-        __threadfence();
-        red_relaxed_add(row_ready + row, (u32)stored);
+    // a stride over the share's items: a share can span more than 128 (the items of empty
+    // rows, which have no units, lie between its own: a causal sequence of 4,096 rows beside
+    // 3,000 padding rows spans 171, tests/test_cuda_row_ready.py)
+    const int i = (tid - 128) % kQueries;
+    for (int p = p_first + (tid - 128) / kQueries; p < n_items && start[p] < u1; p += 128 * kMmaGroups / kQueries) {
+        if (!has_units(p)) continue;
+        const Item it = item_at(p);
+        if (i >= it.rows) continue;
+        const int row = it.first + i;
+        const int len = visible_len(valid_lens, row, max_len);
+        const int lo = max(start[p], u0), hi = min(start[p + 1], u1);
+        const int stored = min(max(len - (lo - start[p]) * kSub, 0), (hi - lo) * kSub);
+        if (stored > 0) {
+            __threadfence();
+            red_relaxed_add(row_ready + row, (u32)stored);
+        }
     }
 }

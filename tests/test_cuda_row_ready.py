@@ -143,6 +143,58 @@ def test_a_call_interrupted_before_its_select_clears_the_counts(monkeypatch):
     assert ws.zeroed(8)[1]
 
 
+def items_a_share(cu, lens, ctas, rows_an_item=3, unit=64):
+    """The most positions of the dense kernel's item order that one CTA's share spans, from
+    its first item to its last with units (kernels/score_dense.cu's schedule: items of three
+    rows a sequence, taken first, last, second, ...; equal shares of their 64-entry units)."""
+    items = [(f, min(rows_an_item, cu[b + 1] - f)) for b in range(len(cu) - 1)
+             for f in range(cu[b], cu[b + 1], rows_an_item)]
+    n = len(items)
+    order = [p // 2 if p % 2 == 0 else n - 1 - p // 2 for p in range(n)]
+    units = [-(-int(lens[f:f + r].max()) // unit) for f, r in (items[k] for k in order)]
+    start = np.concatenate([[0], np.cumsum(units)])
+    work, most = int(start[-1]), 0
+    for c in range(ctas):
+        u0, u1 = work * c // ctas, work * (c + 1) // ctas
+        if u0 >= u1:
+            continue
+        first = int(np.searchsorted(start[:n], u0, side="right")) - 1  # item_of_tile
+        last = max(p for p in range(first, n) if start[p] < u1 and units[p] > 0)
+        most = max(most, last - first + 1)
+    return most
+
+
+def test_a_share_spanning_more_items_than_its_counting_threads_counts_every_row():
+    """A causal sequence beside a sequence of padding rows (length 0): the padding's items
+    lie between the causal ones in the dense kernel's order, so a CTA's share spans more
+    items than the 128 its count at its end takes at once (it strides over them). A row left
+    uncounted would be selected only after the row select's bounded wait (tens of ms) and
+    still be right, so besides the answers the call's device time is held to a bound ~10x
+    above its own (~1 ms) and far below that wait."""
+    cuda_ops = dense_or_skip()
+    cp = arrays.cupy()
+    counts, top_k, budget = [4096, 3000], 256, 256 << 20
+    args = grouped_problem(np.random.default_rng(96), counts, H=8, D=128, E=64, seq_entries=[1024, 64], ratio=4,
+                           top_k=top_k)
+    args[7][counts[0]:] = 0  # the padding rows
+    T, ld = sum(counts), geometry.tiles_per_row(1024) * geometry.TILE_ENTRIES
+    assert geometry.workspace_rows(T, ld, budget, 0, True, max_rows=geometry.DENSE_MAX_ROWS) >= T  # one run
+    ctas = geometry.score_dense_launch(T, 8, 128, 1024, cuda_ops.device_facts(cp.cuda.Device().id)).grid[0]
+    assert items_a_share(args[6], args[7], ctas) > 128  # the case this test is for
+    out = (cp.empty((T, top_k), cp.int32), cp.empty((T, top_k), cp.float32))
+    ws, call = indexer.Workspace(), call_of(cuda_ops, args, top_k, budget=budget)
+    call(out, ws)  # compiles, sizes the workspace
+    check(args, top_k, out, ws)
+    out[0].fill(-3)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    call(out, ws)
+    stop.record()
+    stop.synchronize()
+    check(args, top_k, out, ws)
+    assert cp.cuda.get_elapsed_time(start, stop) < 10.0
+
+
 def test_the_row_kernel_waits_for_each_count_and_clears_it():
     """Launched alone (no scoring kernel before it): rows whose counts are already their
     lengths are selected at once; a row whose count stays short is selected after the
