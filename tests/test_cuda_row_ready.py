@@ -1,8 +1,8 @@
-"""The dense kernel hands each row to the row select as soon as its scores are stored
+"""The dense kernel hands each row to the row select once the CTAs holding it have ended
 (kernels/common.cuh: row_ready): a count a row in the workspace's zeroed part, added to by
 each scoring CTA at its end and read (then cleared) by the select, whose CTAs may run on
 the SMs the scoring kernel's CTAs leave. Checked against the reference in graphs (with and
-without programmatic dependent launch) and eagerly, over causal, ragged, empty and
+without programmatic dependent launch) and eagerly, over causal, ragged, empty, padded and
 multi-run calls; the counts are zero after every call, after a scoring-only call, and after
 a call interrupted between the two kernels; and the row kernel alone waits for a count,
 clears it, and never hangs on a count that does not come."""
