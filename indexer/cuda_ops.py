@@ -338,15 +338,14 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # no histograms where every run takes the sample (the last run, the smallest, decides:
     # rank_select holds for fewer rows where it holds for more)
     last_run = prob.T - rows * ((prob.T - 1) // rows)
-    p.hist_bytes = 0 if row_select or takes_sample(last_run) else rows * bins * 4
     # the dense kernel's rows handed to the row select as the CTAs holding them end: a count
     # a row, zero at rest, in the workspace's zeroed part (the row kernel clears each row's); with
     # no workspace at rest the select waits for the whole scoring kernel instead (a fill
     # would cost what the early start gains), and so do rows too long for the registers
     # (their passes read through the read-only path)
     p.row_ready = row_ready = kind == "dense" and row_select and ld <= geometry.ROW_SELECT_MAX_LEN
-    if row_ready:
-        p.hist_bytes = rows * 4
+    p.hist_bytes = (rows * 4 if row_ready else 0 if row_select or takes_sample(last_run)
+                    else rows * bins * 4)
     # the workspace's parts, in their order (the histograms' size is the call's: a workspace
     # at rest keeps them in its zeroed part)
     p.part_bytes = {

@@ -373,8 +373,8 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     // Every MMA warpgroup's stores done (this barrier), then the share's rows counted for the
     // row select: thread t of the three warpgroups takes row t % kQueries of the share's
     // items t / kQueries + 128 j, adds the number of its scores this CTA stored (the item's
-    // units in the share), each add after a fence of its own (a fence and a relaxed add: the release
-    // pattern). Once a CTA, at its end: an item's rows are complete only at its last unit,
+    // units in the share), each add after a fence of its own (a fence and a relaxed add:
+    // the release pattern). Once a CTA, at its end: an item's rows are complete only at its last unit,
     // and a row select cannot be placed on this SM before this CTA leaves anyway (per item,
     // a release each warpgroup cost the call more than the early start gained: v55).
     named_barrier(kEndBarrier, 128 * kMmaGroups);
@@ -383,12 +383,12 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
     // 3,000 padding rows spans 171, tests/test_cuda_row_ready.py)
     const int i = (tid - 128) % kQueries;
     for (int p = p_first + (tid - 128) / kQueries; p < n_items && start[p] < u1; p += 128 * kMmaGroups / kQueries) {
-        if (!has_units(p)) continue;
+        const int lo = max(start[p], u0), hi = min(start[p + 1], u1);  // the item's units here
+        if (hi <= lo) continue;
         const Item it = item_at(p);
         if (i >= it.rows) continue;
         const int row = it.first + i;
         const int len = visible_len(valid_lens, row, max_len);
-        const int lo = max(start[p], u0), hi = min(start[p + 1], u1);
         const int stored = min(max(len - (lo - start[p]) * kSub, 0), (hi - lo) * kSub);
         if (stored > 0) {
             __threadfence();
