@@ -392,7 +392,7 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         all_pairs = geometry.rank_all_pairs(rows)
         p.rank_k = _kernel(_SELECT_SOURCE, f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>", device_id)
         p.rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
-                       else geometry.rank_ctas_per_row(prob.top_k))
+                       else geometry.rank_ctas_per_row(prob.top_k, rows, dev))
         p.final_k = _kernel(_SELECT_SOURCE, f"topk_final_kernel<1024, {p.cap}>", device_id, 8 * p.cap)
         if sampled_ok:
             p.sample_k = _kernel(_SELECT_SOURCE, "topk_sample_kernel<256>", device_id)

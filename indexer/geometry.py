@@ -27,12 +27,13 @@ def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
     """Whether a run's candidates are ranked (topk_rank_kernel: several CTAs per row, each
     candidate compared within its fine key bin, or with every other candidate of its row
     for the fewest rows: rank_all_pairs) rather than sorted (one CTA per row): when
-    the rank grid fits in two waves (4 CTAs per SM). Measured on the H200 (graph, whole
+    a grid of a thread for each of 2 x top_k candidates a row fits in two waves
+    (RANK_CTAS_PER_SM CTAs an SM). Measured on the H200 (graph, whole
     call, rank vs sort): decode-ragged (64 rows, k = 1024) 0.458 vs 0.478 ms, decode-E256
     0.216 vs 0.221, prefill-chunk 41.36 vs 42.18, mtp-2 (128 rows, k = 1024) 0.365 vs
     0.364, decode-128K (128 rows, k = 512) 0.225 vs 0.222; decode-1M's runs of 32 rows rank
     in 7.5-8 us against ~31 for a sort."""
-    return rows * rank_ctas_per_row(top_k) <= 8 * (dev or H200).sm_count
+    return rows * _rank_group_ctas(top_k) <= 2 * RANK_CTAS_PER_SM * (dev or H200).sm_count
 
 
 #: runs of at most this many rows rank by comparing every pair of a row's candidates
@@ -55,10 +56,29 @@ def rank_all_pairs_ctas_per_row(rows: int, dev: "Device | None" = None) -> int:
     return max(1, (dev or H200).sm_count // max(1, rows))
 
 
-def rank_ctas_per_row(top_k: int) -> int:
-    """CTAs per row of topk_rank_kernel: enough for 2 x top_k candidates a group each (the
-    usual count is 1-2 x top_k; more are taken in turns), at most RANK_MAX / RANK_GROUP."""
+#: CTAs of topk_rank_kernel an SM (kernels/select_fast.cu: its __launch_bounds__)
+RANK_CTAS_PER_SM = 4
+
+
+def _rank_group_ctas(top_k: int) -> int:
+    """CTAs a row that give 2 x top_k candidates one thread each (the usual count is 1-2 x
+    top_k), at most RANK_MAX / RANK_GROUP."""
     return max(1, min(RANK_MAX // RANK_GROUP, -(-2 * top_k // RANK_GROUP)))
+
+
+def rank_ctas_per_row(top_k: int, rows: int = 1, dev: "Device | None" = None) -> int:
+    """CTAs per row of topk_rank_kernel (fine key bins) for a run of ``rows`` rows: a
+    candidate a thread for 2 x top_k candidates, or half as many CTAs (two a thread) where
+    that grid would not fit one wave of RANK_CTAS_PER_SM CTAs an SM. Every CTA lays out the
+    row's candidates whole before ranking its share, so a second wave repeats that layout
+    for little ranking: mtp-2 (128 rows, k = 1,024) ranks in 8.7 us with 4 CTAs a row against
+    11.3 with 8 (ncu; graph -2.5 us); the one-wave runs (64 rows at k = 1,024, 128 at 512)
+    measured within noise or slower at half (docs/performance.md v56). More candidates
+    than the CTAs' threads are taken in turns."""
+    ctas = _rank_group_ctas(top_k)
+    if rows * ctas > RANK_CTAS_PER_SM * (dev or H200).sm_count:
+        ctas = max(1, ctas // 2)
+    return ctas
 #: entries one CTA of the histogram and filter kernels covers (256 threads x 16)
 SELECT_CHUNK = 4096
 HIST_BINS = 2048

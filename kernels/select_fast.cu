@@ -378,9 +378,10 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
 // the row, its lanes taking every 32nd: cnt^2 compares a row in all, spread over the
 // whole GPU, and no shared-memory layout before them (a batch-1 call's ~1,500 candidates:
 // ~50 compares a lane a candidate).
-// Otherwise (fine key bins; more rows, G = 2 x top_k / kThreads CTAs a row): CTA y ranks
-// the candidates at buffer positions [kThreads * g, kThreads * (g + 1)) for g = y, y + G,
-// ... (one a thread). Every CTA first lays all of the row's candidates out in shared
+// Otherwise (fine key bins; more rows, G = 2 x top_k / kThreads CTAs a row, half that where
+// the grid would not fit one wave: geometry.rank_ctas_per_row): CTA y ranks the candidates
+// at buffer positions [kThreads * g, kThreads * (g + 1)) for g = y, y + G, ... (one a
+// thread, a turn). Every CTA first lays all of the row's candidates out in shared
 // memory by fine key bin: the keys' span [kmin, kmax] cut into at most kRankBins
 // power-of-two-wide bins ((key >> s) - (kmin >> s), the top one clamped), a count, a scan
 // from the highest bin down, a scatter of buffer positions. A candidate's rank is where its bin starts plus the

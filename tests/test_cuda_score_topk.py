@@ -293,8 +293,9 @@ def test_many_long_rows_use_the_wide_select_chunks(precision):
 @pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS + ("random",))
 def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
     # the multi-CTA select orders a run's candidates by rank counting, within fine key bins
-    # (few rows) or over every pair (the fewest rows), or by one CTA sorting each row (many
-    # rows): the three routes, forced, give the same bits
+    # (few rows; a candidate a thread, or several in turns where the grid takes fewer CTAs a
+    # row) or over every pair (the fewest rows), or by one CTA sorting each row (many rows):
+    # the four routes, forced, give the same bits
     from indexer import cuda_ops, geometry
 
     cp = arrays.cupy()
@@ -306,17 +307,37 @@ def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
     args = [cp.asarray(a) for a in p.arrays()]
     out = {}
     try:
-        for ranked, all_pairs in ((True, True), (True, False), (False, False)):
+        rank_ctas = geometry.rank_ctas_per_row
+        for ranked, all_pairs, one_cta in ((True, True, False), (True, False, False), (True, False, True),
+                                           (False, False, False)):
             monkeypatch.setattr(geometry, "rank_select", lambda *a, r=ranked: r)
             monkeypatch.setattr(geometry, "rank_all_pairs", lambda *a, r=all_pairs: r)
+            monkeypatch.setattr(geometry, "rank_ctas_per_row", (lambda *a: 1) if one_cta else rank_ctas)
             cuda_ops.clear_plans()  # launch plans are cached by call shape, made under the rules of their time
-            out[ranked, all_pairs] = cuda_ops.score_topk(*args, p.top_k, return_scores=True, physical=True,
-                                                         _select="multi")
+            out[ranked, all_pairs, one_cta] = cuda_ops.score_topk(*args, p.top_k, return_scores=True, physical=True,
+                                                                  _select="multi")
     finally:
         monkeypatch.undo()
         cuda_ops.clear_plans()  # no plan made under the forced rules outlives this test
-    for route in ((True, False), (False, False)):
+    out = {route[:2] if not route[2] else "one CTA": v for route, v in out.items()}
+    for route in ((True, False), "one CTA", (False, False)):
         np.testing.assert_array_equal(out[True, True][0].get(), out[route][0].get())
         assert out[True, True][1].get().tobytes() == out[route][1].get().tobytes()
     logical = cuda_ops.score_topk(*args, p.top_k, return_scores=True, _select="multi")
     testing.check_topk(p, logical[0].get(), logical[1].get(), tol=testing.TOL_FAST)
+
+
+def test_a_rank_grid_past_one_wave_ranks_two_candidates_a_thread():
+    # mtp-2's shape, smaller heads: 128 rows of 8,192 entries at k = 1,024 rank with 4 CTAs a
+    # row (8 would take two waves), each thread ranking the candidates of its turns
+    from indexer import cuda_ops, geometry
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(93)
+    p = testing.random_problem(rng, T=128, H=8, D=64, E=64, lens=rng.integers(4200, 8193, 128), top_k=1024)
+    dev = cuda_ops.device_facts(cp.cuda.Device().id)
+    assert geometry.rank_select(128, 1024, dev) and not geometry.rank_all_pairs(128)
+    if dev.sm_count * geometry.RANK_CTAS_PER_SM < 128 * 8:  # the H200's 132 SMs: 528 < 1,024
+        assert geometry.rank_ctas_per_row(1024, 128, dev) == 4
+    idx, sc = run_cuda(p, "fast")
+    testing.check_topk(p, idx, sc, tol=TOL["fast"])

@@ -150,6 +150,21 @@ def test_candidates_are_ranked_only_when_the_rank_grid_fits_two_waves():
     assert not geometry.rank_select(256, 1024) and not geometry.rank_select(67, 4096)
 
 
+def test_the_rank_grid_takes_half_its_ctas_a_row_where_it_would_not_fit_one_wave():
+    one_wave = geometry.RANK_CTAS_PER_SM * geometry.H200.sm_count  # 528
+    # decode-1M's runs of 32 rows, decode-ragged's 64 (k = 1,024), decode-128K's 128 (k = 512):
+    # one wave at a candidate a thread
+    for rows, k in ((32, 1024), (64, 1024), (128, 512)):
+        assert geometry.rank_ctas_per_row(k, rows) == geometry.rank_ctas_per_row(k) == -(-2 * k // 256)
+        assert rows * geometry.rank_ctas_per_row(k, rows) <= one_wave
+    # mtp-2's 128 rows at k = 1,024 would need 1,024 CTAs: 4 a row, two candidates a thread
+    assert geometry.rank_ctas_per_row(1024, 128) == 4
+    assert geometry.rank_ctas_per_row(1024, 67) == 4 and geometry.rank_ctas_per_row(1024, 66) == 8
+    assert geometry.rank_ctas_per_row(1, 10_000) == 1
+    # which runs rank at all does not move with it
+    assert geometry.rank_select(132, 1024) and not geometry.rank_select(133, 1024)
+
+
 def test_only_the_fewest_rows_rank_every_pair_over_every_sm():
     # batch 1 (decode-latency) compares all pairs of its ~1,500 candidates on every SM;
     # decode-1M's runs of 32 rows keep the key-bin layout (cnt^2 a row would cost more)
