@@ -79,6 +79,8 @@ def rank_ctas_per_row(top_k: int, rows: int = 1, dev: "Device | None" = None) ->
     if rows * ctas > RANK_CTAS_PER_SM * (dev or H200).sm_count:
         ctas = max(1, ctas // 2)
     return ctas
+
+
 #: entries one CTA of the histogram and filter kernels covers (256 threads x 16)
 SELECT_CHUNK = 4096
 HIST_BINS = 2048
