@@ -308,28 +308,27 @@ def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
     out = {}
     try:
         rank_ctas = geometry.rank_ctas_per_row
-        for ranked, all_pairs, one_cta in ((True, True, False), (True, False, False), (True, False, True),
-                                           (False, False, False)):
+        routes = {"all pairs": (True, True, False), "binned": (True, False, False),
+                  "binned, one CTA a row": (True, False, True), "sorted": (False, False, False)}
+        for route, (ranked, all_pairs, one_cta) in routes.items():
             monkeypatch.setattr(geometry, "rank_select", lambda *a, r=ranked: r)
             monkeypatch.setattr(geometry, "rank_all_pairs", lambda *a, r=all_pairs: r)
             monkeypatch.setattr(geometry, "rank_ctas_per_row", (lambda *a: 1) if one_cta else rank_ctas)
             cuda_ops.clear_plans()  # launch plans are cached by call shape, made under the rules of their time
-            out[ranked, all_pairs, one_cta] = cuda_ops.score_topk(*args, p.top_k, return_scores=True, physical=True,
-                                                                  _select="multi")
+            out[route] = cuda_ops.score_topk(*args, p.top_k, return_scores=True, physical=True, _select="multi")
     finally:
         monkeypatch.undo()
         cuda_ops.clear_plans()  # no plan made under the forced rules outlives this test
-    out = {route[:2] if not route[2] else "one CTA": v for route, v in out.items()}
-    for route in ((True, False), "one CTA", (False, False)):
-        np.testing.assert_array_equal(out[True, True][0].get(), out[route][0].get())
-        assert out[True, True][1].get().tobytes() == out[route][1].get().tobytes()
+    for route in ("binned", "binned, one CTA a row", "sorted"):
+        np.testing.assert_array_equal(out["all pairs"][0].get(), out[route][0].get())
+        assert out["all pairs"][1].get().tobytes() == out[route][1].get().tobytes()
     logical = cuda_ops.score_topk(*args, p.top_k, return_scores=True, _select="multi")
     testing.check_topk(p, logical[0].get(), logical[1].get(), tol=testing.TOL_FAST)
 
 
 def test_a_rank_grid_past_one_wave_ranks_two_candidates_a_thread():
-    # mtp-2's shape, smaller heads: 128 rows of 8,192 entries at k = 1,024 rank with 4 CTAs a
-    # row (8 would take two waves), each thread ranking the candidates of its turns
+    # mtp-2's shape, smaller heads: 128 rows of 4,200-8,192 entries at k = 1,024 rank with 4
+    # CTAs a row (8 would take two waves), each thread ranking the candidates of its turns
     from indexer import cuda_ops, geometry
 
     cp = arrays.cupy()
