@@ -110,6 +110,7 @@ INSTANCES = {
                        "topk_sample_kernel<256>", "topk_filter_kernel<256, 16, true>", "topk_filter_kernel<256, 4, true>",
                        "topk_final_kernel<1024, 8192, true>",
                        "topk_rank_kernel<256, false>", "topk_rank_kernel<256, true>", "topk_final_kernel<1024, 8192>",
+                       "topk_row_stream_kernel<1024>",
                        "topk_row_kernel<256, 4096, 16>", "topk_row_kernel<256, 4096, 0>",
                        "topk_row_kernel<128, 1024, 16>", "topk_row_kernel<128, 512, 16>", "block_sort_kernel<1024>", "block_sort_kernel<256>", "block_sort_kernel<128>"],
 }

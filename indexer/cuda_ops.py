@@ -394,6 +394,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         p.rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
                        else geometry.rank_ctas_per_row(prob.top_k, rows, dev))
         p.final_k = _kernel(_SELECT_SOURCE, f"topk_final_kernel<1024, {p.cap}>", device_id, 8 * p.cap)
+        p.stream_k = _kernel(_SELECT_SOURCE, f"topk_row_stream_kernel<{geometry.ROW_STREAM_THREADS}>", device_id,
+                             geometry.ROW_STREAM_SMEM)
         if sampled_ok:
             p.sample_k = _kernel(_SELECT_SOURCE, "topk_sample_kernel<256>", device_id)
             p.filter_sampled_k = _kernel(_SELECT_SOURCE, f"topk_filter_kernel<256, {per}, true>", device_id)
@@ -407,8 +409,9 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         r1 = min(prob.T, r0 + rows)
         nr = r1 - r0
         sampled = not row_select and takes_sample(nr)
-        ranked = not row_select and not sampled and geometry.rank_select(nr, prob.top_k, dev)
-        p.runs.append((r0, r1, nr, sampled, ranked, i32(r0), i32(nr)))
+        streamed = not row_select and not sampled and geometry.row_stream_select(nr, prob.top_k, dev)
+        ranked = not row_select and not sampled and not streamed and geometry.rank_select(nr, prob.top_k, dev)
+        p.runs.append((r0, r1, nr, sampled, streamed, ranked, i32(r0), i32(nr)))
     # the scalar arguments every call passes alike
     p.D = prob.D
     p.H, p.max_len, p.top_k = i32(prob.H), i32(prob.max_len), i32(prob.top_k)
@@ -497,7 +500,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     physical32 = i32(1 if physical else 0)
 
     try:
-        for r0, r1, nr, sampled, ranked, r0_32, nr_32 in p.runs:
+        for r0, r1, nr, sampled, streamed, ranked, r0_32, nr_32 in p.runs:
             # the run's rows of the per-row arrays: the arrays themselves when one run takes
             # every row (a slice costs ~2 us of host time, and a call makes up to eight)
             run = (lambda x: x) if nr == prob.T else (lambda x: x[r0:r1])  # noqa: B023
@@ -561,6 +564,10 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 after_previous(p.sample_k, device_id, (nr,), (256,), (*row_args, p.top_k, v.count, v.tau))
             elif not p.counts_keys:  # the other scoring kernels count the histogram in their epilogue
                 after_previous(p.hist_k, device_id, (p.chunks, nr), (256,), (*row_args, hist, v.count))
+            if streamed:  # a CTA a row: its threshold, its candidates gathered and ranked at once
+                after_previous(p.stream_k, device_id, (nr,), (geometry.ROW_STREAM_THREADS,),
+                               (*row_args, hist, p.top_k, *output_args), shared_mem=geometry.ROW_STREAM_SMEM)
+                continue
             after_previous(p.filter_sampled_k if sampled else p.filter_k, device_id, (p.chunks, nr), (256,),
                            (*row_args, v.tau if sampled else hist, p.top_k, v.count, v.cand, p.cap32))
             # few rows: candidates ranked by many CTAs per row (a row with more than RANK_MAX

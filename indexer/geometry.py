@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -79,6 +79,27 @@ def rank_ctas_per_row(top_k: int, rows: int = 1, dev: "Device | None" = None) ->
     if rows * ctas > RANK_CTAS_PER_SM * (dev or H200).sm_count:
         ctas = max(1, ctas // 2)
     return ctas
+
+
+#: threads of topk_row_stream_kernel (kernels/select_fast.cu), one CTA a row, and its
+#: dynamic shared memory (row_stream_smem: four 32 KB chunks of the row in flight); its
+#: static shared memory is the RANK_MAX candidates' 8 bytes each and ~1 KB more
+ROW_STREAM_THREADS = 1024
+ROW_STREAM_SMEM = 4 * 8 * ROW_STREAM_THREADS * 4
+
+
+def row_stream_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
+    """Whether a run with a histogram selects each row in one CTA that streams the row's
+    scores, gathers the entries at or above its threshold bin in shared memory and ranks
+    them there (topk_row_stream_kernel), rather than by the filter's CTAs a 4,096-entry
+    chunk and a ranking or sorting kernel after them: for runs of at least three rows
+    for every four SMs (one CTA an SM, so fewer would leave the stream to part of the GPU:
+    64 rows measured slower, docs/performance.md v57), top_k <= RANK_MAX / 4 (a row's
+    candidates, ~1-2 x top_k, fit the CTA's RANK_MAX slots), and the CTA's shared memory
+    within the device's."""
+    dev = dev or H200
+    fits = ROW_STREAM_SMEM + 8 * RANK_MAX + 2048 <= dev.max_smem_per_block
+    return 4 * rows >= 3 * dev.sm_count and 4 * top_k <= RANK_MAX and fits
 
 
 #: entries one CTA of the histogram and filter kernels covers (256 threads x 16)

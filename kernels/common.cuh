@@ -104,6 +104,24 @@ __device__ __forceinline__ u64 l2_evict_first() {
     return p;
 }
 
+// Asynchronous 4- and 16-byte copies into shared memory (cp.async, sm_80+), zero-filled
+// where !valid (nothing read then); each thread's groups are committed and waited for by
+// that thread.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, bool valid) {
+    const u32 dst = (u32)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* src, bool valid) {
+    const u32 dst = (u32)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
+
 // ---------------------------------------------------------------------------
 // NVFP4 element and scale decoding
 // ---------------------------------------------------------------------------

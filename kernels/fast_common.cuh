@@ -30,21 +30,6 @@ __host__ __device__ constexpr int mma_stage_bytes(int D) {
     return score_mma::kTileEntries * (D / 2) + ((score_mma::kTileEntries * (D / 16) + 15) / 16) * 16;
 }
 
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* src, bool valid) {
-    const u32 dst = (u32)__cvta_generic_to_shared(smem_dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* src, bool valid) {
-    const u32 dst = (u32)__cvta_generic_to_shared(smem_dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
-
 __device__ __forceinline__ float max_keep_nan(float a, float b) {
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));

@@ -225,23 +225,20 @@ __device__ __forceinline__ RowBins load_bins(const u32* __restrict__ h) {
     return RowBins{h4[0], h4[1]};
 }
 
-// The bin b* of a row's histogram (bins: load_bins) that holds its k-th best key, or 0
-// when the row has at most k selectable entries (then every non-NaN entry is a candidate).
-// All kThreads (256) threads of the CTA call it and get the same value; it has two
-// barriers, the first before any thread returns. Thread tid holds bins 2047 - 8 tid - j,
-// j = 0 .. 7 (two 16-byte loads), a warp scans its threads' sums by shuffles, and every
-// thread adds the warp totals before its own from shared memory: one barrier where a
-// block-wide scan takes three (the filter, a few microseconds of latency-bound CTAs, runs
-// this in every CTA of a row).
-template <int kThreads>
-__device__ __forceinline__ u32 threshold_bin(const RowBins& bins, int top_k, u32* scratch, u32* s_bin) {
+// The bin b* of a row's histogram that holds its k-th best key, or 0 when the row has at
+// most k selectable entries (then every non-NaN entry is a candidate), from each thread's
+// kPer bins `mine`, highest first: thread tid holds bins 2047 - kPer tid - j, j = 0 ..
+// kPer - 1. All kThreads threads of the CTA call it and get the same value; it has two
+// barriers, the first before any thread returns. A warp scans its threads' sums by
+// shuffles, and every thread adds the warp totals before its own from shared memory: one
+// barrier where a block-wide scan takes three (the filter, a few microseconds of
+// latency-bound CTAs, runs this in every CTA of a row).
+template <int kThreads, int kPer>
+__device__ __forceinline__ u32 threshold_bin_of(const u32 (&mine)[kPer], int top_k, u32* scratch, u32* s_bin) {
     using namespace select_fast;
-    constexpr int kPer = kBins / kThreads;
-    static_assert(kPer == 8 && kThreads / 32 <= 32, "two 16-byte loads of bins a thread");
+    static_assert(kPer * kThreads == kBins && kThreads / 32 <= 32, "whole bins a thread, a scratch slot a warp");
     constexpr int kWarps = kThreads / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const uint4 lo = bins.lo, hi = bins.hi;
-    const u32 mine[kPer] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};  // highest first
     u32 sum = 0u;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) sum += mine[j];
@@ -263,6 +260,15 @@ __device__ __forceinline__ u32 threshold_bin(const RowBins& bins, int top_k, u32
     }
     __syncthreads();
     return *s_bin;
+}
+
+// threshold_bin_of for the filter's 256 threads, from load_bins' two 16-byte loads
+template <int kThreads>
+__device__ __forceinline__ u32 threshold_bin(const RowBins& bins, int top_k, u32* scratch, u32* s_bin) {
+    static_assert(select_fast::kBins / kThreads == 8, "two 16-byte loads of bins a thread");
+    const uint4 lo = bins.lo, hi = bins.hi;
+    const u32 mine[8] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};  // highest first
+    return threshold_bin_of<kThreads, 8>(mine, top_k, scratch, s_bin);
 }
 
 // A row's histogram is zero at rest: the scoring kernels and the histogram kernel only add
@@ -365,6 +371,63 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     }
 }
 
+// The ranks of a row's cnt candidates c[0, cnt) (shared memory, distinct keys) among
+// themselves, by fine key bins (topk_rank_kernel's layout: the keys' span [kmin, kmax]
+// cut into at most kRankBins power-of-two-wide bins, a count, a scan from the highest bin
+// down, a scatter of buffer positions into by_bin), each candidate at positions me0,
+// me0 + stride, ... written to its output slot when it ranks below top_k. Called by every
+// thread of the CTA with its own kmin / kmax of the candidates it placed in c, after a
+// barrier that follows: bin_pos[0, kRankBins) zero, *s_min = ~0, *s_max = 0, and c filled.
+template <int kThreads>
+__device__ __forceinline__ void rank_in_fine_bins(const u64* c, u32 cnt, u32 kmin, u32 kmax, u32 me0, u32 stride,
+                                                  unsigned short* by_bin, u32* bin_pos, u32* scratch, u32* s_min,
+                                                  u32* s_max, int top_k, const int* __restrict__ bt_row, int E,
+                                                  int num_blocks, int physical, int* __restrict__ oi,
+                                                  float* __restrict__ os) {
+    using namespace select_fast;
+    constexpr int kPer = kRankBins / kThreads;
+    static_assert(kPer * kThreads == kRankBins, "whole bins a thread");
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        kmin = min(kmin, __shfl_xor_sync(FULL_MASK, kmin, off));
+        kmax = max(kmax, __shfl_xor_sync(FULL_MASK, kmax, off));
+    }
+    if ((tid & 31) == 0) {
+        atomicMin(s_min, kmin);
+        atomicMax(s_max, kmax);
+    }
+    __syncthreads();
+    const u32 lo = *s_min;
+    const int shift = max(0, (32 - __clz((int)(*s_max - lo))) - 10);  // span >> shift < kRankBins
+    auto bin_of = [&](u64 x) { return min((candidate_key(x) >> shift) - (lo >> shift), (u32)(kRankBins - 1)); };
+    // ---- count, scan (from the highest bin down), scatter
+    for (u32 i = tid; i < cnt; i += kThreads) atomicAdd(&bin_pos[bin_of(c[i])], 1u);
+    __syncthreads();
+    {
+        u32 own[kPer], total;
+        u32 pos = descending_bins<kThreads, kRankBins>(bin_pos, own, scratch, &total);  // ends with a barrier
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            bin_pos[kRankBins - 1 - (kPer * tid + j)] = pos;
+            pos += own[j];
+        }
+    }
+    __syncthreads();
+    for (u32 i = tid; i < cnt; i += kThreads) by_bin[atomicAdd(&bin_pos[bin_of(c[i])], 1u)] = (unsigned short)i;
+    __syncthreads();
+    // ---- ranks: bin b holds by_bin[bin_pos[b + 1] .. bin_pos[b]) (from 0 for the top bin)
+    for (u32 me = me0; me < cnt; me += stride) {
+        const u64 mine = c[me];
+        const u32 b = bin_of(mine);
+        const u32 first = b + 1u < (u32)kRankBins ? bin_pos[b + 1] : 0u, last = bin_pos[b];
+        u32 rank = first;  // every candidate of a higher bin orders before it
+        for (u32 j = first; j < last; ++j) rank += c[by_bin[j]] > mine;
+        if (rank < (u32)top_k) write_slot(rank, mine, true, bt_row, E, num_blocks, physical, oi, os);
+    }
+}
+
+
 // grid (rows, G), kThreads threads: the CTAs of a row rank its candidates. Keys are unique
 // (the index is part of them), so a candidate's rank (how many of the row's candidates
 // order before it) is its output slot, whatever order the atomics gave the buffer; every
@@ -400,8 +463,6 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
 {
     wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
     using namespace select_fast;
-    constexpr int kPer = kRankBins / kThreads;
-    static_assert(kPer * kThreads == kRankBins, "whole bins a thread");
     __shared__ u64 c[kRankMax];                    // the row's candidates in buffer order
     __shared__ unsigned short by_bin[kRankMax];    // their positions in c, highest bin first
     __shared__ u32 bin_pos[kRankBins];             // per bin: count, then first slot, then end
@@ -484,43 +545,153 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
         }
         return;
     }
+    rank_in_fine_bins<kThreads>(c, cnt, kmin, kmax, blockIdx.y * kThreads + tid, gridDim.y * kThreads, by_bin, bin_pos,
+                                scratch, &s_min, &s_max, top_k, bt_row, E, num_blocks, physical, oi, os);
+}
+
+// grid (rows,), kThreads (1,024) threads, row_stream_smem() bytes of dynamic shared memory:
+// the whole select of a row in one CTA, from its histogram and its scores, for runs of
+// about an SM's worth of rows or more (geometry.row_stream_select). The bin b* of the k-th
+// best key (threshold_bin_of, two bins a thread), then the row streamed through chunks of
+// kPer entries a thread, kStages - 1 chunks in flight ahead of the one compared, each
+// thread copying (cp.async) exactly the entries it reads, into slots of its own: no
+// barrier a chunk, no registers held by the copies; every entry of a bin >= b* is gathered
+// into shared memory, and the CTA ranks what it gathered within fine key bins
+// (rank_in_fine_bins). No candidate buffer, count or second launch in global memory, and
+// the filter's per-CTA chain (the histogram's scan, the count's atomic) runs once a row,
+// not once a 4,096-entry chunk. A row with more than kRankMax candidates (a plateau of
+// ties at the k-th key) is selected from its scores by the radix select. Clears the row's
+// histogram (zero at rest) once every thread has read its bins.
+namespace row_stream {
+constexpr int kPer = 8;      // entries a thread a chunk: two 16-byte copies
+constexpr int kStages = 4;   // chunks in the ring: kStages - 1 in flight while one is compared
+}  // namespace row_stream
+
+// dynamic shared memory of topk_row_stream_kernel<kThreads>: the ring, which the ranking's
+// layout (by_bin, bin_pos) takes over once the row has streamed through
+template <int kThreads>
+__host__ __device__ constexpr int row_stream_smem() {
+    return row_stream::kStages * row_stream::kPer * kThreads * 4;
+}
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads, 1)
+topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
+                       u32* __restrict__ hist, int top_k, const int* __restrict__ block_table, int L, int E,
+                       int num_blocks, int physical, int* __restrict__ out_idx, float* __restrict__ out_scores)
+{
+    using namespace select_fast;
+    using row_stream::kPer;
+    using row_stream::kStages;
+    constexpr int kBinsPer = kBins / kThreads;
+    constexpr int kChunk = kThreads * kPer;
+    constexpr int kQuads = kPer / 4;
+    static_assert(kBinsPer == 2 && kRankBins == kThreads, "two histogram bins and one fine bin a thread");
+    static_assert(kRankMax * 2 + kRankBins * 4 <= row_stream_smem<kThreads>(), "the layout fits the ring");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float4* ring = reinterpret_cast<float4*>(smem_raw);  // [kStages][kQuads][kThreads]
+    unsigned short* by_bin = reinterpret_cast<unsigned short*>(smem_raw);  // after the stream
+    u32* bin_pos = reinterpret_cast<u32*>(smem_raw + kRankMax * 2);        // after the stream
+    __shared__ u64 c[kRankMax];  // the row's candidates, in arrival order
+    __shared__ u32 scratch[32];
+    __shared__ u32 s_min, s_max, s_bin, s_taken;
+    const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const int n = visible_len(valid_lens, row, max_len);  // an input: loaded before the wait
+    wait_for_previous_grid();  // the scores and the histogram come from the kernel before
+    const float* r = scores + (long long)row * ld;
+    u32* hist_row = hist + (long long)row * kBins;
+    // chunk ch's quad h of this thread: entries ch * kChunk + (h * kThreads + tid) * 4 + 0..3,
+    // copied where it starts below n (it then ends inside the row's ld: rows are 16-byte
+    // aligned and ld a multiple of 4), zeros elsewhere; one group a chunk, empty past the row
+    auto issue = [&](int ch) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        kmin = min(kmin, __shfl_xor_sync(FULL_MASK, kmin, off));
-        kmax = max(kmax, __shfl_xor_sync(FULL_MASK, kmax, off));
-    }
-    if ((tid & 31) == 0) {
-        atomicMin(&s_min, kmin);
-        atomicMax(&s_max, kmax);
-    }
-    __syncthreads();
-    const u32 lo = s_min;
-    const int shift = max(0, (32 - __clz((int)(s_max - lo))) - 10);  // span >> shift < kRankBins
-    auto bin_of = [&](u64 x) { return min((candidate_key(x) >> shift) - (lo >> shift), (u32)(kRankBins - 1)); };
-    // ---- count, scan (from the highest bin down), scatter
-    for (u32 i = tid; i < cnt; i += kThreads) atomicAdd(&bin_pos[bin_of(c[i])], 1u);
-    __syncthreads();
-    {
-        u32 own[kPer], total;
-        u32 pos = descending_bins<kThreads, kRankBins>(bin_pos, own, scratch, &total);  // ends with a barrier
+        for (int h = 0; h < kQuads; ++h) {
+            const int first = ch * kChunk + (h * kThreads + tid) * 4;
+            if (ch * kChunk < n)  // the same in every thread
+                cp_async_16(ring + ((ch % kStages) * kQuads + h) * kThreads + tid, r + min(first, n - 1 - (n - 1) % 4),
+                            first < n);
+        }
+        cp_async_commit();
+    };
 #pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            bin_pos[kRankBins - 1 - (kPer * tid + j)] = pos;
-            pos += own[j];
+    for (int ch = 0; ch < kStages - 1; ++ch) issue(ch);  // in flight with the bins
+    const uint2 hb = reinterpret_cast<const uint2*>(hist_row)[kBins / 2 - 1 - tid];  // bins 2046 - 2 tid, + 1
+    if (tid == 0) {
+        s_taken = 0u;
+        s_min = ~0u;
+        s_max = 0u;
+    }
+    const u32 mine[kBinsPer] = {hb.y, hb.x};  // highest first
+    const u32 thr = threshold_bin_of<kThreads, kBinsPer>(mine, top_k, scratch, &s_bin);  // its barriers: the above seen
+    reinterpret_cast<uint2*>(hist_row)[kBins / 2 - 1 - tid] = make_uint2(0u, 0u);  // every thread's bins read
+    const int* bt_row = block_table + (long long)row * L;
+    int* oi = out_idx + (long long)row * top_k;
+    float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
+    // the candidates, keys in a bin >= thr, compared as scores: key >= thr << kBinShift
+    // exactly where x >= key_to_score(thr << kBinShift) (the key order is the scores' order,
+    // -0 as +0, NaN never at or above anything), one compare an entry where a key takes
+    // ~10 instructions; bins 0-3 hold no key above 0 but -inf's (NaN and the patterns past
+    // -inf key to 0 or never occur), so thr < 4 takes every non-NaN entry. (Under -ftz a
+    // subnormal bound compares as 0: a few more candidates, never fewer.)
+    const float fthr = thr < 4u ? __int_as_float((int)0xff800000u) : key_to_score(thr << kBinShift);  // -inf
+    u32 kmin = ~0u, kmax = 0u;  // of the candidates this thread gathers
+    for (int ch = 0; ch * kChunk < n; ++ch) {  // the same trip count in every thread
+        // into the slots this thread read at chunk ch - 1 (its own reads, done in order)
+        issue(ch + kStages - 1);
+        cp_async_wait<kStages - 1>();  // this thread's copies of chunk ch have landed
+        float v[kPer];
+#pragma unroll
+        for (int h = 0; h < kQuads; ++h) {
+            const float4 x = ring[((ch % kStages) * kQuads + h) * kThreads + tid];
+            v[4 * h] = x.x;
+            v[4 * h + 1] = x.y;
+            v[4 * h + 2] = x.z;
+            v[4 * h + 3] = x.w;
+        }
+        auto offset = [&](int j) { return ((j >> 2) * kThreads + tid) * 4 + (j & 3); };  // in the chunk
+        const int lim = n - ch * kChunk;  // the chunk's entries below n
+        u32 takes = 0u;  // bit j: entry j of this thread is a candidate
+#pragma unroll
+        for (int j = 0; j < kPer; ++j)
+            if (offset(j) < lim && v[j] >= fthr) takes |= 1u << j;
+        // a lane's candidates go to consecutive slots: its offset in the warp's by a scan of
+        // the lanes' counts, the warp's by one atomic; then every entry's store predicated
+        // on its own bit (a ballot a candidate entry, as the filter has, cost ~4x the
+        // instructions a chunk: the kernel is issue-bound where about every warp takes a few)
+        const u32 taken = __popc(takes);
+        const u32 incl = warp_inclusive_scan(taken);
+        const u32 warp_taken = __shfl_sync(FULL_MASK, incl, 31);
+        if (warp_taken) {  // the same in every lane
+            u32 base = 0u;
+            if (lane == 31) base = atomicAdd(&s_taken, warp_taken);
+            u32 p = __shfl_sync(FULL_MASK, base, 31) + incl - taken;
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) {
+                if ((takes >> j) & 1u) {
+                    const u32 u = __float_as_uint(v[j] + 0.0f);  // -0 -> +0
+                    const u32 key = u ^ ((u32)((int)u >> 31) | 0x80000000u);  // score_to_key: never NaN here
+                    kmin = min(kmin, key);
+                    kmax = max(kmax, key);
+                    if (p < (u32)kRankMax) c[p] = make_candidate(key, ch * kChunk + offset(j));
+                    ++p;
+                }
+            }
         }
     }
-    __syncthreads();
-    for (u32 i = tid; i < cnt; i += kThreads) by_bin[atomicAdd(&bin_pos[bin_of(c[i])], 1u)] = (unsigned short)i;
-    __syncthreads();
-    // ---- ranks: bin b holds by_bin[bin_pos[b + 1] .. bin_pos[b]) (from 0 for the top bin)
-    for (u32 me = blockIdx.y * kThreads + tid; me < cnt; me += gridDim.y * kThreads) {
-        const u64 mine = c[me];
-        const u32 b = bin_of(mine);
-        const u32 first = b + 1u < (u32)kRankBins ? bin_pos[b + 1] : 0u, last = bin_pos[b];
-        u32 rank = first;  // every candidate of a higher bin orders before it
-        for (u32 j = first; j < last; ++j) rank += c[by_bin[j]] > mine;
-        if (rank < (u32)top_k) write_slot(rank, mine, true, bt_row, E, num_blocks, physical, oi, os);
+    cp_async_wait<0>();  // nothing in flight into the ring (the groups past the row are empty)
+    __syncthreads();     // every candidate in c; every read of the ring done
+    const u32 cnt = s_taken;
+    if (cnt > (u32)kRankMax) {  // the same in every thread
+        select_row_radix<kThreads, kRankMax>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, c);
+        return;
     }
+    const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
+    for (int i = (int)m + tid; i < top_k; i += kThreads) write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, oi, os);
+    if (cnt == 0u) return;  // the same in every thread
+    bin_pos[tid] = 0u;  // the ring's bytes, free now
+    __syncthreads();
+    rank_in_fine_bins<kThreads>(c, cnt, kmin, kmax, (u32)tid, (u32)kThreads, by_bin, bin_pos, scratch, &s_min, &s_max,
+                                top_k, bt_row, E, num_blocks, physical, oi, os);
 }
 
 // One CTA per row, for runs whose candidates are not ranked (topk_rank_kernel takes the

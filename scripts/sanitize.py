@@ -164,20 +164,36 @@ def cases():
     p.q = -np.abs(p.q) - np.float32(0.1)
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
     ran += 2
+    # an SM's worth of rows streams each row through one CTA (its candidates gathered and
+    # ranked in shared memory): ragged rows with an empty one, then a plateau past the CTA's
+    # 4,096 candidate slots (the radix select over the row)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    p = testing.random_problem(rng, T=sms, H=8, D=64, E=64, lens=np.r_[0, rng.integers(1, 9000, sms - 1)],
+                               top_k=1024)
+    cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
+    p = testing.random_problem(rng, T=sms, H=8, D=64, E=64, lens=rng.integers(4200, 6000, sms), top_k=100)
+    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(
+        np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32))
+    p.q = -np.abs(p.q) - np.float32(0.1)
+    p.w = np.abs(p.w) + np.float32(0.1)
+    cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
+    ran += 2
     # on a workspace (histograms zero at rest) and replayed from CUDA graphs, where the
-    # select kernels are launched to overlap their predecessor: batch 1, a few rows, and
-    # prefill-like causal rows (pair scoring, then the short-row select)
+    # select kernels are launched to overlap their predecessor: batch 1, a few rows, an
+    # SM's worth of rows (the streamed select), and prefill-like causal rows (pair scoring,
+    # then the short-row select)
     import indexer
     ws = indexer.Workspace()
     stream = cp.cuda.Stream(non_blocking=True)
     few = testing.random_problem(rng, T=5, H=64, D=128, E=64, lens=[9000, 0, 4097, 7000, 100], top_k=300)
     batch1 = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[30000], top_k=1024)
+    streamed = testing.random_problem(rng, T=sms, H=8, D=64, E=64, lens=rng.integers(4097, 9000, sms), top_k=512)
     cu = np.array([0, 300], np.int32)
     causal = [cp.asarray(a) for a in (rng.standard_normal((300, 64, 128)).astype(np.float32),
                                       rng.standard_normal((300, 64)).astype(np.float32), *pool, table[:1],
                                       cu, indexer.causal_lens(cu, ratio=4, context_lens=[100]))]
     calls = []
-    for p in (few, batch1):
+    for p in (few, batch1, streamed):
         x, out = [cp.asarray(a) for a in p.arrays()], cp.empty((p.q.shape[0], p.top_k), cp.int32)
         calls.append(lambda x=x, out=out, k=p.top_k: score_topk(*x, k, backend="cuda", validate=False, out=out,
                                                                  workspace=ws))

@@ -3,8 +3,8 @@ zero (the candidate counts are cleared by each call's scoring kernel instead), s
 call launches no fill; a call that stops between launches clears them on its stream before
 it raises (and marks them dirty, so the next call fills them too); a scoring-only call
 counts elsewhere. Checked on every select route (all-pairs rank, binned rank, the one-CTA
-sort, the overflow fallback), across call shapes, in CUDA graphs, and after an interrupted
-call."""
+sort, the streamed one-CTA select, the overflow fallback), across call shapes, in CUDA
+graphs, and after an interrupted call."""
 
 import numpy as np
 import pytest
@@ -37,8 +37,10 @@ def shapes(rng):
     overflow = plateau(testing.random_problem(rng, T=5, H=8, D=64, E=64, lens=[20_000, 9_000, 6_000, 3_000, 300],
                                               top_k=100), rng)  # fallback, sort, ranks of ties
     many = testing.random_problem(rng, T=200, H=16, D=64, E=64, lens=rng.integers(4097, 6000, size=200),
-                                  top_k=1024)  # 200 rows x 8 rank CTAs: one CTA a row sorts instead
-    return [batch1, few, overflow, many]
+                                  top_k=2048)  # 200 rows x 16 rank CTAs: one CTA a row sorts instead
+    streamed = testing.random_problem(rng, T=140, H=16, D=64, E=64, lens=rng.integers(0, 9000, size=140),
+                                      top_k=1024)  # an SM's worth of rows: one CTA a row streams and ranks
+    return [batch1, few, overflow, many, streamed]
 
 
 def zeroed_part(ws):

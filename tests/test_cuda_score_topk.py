@@ -294,8 +294,9 @@ def test_many_long_rows_use_the_wide_select_chunks(precision):
 def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
     # the multi-CTA select orders a run's candidates by rank counting, within fine key bins
     # (few rows; a candidate a thread, or several in turns where the grid takes fewer CTAs a
-    # row) or over every pair (the fewest rows), or by one CTA sorting each row (many rows):
-    # the four routes, forced, give the same bits
+    # row) or over every pair (the fewest rows), or by one CTA sorting each row (many rows);
+    # or one CTA a row streams the row and ranks what it gathers (about an SM's worth of
+    # rows): the five routes, forced, give the same bits
     from indexer import cuda_ops, geometry
 
     cp = arrays.cupy()
@@ -308,9 +309,11 @@ def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
     out = {}
     try:
         rank_ctas = geometry.rank_ctas_per_row
-        routes = {"all pairs": (True, True, False), "binned": (True, False, False),
-                  "binned, one CTA a row": (True, False, True), "sorted": (False, False, False)}
-        for route, (ranked, all_pairs, one_cta) in routes.items():
+        routes = {"all pairs": (False, True, True, False), "binned": (False, True, False, False),
+                  "binned, one CTA a row": (False, True, False, True), "sorted": (False, False, False, False),
+                  "streamed": (True, False, False, False)}
+        for route, (streamed, ranked, all_pairs, one_cta) in routes.items():
+            monkeypatch.setattr(geometry, "row_stream_select", lambda *a, r=streamed: r)
             monkeypatch.setattr(geometry, "rank_select", lambda *a, r=ranked: r)
             monkeypatch.setattr(geometry, "rank_all_pairs", lambda *a, r=all_pairs: r)
             monkeypatch.setattr(geometry, "rank_ctas_per_row", (lambda *a: 1) if one_cta else rank_ctas)
@@ -319,16 +322,17 @@ def test_ranked_and_sorted_candidates_give_the_same_answer(kind, monkeypatch):
     finally:
         monkeypatch.undo()
         cuda_ops.clear_plans()  # no plan made under the forced rules outlives this test
-    for route in ("binned", "binned, one CTA a row", "sorted"):
+    for route in ("binned", "binned, one CTA a row", "sorted", "streamed"):
         np.testing.assert_array_equal(out["all pairs"][0].get(), out[route][0].get())
         assert out["all pairs"][1].get().tobytes() == out[route][1].get().tobytes()
     logical = cuda_ops.score_topk(*args, p.top_k, return_scores=True, _select="multi")
     testing.check_topk(p, logical[0].get(), logical[1].get(), tol=testing.TOL_FAST)
 
 
-def test_a_rank_grid_past_one_wave_ranks_two_candidates_a_thread():
+def test_a_rank_grid_past_one_wave_ranks_two_candidates_a_thread(monkeypatch):
     # mtp-2's shape, smaller heads: 128 rows of 4,200-8,192 entries at k = 1,024 rank with 4
     # CTAs a row (8 would take two waves), each thread ranking the candidates of its turns
+    # (the streamed select, which takes this shape, forced off)
     from indexer import cuda_ops, geometry
 
     cp = arrays.cupy()
@@ -338,5 +342,44 @@ def test_a_rank_grid_past_one_wave_ranks_two_candidates_a_thread():
     assert geometry.rank_select(128, 1024, dev) and not geometry.rank_all_pairs(128)
     if dev.sm_count * geometry.RANK_CTAS_PER_SM < 128 * 8:  # the H200's 132 SMs: 528 < 1,024
         assert geometry.rank_ctas_per_row(1024, 128, dev) == 4
-    idx, sc = run_cuda(p, "fast")
+    monkeypatch.setattr(geometry, "row_stream_select", lambda *a: False)
+    cuda_ops.clear_plans()
+    try:
+        idx, sc = run_cuda(p, "fast")
+    finally:
+        monkeypatch.undo()
+        cuda_ops.clear_plans()
     testing.check_topk(p, idx, sc, tol=TOL["fast"])
+
+
+@pytest.mark.parametrize("lens,top_k", [
+    ("mtp", 1024),    # mtp-2's shape: several chunks a row, k = 1,024
+    ("short", 512),   # rows shorter than one chunk, empty rows, lengths off every edge
+    ("long", 1024),   # 40,000 entries: three chunks, the last one partial
+    ("plateau", 100),  # every score 0: past the CTA's 4,096 candidate slots, the radix select over the row
+])
+@PRECISIONS
+def test_the_streamed_select_on_an_sms_worth_of_rows(lens, top_k, precision):
+    # about an SM's worth of rows or more take one CTA a row that streams its scores, gathers
+    # the entries at or above its threshold bin and ranks them (topk_row_stream_kernel)
+    from indexer import cuda_ops, geometry
+
+    cp = arrays.cupy()
+    dev = cuda_ops.device_facts(cp.cuda.Device().id)
+    T = dev.sm_count  # >= three rows for every four SMs
+    rng = np.random.default_rng(94)
+    n = {"mtp": rng.integers(4200, 20000, T), "short": rng.integers(0, 3000, T), "long": np.full(T, 40000),
+         "plateau": rng.integers(4200, 6000, T)}[lens]
+    if lens == "short":
+        n[:3] = [0, 1, top_k]  # an empty row, one entry, exactly k
+    p = testing.random_problem(rng, T=T, H=8, D=64, E=64, lens=n, top_k=top_k)
+    if lens == "plateau":  # keys >= 0, queries < 0, weights > 0: every ReLU 0, every entry ties
+        keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (p.q.shape[2],))).astype(np.float32)
+        p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
+        p.q = -np.abs(p.q) - np.float32(0.1)
+        p.w = np.abs(p.w) + np.float32(0.1)
+    assert geometry.row_stream_select(T, top_k, dev)
+    # the multi-CTA select forced: rows this short would take the row select otherwise
+    idx, sc = cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, precision=precision,
+                                  return_scores=True, _select="multi")
+    testing.check_topk(p, idx.get(), sc.get(), tol=TOL[precision])

@@ -165,6 +165,21 @@ def test_the_rank_grid_takes_half_its_ctas_a_row_where_it_would_not_fit_one_wave
     assert geometry.rank_select(132, 1024) and not geometry.rank_select(133, 1024)
 
 
+def test_runs_of_an_sms_worth_of_rows_stream_each_row_through_one_cta():
+    # mtp-2 and decode-128K (128 rows) stream; decode-1M's runs of 32 rows, decode-ragged's
+    # and decode-E256's 64 keep the filter (measured slower streamed); k past RANK_MAX / 4
+    # keeps it too, as does a device whose shared memory does not hold the CTA's
+    sms = geometry.H200.sm_count  # 132: 99 rows and more
+    assert geometry.row_stream_select(128, 1024) and geometry.row_stream_select(128, 512)
+    assert geometry.row_stream_select(99, 1024) and not geometry.row_stream_select(98, 1024)
+    assert 4 * 99 >= 3 * sms > 4 * 98
+    assert not geometry.row_stream_select(64, 1024) and not geometry.row_stream_select(32, 1024)
+    assert geometry.row_stream_select(10_000, geometry.RANK_MAX // 4)
+    assert not geometry.row_stream_select(10_000, geometry.RANK_MAX // 4 + 1)
+    small = geometry.Device(sm_count=132, max_smem_per_block=101_376, compute_capability=89)
+    assert not geometry.row_stream_select(128, 512, small)
+
+
 def test_only_the_fewest_rows_rank_every_pair_over_every_sm():
     # batch 1 (decode-latency) compares all pairs of its ~1,500 candidates on every SM;
     # decode-1M's runs of 32 rows keep the key-bin layout (cnt^2 a row would cost more)
