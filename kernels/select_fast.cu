@@ -18,6 +18,9 @@
 //      the candidates (first cut to those at or above the k-th key where there are more
 //      than the winners' sort holds), or, where they overflowed the buffer, the single-CTA
 //      radix select over the full score row.
+//   Runs of about an SM's worth of rows or more take steps 2 and 3 in one CTA a row instead
+//   (topk_row_stream_kernel): the row streamed through shared memory, its candidates
+//   gathered and ranked there, no candidate buffer in global memory.
 // Candidate order in the buffer depends on atomics; ranks and the sort make the output
 // deterministic.
 #include "common.cuh"
