@@ -32,7 +32,8 @@ def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
     call, rank vs sort): decode-ragged (64 rows, k = 1024) 0.458 vs 0.478 ms, decode-E256
     0.216 vs 0.221, prefill-chunk 41.36 vs 42.18, mtp-2 (128 rows, k = 1024) 0.365 vs
     0.364, decode-128K (128 rows, k = 512) 0.225 vs 0.222; decode-1M's runs of 32 rows rank
-    in 7.5-8 us against ~31 for a sort."""
+    in 7.5-8 us against ~31 for a sort. Asked only of runs that row_stream_select leaves
+    to the filter (mtp-2's and decode-128K's 128 rows now stream, v57)."""
     return rows * _rank_group_ctas(top_k) <= 2 * RANK_CTAS_PER_SM * (dev or H200).sm_count
 
 
@@ -71,10 +72,10 @@ def rank_ctas_per_row(top_k: int, rows: int = 1, dev: "Device | None" = None) ->
     candidate a thread for 2 x top_k candidates, or half as many CTAs (two a thread) where
     that grid would not fit one wave of RANK_CTAS_PER_SM CTAs an SM. Every CTA lays out the
     row's candidates whole before ranking its share, so a second wave repeats that layout
-    for little ranking: mtp-2 (128 rows, k = 1,024) ranks in 8.7 us with 4 CTAs a row against
-    11.3 with 8 (ncu; graph -2.5 us); the one-wave runs (64 rows at k = 1,024, 128 at 512)
-    measured within noise or slower at half (docs/performance.md v56). More candidates
-    than the CTAs' threads are taken in turns."""
+    for little ranking: mtp-2's shape (128 rows, k = 1,024, before it streamed: v57) ranked
+    in 8.7 us with 4 CTAs a row against 11.3 with 8 (ncu; graph -2.5 us); the one-wave runs
+    (64 rows at k = 1,024, 128 at 512) measured within noise or slower at half
+    (docs/performance.md v56). More candidates than the CTAs' threads are taken in turns."""
     ctas = _rank_group_ctas(top_k)
     if rows * ctas > RANK_CTAS_PER_SM * (dev or H200).sm_count:
         ctas = max(1, ctas // 2)
