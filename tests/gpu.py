@@ -1,5 +1,5 @@
 """What the GPU tests share: the skip rule (they run where CuPy sees a CUDA device, else
-skip), problem pairs for refilling captured inputs, calls from several threads, the
+skip), problem pairs for refilling captured inputs, a plateau of tied scores, calls from several threads, the
 NumPy answer for one score row of the select kernels' direct tests, and an input and an
 ``out=`` array laid out in one buffer (the CPU tests of ``out=`` take it too)."""
 
@@ -23,6 +23,15 @@ def in_one_buffer(x, T, k, overlap, xp=np):
     copy = raw[: x.nbytes].view(x.dtype).reshape(x.shape)
     copy[...] = x
     return copy, raw[start:].view(xp.int32).reshape(T, k)
+
+
+def plateau(p, rng):
+    """Every score of p exactly 0 (keys >= 0, queries < 0, weights > 0): every entry ties."""
+    keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (p.q.shape[2],))).astype(np.float32)
+    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
+    p.q = -np.abs(p.q) - np.float32(0.1)
+    p.w = np.abs(p.w) + np.float32(0.1)
+    return p
 
 
 def row_topk(row, n, k):

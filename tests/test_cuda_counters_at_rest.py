@@ -11,7 +11,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import pair_of_problems, requires_gpu
+from tests.gpu import pair_of_problems, plateau, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -19,15 +19,6 @@ pytestmark = [requires_gpu, pytest.mark.gpu]
 def on_device(p):
     cp = arrays.cupy()
     return [cp.asarray(a) for a in p.arrays()]
-
-
-def plateau(p, rng):
-    """Every score of p exactly 0 (keys >= 0, queries < 0, weights > 0): every entry ties."""
-    keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (p.q.shape[2],))).astype(np.float32)
-    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
-    p.q = -np.abs(p.q) - np.float32(0.1)
-    p.w = np.abs(p.w) + np.float32(0.1)
-    return p
 
 
 def shapes(rng):

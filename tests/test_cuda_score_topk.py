@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from indexer import arrays, reference, score_topk, testing
-from tests.gpu import requires_gpu
+from tests.gpu import plateau, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -373,11 +373,8 @@ def test_the_streamed_select_on_an_sms_worth_of_rows(lens, top_k, precision):
     if lens == "short":
         n[:3] = [0, 1, top_k]  # an empty row, one entry, exactly k
     p = testing.random_problem(rng, T=T, H=8, D=64, E=64, lens=n, top_k=top_k)
-    if lens == "plateau":  # keys >= 0, queries < 0, weights > 0: every ReLU 0, every entry ties
-        keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (p.q.shape[2],))).astype(np.float32)
-        p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
-        p.q = -np.abs(p.q) - np.float32(0.1)
-        p.w = np.abs(p.w) + np.float32(0.1)
+    if lens == "plateau":
+        p = plateau(p, rng)
     assert geometry.row_stream_select(T, top_k, dev)
     # the multi-CTA select forced: rows this short would take the row select otherwise
     idx, sc = cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, precision=precision,
