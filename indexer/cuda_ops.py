@@ -346,6 +346,19 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     p.row_ready = row_ready = kind == "dense" and row_select and ld <= geometry.ROW_SELECT_MAX_LEN
     p.hist_bytes = (rows * 4 if row_ready else 0 if row_select or takes_sample(last_run)
                     else rows * bins * 4)
+    # each run of rows: its bounds, and (multi-CTA select) whether it takes the sampled
+    # threshold, streams its rows (a CTA a row, no candidate buffer) or ranks its candidates
+    # (else sorted a row a CTA)
+    p.runs = []
+    for r0 in range(0, prob.T, rows):
+        r1 = min(prob.T, r0 + rows)
+        nr = r1 - r0
+        sampled = not row_select and takes_sample(nr)
+        streamed = not row_select and not sampled and geometry.row_stream_select(nr, prob.top_k, dev)
+        ranked = not row_select and not sampled and not streamed and geometry.rank_select(nr, prob.top_k, dev)
+        p.runs.append((r0, r1, nr, sampled, streamed, ranked, i32(r0), i32(nr)))
+    # whether any run appends candidates to the buffer in global memory (filter, then rank or final)
+    p.buffers = any(not streamed for _, _, _, _, streamed, _, _, _ in p.runs) and not row_select
     # the workspace's parts, in their order (the histograms' size is the call's: a workspace
     # at rest keeps them in its zeroed part)
     p.part_bytes = {
@@ -356,8 +369,10 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         "kimg": geometry.dense_image_bytes(cu_seqlens.shape[0] - 1, prob.max_len) if kind == "dense" else 0,
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
         "hist": 0,  # hist_bytes where the workspace's zeroed part does not hold them (set by _launch)
-        "count": 0 if row_select else rows * 4,
-        "cand": 0 if row_select else rows * p.cap * 8,           # candidate (key, index) pairs
+        # a run that streams its rows (topk_row_stream_kernel) gathers its candidates in
+        # shared memory: a call whose runs all stream keeps no buffer and no counts
+        "count": 0 if not p.buffers else rows * 4,
+        "cand": 0 if not p.buffers else rows * p.cap * 8,        # candidate (key, index) pairs
         "tau": rows * 4 if sampled_ok else 0,                    # sampled thresholds
     }
     p.ld = np.int64(sl.ld)
@@ -385,33 +400,33 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         row_name, p.row_threads = geometry.row_select_kernel(ld, prob.top_k, _validate.MAX_TOP_K)
         p.row_k = _kernel(_SELECT_SOURCE, row_name, device_id)
     else:
+        # the kernels of the routes its runs take, and only those (a kernel compiles in ~1 s
+        # on a cold cache): sampled, streamed, ranked, or else the filter and the final sort
         per = geometry.select_fast_per_thread(rows, sl.ld, dev)
-        if not counts_keys:  # the other scoring kernels count the histogram in their epilogue
+        routes = [(sampled, streamed, ranked) for _, _, _, sampled, streamed, ranked, _, _ in p.runs]
+        histogram = any(not s for s, _, _ in routes)
+        filtered = any(not s and not st for s, st, _ in routes)
+        if not counts_keys and histogram:  # the other scoring kernels count the histogram in their epilogue
             p.hist_k = _kernel(_SELECT_SOURCE, f"topk_histogram_kernel<256, {per}>", device_id)
-        p.filter_k = _kernel(_SELECT_SOURCE, f"topk_filter_kernel<256, {per}>", device_id)
-        all_pairs = geometry.rank_all_pairs(rows)
-        p.rank_k = _kernel(_SELECT_SOURCE, f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>", device_id)
-        p.rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
-                       else geometry.rank_ctas_per_row(prob.top_k, rows, dev))
-        p.final_k = _kernel(_SELECT_SOURCE, f"topk_final_kernel<1024, {p.cap}>", device_id, 8 * p.cap)
-        p.stream_k = _kernel(_SELECT_SOURCE, f"topk_row_stream_kernel<{geometry.ROW_STREAM_THREADS}>", device_id,
-                             geometry.ROW_STREAM_SMEM)
-        if sampled_ok:
+        if filtered:
+            p.filter_k = _kernel(_SELECT_SOURCE, f"topk_filter_kernel<256, {per}>", device_id)
+        if any(r for _, _, r in routes):
+            all_pairs = geometry.rank_all_pairs(rows)
+            p.rank_k = _kernel(_SELECT_SOURCE, f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>",
+                               device_id)
+            p.rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs
+                           else geometry.rank_ctas_per_row(prob.top_k, rows, dev))
+        if any(not s and not st and not r for s, st, r in routes):
+            p.final_k = _kernel(_SELECT_SOURCE, f"topk_final_kernel<1024, {p.cap}>", device_id, 8 * p.cap)
+        if any(st for _, st, _ in routes):
+            p.stream_k = _kernel(_SELECT_SOURCE, f"topk_row_stream_kernel<{geometry.ROW_STREAM_THREADS}>",
+                                 device_id, geometry.ROW_STREAM_SMEM)
+        if any(s for s, _, _ in routes):
             p.sample_k = _kernel(_SELECT_SOURCE, "topk_sample_kernel<256>", device_id)
             p.filter_sampled_k = _kernel(_SELECT_SOURCE, f"topk_filter_kernel<256, {per}, true>", device_id)
             p.final_sampled_k = _kernel(_SELECT_SOURCE, f"topk_final_kernel<1024, {p.cap}, true>", device_id,
                                         8 * p.cap)
         p.chunks = geometry.select_fast_chunks(sl.ld, per)
-    # each run of rows: its bounds, and (multi-CTA select) whether it takes the sampled
-    # threshold and whether its candidates are ranked (else sorted a row a CTA)
-    p.runs = []
-    for r0 in range(0, prob.T, rows):
-        r1 = min(prob.T, r0 + rows)
-        nr = r1 - r0
-        sampled = not row_select and takes_sample(nr)
-        streamed = not row_select and not sampled and geometry.row_stream_select(nr, prob.top_k, dev)
-        ranked = not row_select and not sampled and not streamed and geometry.rank_select(nr, prob.top_k, dev)
-        p.runs.append((r0, r1, nr, sampled, streamed, ranked, i32(r0), i32(nr)))
     # the scalar arguments every call passes alike
     p.D = prob.D
     p.H, p.max_len, p.top_k = i32(prob.H), i32(prob.max_len), i32(prob.top_k)
@@ -498,6 +513,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     if hist is None:  # none needed (the row select; runs that all take the sample): never filled
         hist, hist_zero = 0, True  # a null pointer for the sampled final kernel, which ignores it
     physical32 = i32(1 if physical else 0)
+    count = 0 if v.count is None else v.count  # none where every run streams: a null pointer (never read)
 
     try:
         for r0, r1, nr, sampled, streamed, ranked, r0_32, nr_32 in p.runs:
@@ -542,7 +558,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                     grid, sched_args = (nr, sl.grid[1]), (*p.shape_args, i32(sl.tiles_per_cta))
                 score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
                               *sched_args, v.scores, p.ld,
-                              *(() if not p.counts_keys else (0, 0) if p.row_select else (hist, v.count)))
+                              *(() if not p.counts_keys else (0, 0) if p.row_select else (hist, count)))
                 if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
                     after_previous(p.score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
                 else:
@@ -561,9 +577,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 continue
             row_args = (v.scores, p.ld, lens, p.max_len)  # every select kernel's first four
             if sampled:  # each row's threshold key from a sample of its scores
-                after_previous(p.sample_k, device_id, (nr,), (256,), (*row_args, p.top_k, v.count, v.tau))
+                after_previous(p.sample_k, device_id, (nr,), (256,), (*row_args, p.top_k, count, v.tau))
             elif not p.counts_keys:  # the other scoring kernels count the histogram in their epilogue
-                after_previous(p.hist_k, device_id, (p.chunks, nr), (256,), (*row_args, hist, v.count))
+                after_previous(p.hist_k, device_id, (p.chunks, nr), (256,), (*row_args, hist, count))
             if streamed:  # a CTA a row: its threshold, its candidates gathered and ranked at once
                 after_previous(p.stream_k, device_id, (nr,), (geometry.ROW_STREAM_THREADS,),
                                (*row_args, hist, p.top_k, *output_args), shared_mem=geometry.ROW_STREAM_SMEM)

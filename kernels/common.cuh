@@ -165,6 +165,26 @@ __device__ __forceinline__ float key_to_score(u32 key) {
     return __int_as_float((int)u);
 }
 
+// score_to_key for a score known not to be NaN (one compare fewer than score_to_key).
+__device__ __forceinline__ u32 score_to_key_not_nan(float x) {
+    const u32 u = (u32)__float_as_int(x + 0.0f);  // -0 -> +0
+    return u ^ ((u32)((int)u >> 31) | 0x80000000u);
+}
+
+// The least score whose key is >= t, as a bound to compare scores against: for every x,
+// x >= score_bound_of_key(t) exactly where x is not NaN and score_to_key(x) >= t (the key
+// order is the scores' order, -0 as +0). Keys up to -inf's (0x007fffff: NaN patterns and
+// -inf) give -inf, so that t = 0 takes every non-NaN score; keys past +inf's give a NaN,
+// which nothing is >= (the filter's and the streamed select's one compare an entry where a
+// key takes several). Under flush-to-zero (CuPy compiles with -ftz=true) both sides compare
+// as their flushed values, the values score_to_key keys: exact wherever the bound is not
+// subnormal (every key score_to_key gives, such as a sampled threshold), and for a bin
+// edge's positive subnormal bound the entries that flush to 0 pass too: a few more, keyed
+// below the edge, never fewer.
+__device__ __forceinline__ float score_bound_of_key(u32 t) {
+    return t <= 0x007fffffu ? __int_as_float((int)0xff800000u) : key_to_score(t);
+}
+
 // Entries of row `row` that are scored: valid_lens[row] clamped to [0, max_len] (lengths
 // are not trusted with validate=False).
 __device__ __forceinline__ int visible_len(const int* __restrict__ valid_lens, int row, int max_len) {

@@ -326,22 +326,24 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
         const RowBins bins = load_bins<kThreads>(hist + (long long)row * kBins);  // in flight with the scores
         thr = threshold_bin<kThreads>(bins, top_k, scratch, &s_bin);
     }
+    // candidates compared as scores against the threshold key's bound (score_bound_of_key:
+    // one compare an entry where a key takes several; NaN never passes)
+    const float bound = score_bound_of_key(kSampled ? thr : thr << kBinShift);
     u32 takes = 0u;  // bit j: entry j of this thread is a candidate
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-        const int i = chunk_entry<kThreads>(start, j);
-        const u32 key = i < n ? score_to_key(v[j]) : 0u;
-        if (key != 0u && (kSampled ? key : key >> kBinShift) >= thr) takes |= 1u << j;
-    }
-    // One global atomic per CTA, not per warp and entry: the rows' counters share a cache
-    // line, so per-warp atomics (a thousand per row) queue behind each other in one L2 slice.
-    u32 warp_taken = __popc(takes);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) warp_taken += __shfl_xor_sync(FULL_MASK, warp_taken, off);
+    for (int j = 0; j < kPerThread; ++j)
+        if (chunk_entry<kThreads>(start, j) < n && v[j] >= bound) takes |= 1u << j;
+    // a lane's candidates go to consecutive slots: its offset in the warp's by a scan of the
+    // lanes' counts, the warp's in the CTA's by one shared atomic, the CTA's in the row's by
+    // one global atomic (not one a warp: the rows' counters share a cache line, so a thousand
+    // atomics a row would queue behind each other in one L2 slice); no ballot an entry
+    const u32 taken = __popc(takes);
+    const u32 incl = warp_inclusive_scan(taken);
+    const u32 warp_taken = __shfl_sync(FULL_MASK, incl, 31);
     // s_taken = 0 is visible: threshold_bin's first barrier came after thread 0 set it, and
     // its last one after every thread read the scratch it shares with nothing here
     u32 warp_base = 0u;
-    if (lane == 0 && warp_taken) warp_base = atomicAdd(&s_taken, warp_taken);
+    if (lane == 31 && warp_taken) warp_base = atomicAdd(&s_taken, warp_taken);
     __syncthreads();
     if (threadIdx.x == 0 && s_taken) s_base = atomicAdd(&count[row], s_taken);
     __syncthreads();
@@ -349,28 +351,21 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     // wait for this grid's end before they read any): its placement under this tail
     let_next_grid_start();
     if (warp_taken == 0u) return;  // the same in every lane; no barrier follows
-    u32 pos = s_base + __shfl_sync(FULL_MASK, warp_base, 0);
-    // entries j that no lane of the warp takes are skipped by a uniform branch: on random
-    // rows ~0.5% of entries are candidates, so most of the kPerThread ballots would find none
-    const u32 warp_takes = __reduce_or_sync(FULL_MASK, takes);
+    u32 p = s_base + __shfl_sync(FULL_MASK, warp_base, 31) + incl - taken;
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-        if (!((warp_takes >> j) & 1u)) continue;
-        const bool take = (takes >> j) & 1u;
-        const u32 mask = __ballot_sync(FULL_MASK, take);
-        if (take) {
-            const u32 p = pos + (u32)__popc(mask & ((1u << lane) - 1u));
+        if ((takes >> j) & 1u) {
+            const int i = chunk_entry<kThreads>(start, j);
             if constexpr (kSampled) {
                 // the score read again (an L2 hit: this CTA read it a moment ago), so that the
                 // chunk's registers are free before the count's atomic: 32 registers a thread,
                 // eight CTAs a SM where 48 allowed five (more of the row's reads in flight)
-                const int i = chunk_entry<kThreads>(start, j);
-                if (p < (u32)cap) out[p] = make_candidate(score_to_key(__ldcg(r + i)), i);
-            } else {  // kept apart: a form shared with the branch above took 47 -> 50 registers here
-                if (p < (u32)cap) out[p] = make_candidate(score_to_key(v[j]), chunk_entry<kThreads>(start, j));
+                if (p < (u32)cap) out[p] = make_candidate(score_to_key_not_nan(__ldcg(r + i)), i);
+            } else {
+                if (p < (u32)cap) out[p] = make_candidate(score_to_key_not_nan(v[j]), i);
             }
+            ++p;
         }
-        pos += __popc(mask);
     }
 }
 
@@ -630,13 +625,9 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
-    // the candidates, keys in a bin >= thr, compared as scores: key >= thr << kBinShift
-    // exactly where x >= key_to_score(thr << kBinShift) (the key order is the scores' order,
-    // -0 as +0, NaN never at or above anything), one compare an entry where a key takes
-    // ~10 instructions; bins 0-3 hold no key above 0 but -inf's (NaN and the patterns past
-    // -inf key to 0 or never occur), so thr < 4 takes every non-NaN entry. (Under -ftz a
-    // subnormal bound compares as 0: a few more candidates, never fewer.)
-    const float fthr = thr < 4u ? __int_as_float((int)0xff800000u) : key_to_score(thr << kBinShift);  // -inf
+    // the candidates, keys in a bin >= thr, compared as scores (score_bound_of_key): one
+    // compare an entry where a key takes several instructions
+    const float fthr = score_bound_of_key(thr << kBinShift);
     u32 kmin = ~0u, kmax = 0u;  // of the candidates this thread gathers
     for (int ch = 0; ch * kChunk < n; ++ch) {  // the same trip count in every thread
         // into the slots this thread read at chunk ch - 1 (its own reads, done in order)
@@ -671,8 +662,7 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
 #pragma unroll
             for (int j = 0; j < kPer; ++j) {
                 if ((takes >> j) & 1u) {
-                    const u32 u = __float_as_uint(v[j] + 0.0f);  // -0 -> +0
-                    const u32 key = u ^ ((u32)((int)u >> 31) | 0x80000000u);  // score_to_key: never NaN here
+                    const u32 key = score_to_key_not_nan(v[j]);  // a candidate: never NaN
                     kmin = min(kmin, key);
                     kmax = max(kmax, key);
                     if (p < (u32)kRankMax) c[p] = make_candidate(key, ch * kChunk + offset(j));

@@ -43,20 +43,21 @@ def test_ragged_validate_false_with_malformed_offsets_stays_in_bounds():
 
 
 def test_ragged_calls_take_the_larger_default_budget_and_honour_one_given():
-    # 300 rows of 40,000 entries: ~68 MB of scores and select buffers, one run under the
-    # grouped calls' default budget (256 MiB, past score_topk's 64), eighteen runs under 4 MiB;
+    # 300 rows of 56,000 entries: ~64.2 MiB of scores alone (a run of 300 rows streams its
+    # select: no candidate buffer), one run under the grouped calls' default budget (256
+    # MiB, past score_topk's 64), twenty-two runs under 4 MiB;
     # the same bits either way, and neither workspace past its budget (plus the per-token
     # table and the 1 MiB granule)
     cp = arrays.cupy()
     rng = np.random.default_rng(42)
-    args = grouped_problem(rng, [150, 150], H=64, D=128, E=64, seq_entries=[40_000, 40_000], top_k=64)
+    args = grouped_problem(rng, [150, 150], H=64, D=128, E=64, seq_entries=[56_000, 56_000], top_k=64)
     dev = [cp.asarray(a) for a in args]
     ws_default, ws_small = indexer.Workspace(), indexer.Workspace()
     whole = indexer.score_topk_ragged(*dev, 64, return_scores=True, workspace=ws_default)
     runs = indexer.score_topk_ragged(*dev, 64, return_scores=True, workspace=ws_small, workspace_budget=4 << 20)
     np.testing.assert_array_equal(whole[0].get(), runs[0].get())
     assert whole[1].get().tobytes() == runs[1].get().tobytes()
-    table = 300 * 625 * 4  # the per-token block table (L = 625 blocks of 64)
+    table = 300 * 875 * 4  # the per-token block table (L = 875 blocks of 64)
     assert (64 << 20) < ws_default.nbytes <= (256 << 20) + table + (2 << 20)
     assert ws_small.nbytes <= (4 << 20) + table + (2 << 20)
     sub = [a[:4] for a in args[:2]]  # a few rows against the reference (the rest: same bits)

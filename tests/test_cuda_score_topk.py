@@ -376,7 +376,13 @@ def test_the_streamed_select_on_an_sms_worth_of_rows(lens, top_k, precision):
     if lens == "plateau":
         p = plateau(p, rng)
     assert geometry.row_stream_select(T, top_k, dev)
+    cuda_ops.clear_plans()
     # the multi-CTA select forced: rows this short would take the row select otherwise
     idx, sc = cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, precision=precision,
                                   return_scores=True, _select="multi")
     testing.check_topk(p, idx.get(), sc.get(), tol=TOL[precision])
+    # the plan: one streamed run, no candidate buffer or counts, none of the other routes' kernels
+    (plan,) = cuda_ops._PLANS.values()
+    assert [run[4] for run in plan.runs] == [True]
+    assert plan.part_bytes["cand"] == plan.part_bytes["count"] == 0
+    assert not any(hasattr(plan, k) for k in ("filter_k", "rank_k", "final_k", "sample_k"))
