@@ -232,10 +232,15 @@ __host__ __device__ constexpr int row_cand_slots() { return kMaxK + (kRowSelectB
 // four, and no separate ordering. Returns false, having changed nothing but its own
 // shared memory, where a bucket up to the k-th key's holds more than kRowBucketMax entries
 // (a plateau, or a row crowded by an outlier): the caller runs the radix select instead.
-// On true, cand[0, *m_out) holds the winners in order (score descending, index ascending).
+// On true the row's output is written: each winner stored at its slot straight from the
+// thread that ranked it (a warp's slots are its bucket-ordered positions, permuted only
+// within crowded buckets: stores about as coalesced as slot order's, without a pass
+// through shared memory and a barrier), and the slots past the winners padded.
 template <int kThreads, int kMaxK, int kRegs>
 __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs], int top_k, u64* cand, u32* scratch,
-                                                    u32* m_out) {
+                                                    const int* __restrict__ bt_row, int E, int num_blocks,
+                                                    int physical, int* __restrict__ out_idx,
+                                                    float* __restrict__ out_scores) {
     constexpr int kBuckets = kRegs * kThreads;
     constexpr int kBucketBits = kBuckets == 4096 ? 12 : kBuckets == 2048 ? 11 : 10;
     constexpr int kQuads = kRegs / 4;  // a thread's bins, four at a time (kBinsPer = kRegs)
@@ -270,7 +275,8 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
         hi = max(hi, s_hi[w]);
     }
     if (hi == 0u) {  // nothing selectable (the same in every thread): all padding
-        *m_out = 0u;
+        for (int i = tid; i < top_k; i += kThreads)
+            write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, out_idx, out_scores);
         return true;
     }
     const KeyBuckets<kBucketBits> bucket_of(hi, lo1 + 1u);
@@ -362,15 +368,16 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
             final_slot[j] = first + ahead;
         }
     }
-    __syncthreads();  // every bucket read: cand rewritten in order
+    __syncthreads();  // every thread's crowded bucket, if any, seen
     if (s_big) return false;  // the same in every thread
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
         if ((u32)(j * kThreads) >= end) break;
-        if ((u32)(tid + j * kThreads) < end && final_slot[j] < m) cand[final_slot[j]] = c[j];
+        if ((u32)(tid + j * kThreads) < end && final_slot[j] < m)
+            write_slot((int)final_slot[j], c[j], true, bt_row, E, num_blocks, physical, out_idx, out_scores);
     }
-    __syncthreads();
-    *m_out = m;
+    for (int i = (int)m + tid; i < top_k; i += kThreads)
+        write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, out_idx, out_scores);
     return true;
 }
 
@@ -401,12 +408,9 @@ __device__ __forceinline__ void select_row_radix(
     u32 reg_keys[kRegs > 0 ? kRegs : 1];
     if constexpr (kRegs > 0) load_row_keys<kThreads, kRegs>(r, n, whole_quads, reg_keys);
     if constexpr (kRowSelectBucketed<kThreads, kMaxK, kRegs>) {  // the short rows: buckets first
-        u32 m;
-        if (select_row_bucketed<kThreads, kMaxK, kRegs>(reg_keys, top_k, cand, scratch, &m)) {
-            for (int i = tid; i < top_k; i += kThreads)
-                write_winner(i, m, cand, bt_row, E, num_blocks, physical, out_idx, out_scores);
+        if (select_row_bucketed<kThreads, kMaxK, kRegs>(reg_keys, top_k, cand, scratch, bt_row, E, num_blocks,
+                                                        physical, out_idx, out_scores))
             return;  // the same in every thread
-        }
     }
     // ---- radix select: find the threshold key `prefix` and how many equal to it to take
     u32 prefix = 0u, mask = 0u;
