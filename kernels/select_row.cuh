@@ -101,6 +101,15 @@ struct KeyBuckets {
     __device__ __forceinline__ u32 clamped(u32 key) const { return min(max(key, edge_lo), edge_hi); }
     __device__ __forceinline__ u32 collapsed(u32 key) const { return key - clamped(key); }
     __device__ __forceinline__ u32 operator()(u32 key) const { return (top - key + clamped(key)) >> shift; }
+    // The least key of buckets 0..b, at least 1: of the keys between the constructor's lo
+    // and hi, those >= it are exactly those of buckets 0..b (the map is monotone), and a
+    // zero key (NaN, past the row) never is. From the bucket's bound on the collapsed key
+    // (read as signed: top - collapsed(key) < (b + 1) << shift) and the collapse's inverse.
+    __device__ __forceinline__ u32 least_key_up_to(u32 b) const {
+        const long long c = (long long)(int)top - ((long long)(b + 1u) << shift) + 1;  // least collapsed value
+        const long long k = c > 0 ? (long long)edge_hi + c : max((long long)edge_lo + c, 0ll);
+        return (u32)max(min(k, 0xffffffffll), 1ll);
+    }
 };
 
 // The m winners cand[0, m) (any order; distinct, none zero) put in order, by (score
@@ -335,13 +344,13 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
 
     // ---- gather the buckets up to thr, each entry at its bucket's next slot: afterwards
     // bins[b] is bucket b's end, and bucket b starts at bins[b - 1] (0 for b = 0)
+    // (one compare a key against the least key of buckets up to thr: the bucket computed
+    // only for the entries gathered, about k of the row's n)
+    const u32 least = bucket_of.least_key_up_to(thr);
 #pragma unroll
     for (int j = 0; j < kRegs; ++j) {
         const u32 key = reg_keys[j];
-        if (key) {
-            const u32 b = bucket_of(key);
-            if (b <= thr) cand[atomicAdd(&bins[b], 1u)] = make_candidate(key, row_entry<kThreads>(j, tid));
-        }
+        if (key >= least) cand[atomicAdd(&bins[bucket_of(key)], 1u)] = make_candidate(key, row_entry<kThreads>(j, tid));
     }
     __syncthreads();
 
