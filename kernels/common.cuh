@@ -200,6 +200,12 @@ __device__ __forceinline__ void store_global_if(float* p, float v, bool pred) {
                  "r"((int)pred));
 }
 
+// The same for a u64 in shared memory
+__device__ __forceinline__ void store_shared_if(u64* p, u64 v, bool pred) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q st.shared.u64 [%0], %1;\n\t}" ::"r"(
+                     (u32)__cvta_generic_to_shared(p)), "l"(v), "r"((int)pred) : "memory");
+}
+
 // ReLU that keeps NaN (fmaxf would turn NaN into 0 and select a broken entry).
 __device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
 
@@ -233,6 +239,28 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* scratch, u32* to
     const u32 warp_base = warp ? scratch[warp - 1] : 0u;
     *total = scratch[kWarps - 1];
     __syncthreads();  // scratch may be reused right after
+    return warp_base + incl - v;
+}
+
+// The same scan with one barrier, for blocks of at most 8 warps: each thread sums the warp
+// totals before its own instead of a warp scanning them (two barriers fewer). The caller
+// must pass a barrier before `scratch` is written again.
+template <int kThreads>
+__device__ __forceinline__ u32 block_exclusive_scan_one_barrier(u32 v, u32* scratch, u32* total) {
+    static_assert(kThreads % 32 == 0 && kThreads <= 256, "whole warps, at most 8");
+    constexpr int kWarps = kThreads / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 incl = warp_inclusive_scan(v);
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    u32 warp_base = 0u, sum = 0u;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+        const u32 t = scratch[w];
+        warp_base += w < warp ? t : 0u;
+        sum += t;
+    }
+    *total = sum;
     return warp_base + incl - v;
 }
 

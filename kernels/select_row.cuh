@@ -240,11 +240,17 @@ __host__ __device__ constexpr int row_cand_slots() { return kMaxK + (kRowSelectB
 // written to its final slot. One pass over the keys where the radix select takes three or
 // four, and no separate ordering. Returns false, having changed nothing but its own
 // shared memory, where a bucket up to the k-th key's holds more than kRowBucketMax entries
-// (a plateau, or a row crowded by an outlier): the caller runs the radix select instead.
+// (a plateau, or a row crowded by an outlier; found from the counts, before any gather):
+// the caller runs the radix select instead.
 // On true the row's output is written: each winner stored at its slot straight from the
 // thread that ranked it (a warp's slots are its bucket-ordered positions, permuted only
 // within crowded buckets: stores about as coalesced as slot order's, without a pass
 // through shared memory and a barrier), and the slots past the winners padded.
+// Five barriers a row. A gathered candidate carries its bucket in the low word, between the
+// key and the index: (key << 32) | (~bucket << kBucketBits) | ~entry, both fields
+// kBucketBits wide (kBuckets = kRegs x kThreads, the row's entries). The bucket falls as
+// the key rises, so for candidates of equal keys it is equal and their order is the
+// index's, and the candidates order as make_candidate's do.
 template <int kThreads, int kMaxK, int kRegs>
 __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs], int top_k, u64* cand, u32* scratch,
                                                     const int* __restrict__ bt_row, int E, int num_blocks,
@@ -252,12 +258,17 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
                                                     float* __restrict__ out_scores) {
     constexpr int kBuckets = kRegs * kThreads;
     constexpr int kBucketBits = kBuckets == 4096 ? 12 : kBuckets == 2048 ? 11 : 10;
+    constexpr u32 kFieldMask = (u32)kBuckets - 1u, kLowMask = (1u << (2 * kBucketBits)) - 1u;
     constexpr int kQuads = kRegs / 4;  // a thread's bins, four at a time (kBinsPer = kRegs)
     constexpr int kWarps = kThreads / 32;
     constexpr int kSlots = (kMaxK + (int)kRowBucketMax + kThreads - 1) / kThreads;  // gathered entries a thread
     static_assert(kRowSelectBucketed<kThreads, kMaxK, kRegs> && (1 << kBucketBits) == kBuckets, "bucket geometry");
-    __shared__ __align__(16) u32 bins[kBuckets];  // counts, then offsets, then ends
-    __shared__ u32 s_lo[kWarps], s_hi[kWarps], s_thr, s_end, s_big;
+    // counts, then offsets, then ends; past them the discard counters: bins[kBuckets] the
+    // histogram's (zero keys), bins[kBuckets + 1 + lane] the gather's (entries not taken).
+    // Shared atomics under a condition compile to a branch around each (ptxas): these take
+    // every lane's atomic unconditionally instead. Never read, never cleared.
+    __shared__ __align__(16) u32 bins[kBuckets + 1 + 32];
+    __shared__ u32 s_lo[kWarps], s_hi[kWarps], s_thr, s_end, s_crowded;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint4* quads = reinterpret_cast<uint4*>(bins);
 
@@ -276,7 +287,7 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
         s_hi[warp] = hi;
     }
     for (int i = tid; i < kBuckets / 4; i += kThreads) quads[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (tid == 0) s_big = 0u;
+    if (tid == 0) s_crowded = 0xffffffffu;
     __syncthreads();
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
@@ -292,8 +303,7 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
 
     // ---- histogram
 #pragma unroll
-    for (int j = 0; j < kRegs; ++j)
-        if (reg_keys[j]) atomicAdd(&bins[bucket_of(reg_keys[j])], 1u);
+    for (int j = 0; j < kRegs; ++j) atomicAdd(&bins[reg_keys[j] ? bucket_of(reg_keys[j]) : (u32)kBuckets], 1u);
     __syncthreads();
 
     // ---- offsets: thread t scans bins [kRegs t, kRegs (t + 1)), in bucket order (largest
@@ -301,9 +311,10 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     // Its kQuads 16-byte quads are read starting from quad rot and wrapping around: the
     // quarter-warp's eight loads then fall on eight distinct 16-byte bank groups (in plain
     // order, threads kQuads * 16 bytes apart, two to eight of them shared one: v52).
+    // The least crowded bucket (more than kRowBucketMax entries) goes to s_crowded.
     static_assert(8 % kQuads == 0, "a quarter-warp's rotations");
     const u32 rot = ((u32)tid / (8u / kQuads)) % kQuads;
-    u32 mine = 0u, before_rot = 0u;  // all my buckets' counts; those of quads before rot
+    u32 mine = 0u, before_rot = 0u, most = 0u;  // all my buckets' counts; those of quads before rot; the largest
 #pragma unroll
     for (int i = 0; i < kQuads; ++i) {
         const u32 q = ((u32)i + rot) % kQuads;
@@ -311,9 +322,18 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
         const u32 sum = v.x + v.y + v.z + v.w;
         mine += sum;
         before_rot += q < rot ? sum : 0u;
+        most = max(most, max(max(v.x, v.y), max(v.z, v.w)));
+    }
+    if (most > kRowBucketMax) {  // rare: my first crowded bucket (my bins, not yet rewritten)
+        for (int b = 0; b < kRegs; ++b) {
+            if (bins[tid * kRegs + b] > kRowBucketMax) {
+                atomicMin(&s_crowded, (u32)(tid * kRegs + b));
+                break;
+            }
+        }
     }
     u32 total;
-    const u32 base = block_exclusive_scan<kThreads>(mine, scratch, &total);  // its barriers: every count read
+    const u32 base = block_exclusive_scan_one_barrier<kThreads>(mine, scratch, &total);
     const u32 m = min((u32)top_k, total);  // total >= 1: hi is a selectable key
     const u32 kth = m - 1u;  // the k-th key's place: its bucket's offset <= kth < offset + count
     u32 run = base + before_rot;  // quad rot's offset
@@ -337,53 +357,50 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     }
     __syncthreads();
     const u32 thr = s_thr, end = s_end;
-    // the buckets before thr end at offset < m <= kMaxK; thr's may hold more than cand has
-    // room for past them (a plateau): the same in every thread. A crowded bucket before it
-    // is found by the ranking below.
-    if (end > (u32)(kMaxK + (int)kRowBucketMax)) return false;
+    // a crowded bucket up to thr's (the same in every thread): then thr's may also hold
+    // more than cand has room for past the buckets before it (at most m <= kMaxK entries)
+    if (s_crowded <= thr) return false;
 
     // ---- gather the buckets up to thr, each entry at its bucket's next slot: afterwards
     // bins[b] is bucket b's end, and bucket b starts at bins[b - 1] (0 for b = 0)
-    // (one compare a key against the least key of buckets up to thr: the bucket computed
-    // only for the entries gathered, about k of the row's n)
+    // (one compare a key against the least key of buckets up to thr)
+    // The map copied through an empty asm: the compiler cannot reuse the histogram's buckets
+    // then (16 more live registers through the offsets pass: spills), it makes them again.
     const u32 least = bucket_of.least_key_up_to(thr);
+    KeyBuckets<kBucketBits> gather_of = bucket_of;
+    asm volatile("" : "+r"(gather_of.edge_lo), "+r"(gather_of.edge_hi), "+r"(gather_of.top), "+r"(gather_of.shift));
 #pragma unroll
     for (int j = 0; j < kRegs; ++j) {
-        const u32 key = reg_keys[j];
-        if (key >= least) cand[atomicAdd(&bins[bucket_of(key)], 1u)] = make_candidate(key, row_entry<kThreads>(j, tid));
+        const u32 key = reg_keys[j], b = gather_of(key);
+        const bool take = key >= least;
+        const u32 slot = atomicAdd(&bins[take ? b : (u32)(kBuckets + 1 + lane)], 1u);
+        const u32 low = ((b << kBucketBits) | (u32)row_entry<kThreads>(j, tid)) ^ kLowMask;  // ~b, ~entry
+        store_shared_if(cand + slot, ((u64)key << 32) | low, take);
     }
     __syncthreads();
 
     // ---- rank within the bucket: consecutive slots to consecutive threads, so a warp's
-    // lanes share buckets and their compare loops' lengths
-    u64 c[kSlots];
-    u32 final_slot[kSlots];
+    // lanes share buckets and their compare loops' lengths; each winner stored at once
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
         if ((u32)(j * kThreads) >= end) break;  // the same j in every thread
         const u32 p = (u32)(tid + j * kThreads);
-        final_slot[j] = 0xffffffffu;
         if (p < end) {
-            c[j] = cand[p];
-            const u32 b = bucket_of(candidate_key(c[j]));
+            const u64 c = cand[p];
+            const u32 low = (u32)c, b = ~(low >> kBucketBits) & kFieldMask;
             const u32 first = b ? bins[b - 1] : 0u, last = bins[b];
             u32 ahead = 0u;
-            if (last - first > kRowBucketMax) {
-                s_big = 1u;  // a crowded bucket (a plateau, an outlier): the radix select instead
-            } else if (last - first > 1u) {
+            if (last - first > 1u) {  // most buckets hold one winner: its slot is the bucket's
+                u32 q = first;
 #pragma unroll 1
-                for (u32 q = first; q < last; ++q) ahead += cand[q] > c[j] ? 1u : 0u;
+                for (; q + 1u < last; q += 2u) ahead += (cand[q] > c ? 1u : 0u) + (cand[q + 1u] > c ? 1u : 0u);
+                if (q < last) ahead += cand[q] > c ? 1u : 0u;
             }
-            final_slot[j] = first + ahead;
+            const u32 slot = first + ahead;
+            if (slot < m)
+                write_slot((int)slot, make_candidate((u32)(c >> 32), (int)(~low & kFieldMask)), true, bt_row, E,
+                           num_blocks, physical, out_idx, out_scores);
         }
-    }
-    __syncthreads();  // every thread's crowded bucket, if any, seen
-    if (s_big) return false;  // the same in every thread
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-        if ((u32)(j * kThreads) >= end) break;
-        if ((u32)(tid + j * kThreads) < end && final_slot[j] < m)
-            write_slot((int)final_slot[j], c[j], true, bt_row, E, num_blocks, physical, out_idx, out_scores);
     }
     for (int i = (int)m + tid; i < top_k; i += kThreads)
         write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, out_idx, out_scores);
