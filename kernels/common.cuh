@@ -226,14 +226,21 @@ __device__ __forceinline__ u32 warp_inclusive_scan(u32 v) {
 // `scratch` holds at least 32 u32 in shared memory. Returns the exclusive prefix,
 // and the block total in *total.
 // ---------------------------------------------------------------------------
+// The first step of both block scans: v's inclusive scan within its warp (returned), each
+// warp's total in scratch[warp], then a barrier.
+__device__ __forceinline__ u32 warp_scan_publish_total(u32 v, u32* scratch) {
+    const u32 incl = warp_inclusive_scan(v);
+    if ((threadIdx.x & 31) == 31) scratch[threadIdx.x >> 5] = incl;
+    __syncthreads();
+    return incl;
+}
+
 template <int kThreads>
 __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* scratch, u32* total) {
     static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
     constexpr int kWarps = kThreads / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 incl = warp_inclusive_scan(v);
-    if (lane == 31) scratch[warp] = incl;
-    __syncthreads();
+    const u32 incl = warp_scan_publish_total(v, scratch);
     if (warp == 0) scratch[lane] = warp_inclusive_scan(lane < kWarps ? scratch[lane] : 0u);  // of the warp totals
     __syncthreads();
     const u32 warp_base = warp ? scratch[warp - 1] : 0u;
@@ -249,10 +256,8 @@ template <int kThreads>
 __device__ __forceinline__ u32 block_exclusive_scan_one_barrier(u32 v, u32* scratch, u32* total) {
     static_assert(kThreads % 32 == 0 && kThreads <= 256, "whole warps, at most 8");
     constexpr int kWarps = kThreads / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u32 incl = warp_inclusive_scan(v);
-    if (lane == 31) scratch[warp] = incl;
-    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    const u32 incl = warp_scan_publish_total(v, scratch);
     u32 warp_base = 0u, sum = 0u;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
