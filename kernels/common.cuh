@@ -221,11 +221,6 @@ __device__ __forceinline__ u32 warp_inclusive_scan(u32 v) {
     return v;
 }
 
-// ---------------------------------------------------------------------------
-// Block-wide exclusive scan of one u32 per thread; all threads must call it.
-// `scratch` holds at least 32 u32 in shared memory. Returns the exclusive prefix,
-// and the block total in *total.
-// ---------------------------------------------------------------------------
 // The first step of both block scans: v's inclusive scan within its warp (returned), each
 // warp's total in scratch[warp], then a barrier.
 __device__ __forceinline__ u32 warp_scan_publish_total(u32 v, u32* scratch) {
@@ -235,6 +230,11 @@ __device__ __forceinline__ u32 warp_scan_publish_total(u32 v, u32* scratch) {
     return incl;
 }
 
+// ---------------------------------------------------------------------------
+// Block-wide exclusive scan of one u32 per thread; all threads must call it.
+// `scratch` holds at least 32 u32 in shared memory. Returns the exclusive prefix,
+// and the block total in *total.
+// ---------------------------------------------------------------------------
 template <int kThreads>
 __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* scratch, u32* total) {
     static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
