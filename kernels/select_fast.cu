@@ -801,16 +801,30 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
     if constexpr (kThreads == 128 && kRegs == 16) {
         // a row of at most half the slots (prefill's shorter causal half) by the 8-register
-        // form: half the loads and key conversions, half the bins to clear and scan
-        static_assert(row_cand_slots<kThreads, kMaxK, 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>(), "cand");
-        if (n <= 8 * kThreads) {  // the same in every thread
+        // form: half the loads and key conversions, half the bins to clear and scan; where
+        // the row selects by buckets, one of at most a quarter (prefill's first k rows) by
+        // the 4-register form, in 512 buckets. Each a function of its own (inlined together,
+        // the registers spill). A 12-register form for rows of 1,025-1,536 entries ran 13%
+        // fewer instructions a row there and lost 0.4-1.2 us to instruction fetch (v60).
+        // Where the select is not bucketed (kQuarter false), the quarter branch names the
+        // 8-register form and is never taken.
+        constexpr bool kQuarter = kRowSelectBucketed<kThreads, kMaxK, 4>;
+        static_assert(row_cand_slots<kThreads, kMaxK, 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>() &&
+                      row_cand_slots<kThreads, kMaxK, kQuarter ? 4 : 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>(),
+                      "cand");
+        if (kQuarter && n <= 4 * kThreads)  // the same form in every thread
+            select_row_radix_call<kThreads, kMaxK, kQuarter ? 4 : 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi,
+                                                                     os, cand, whole_quads);
+        else if (n <= 8 * kThreads)
             select_row_radix_call<kThreads, kMaxK, 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand,
                                                       whole_quads);
-            wait_for_previous_grid();  // never ending before the scoring kernel (common.cuh)
-            return;
-        }
+        else
+            select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand,
+                                                     whole_quads);
+    } else {
+        select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand,
+                                                 whole_quads);
     }
-    select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand, whole_quads);
     wait_for_previous_grid();  // never ending before the scoring kernel (a no-op once waited)
 }
 

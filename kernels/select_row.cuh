@@ -220,11 +220,25 @@ __device__ __forceinline__ bool order_winners_bucketed(u64* cand, u32 m, u32* sc
 }
 
 // The short-row kernels of up to 4 winners a thread (keys in registers) select by buckets
-// first: ~one bucket a row entry, kRegs * kThreads of them. (At 8 winners a thread, the
-// 1,024-slot kernel, the gathered entries' registers spill: 48 bytes.)
+// first: ~one bucket a row entry, kRegs * kThreads entries rounded up to a power of two of
+// buckets, 512 to 2,048. (At 8 winners a thread, the 1,024-slot kernel, the gathered
+// entries' registers spill: 48 bytes.)
+template <int kThreads, int kRegs>
+__host__ __device__ constexpr int row_buckets() {
+    int b = 512;
+    while (b < kRegs * kThreads) b *= 2;
+    return b;
+}
+// select_row_bucketed's bucket counts, one array for every form of a kernel: a static
+// __shared__ array declared in a function is one per template instance, and a kernel
+// calling several forms (each its own function) would hold them all (four forms of
+// topk_row_kernel<128, 512, 16> held 34 KB a CTA: six CTAs an SM where eight fit).
+constexpr int kRowBinsMax = 2048 + 1 + 32;  // 2,048 buckets, a discard bin, a warp's discard counters
+__shared__ __align__(16) u32 row_bins[kRowBinsMax];
 template <int kThreads, int kMaxK, int kRegs>
 constexpr bool kRowSelectBucketed = kRegs > 0 && kMaxK / kThreads <= 4 && kRegs % 4 == 0 &&
-                                    (kRegs * kThreads == 1024 || kRegs * kThreads == 2048 || kRegs * kThreads == 4096);
+                                    row_buckets<kThreads, kRegs>() <= 2048 &&
+                                    row_buckets<kThreads, kRegs>() / kThreads % 4 == 0;
 // the most entries of one bucket the bucketed select and order rank by comparison
 constexpr u32 kRowBucketMax = 32;
 // slots of the candidate buffer a row select needs: kMaxK, and for the bucketed select the
@@ -248,7 +262,7 @@ __host__ __device__ constexpr int row_cand_slots() { return kMaxK + (kRowSelectB
 // through shared memory and a barrier), and the slots past the winners padded.
 // Five barriers a row. A gathered candidate carries its bucket in the low word, between the
 // key and the index: (key << 32) | (~bucket << kBucketBits) | ~entry, both fields
-// kBucketBits wide (kBuckets = kRegs x kThreads, the row's entries). The bucket falls as
+// kBucketBits wide (kBuckets >= kRegs x kThreads, the row's entries). The bucket falls as
 // the key rises, so for candidates of equal keys it is equal and their order is the
 // index's, and the candidates order as make_candidate's do.
 template <int kThreads, int kMaxK, int kRegs>
@@ -256,10 +270,11 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
                                                     const int* __restrict__ bt_row, int E, int num_blocks,
                                                     int physical, int* __restrict__ out_idx,
                                                     float* __restrict__ out_scores) {
-    constexpr int kBuckets = kRegs * kThreads;
-    constexpr int kBucketBits = kBuckets == 4096 ? 12 : kBuckets == 2048 ? 11 : 10;
+    constexpr int kBuckets = row_buckets<kThreads, kRegs>();  // >= the row's entries
+    constexpr int kBucketBits = kBuckets == 4096 ? 12 : kBuckets == 2048 ? 11 : kBuckets == 1024 ? 10 : 9;
     constexpr u32 kFieldMask = (u32)kBuckets - 1u, kLowMask = (1u << (2 * kBucketBits)) - 1u;
-    constexpr int kQuads = kRegs / 4;  // a thread's bins, four at a time (kBinsPer = kRegs)
+    constexpr int kBinsPer = kBuckets / kThreads;  // a thread's bins in the offsets pass
+    constexpr int kQuads = kBinsPer / 4;  // ... four at a time
     constexpr int kWarps = kThreads / 32;
     constexpr int kSlots = (kMaxK + (int)kRowBucketMax + kThreads - 1) / kThreads;  // gathered entries a thread
     static_assert(kRowSelectBucketed<kThreads, kMaxK, kRegs> && (1 << kBucketBits) == kBuckets, "bucket geometry");
@@ -267,7 +282,8 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     // histogram's (zero keys), bins[kBuckets + 1 + lane] the gather's (entries not taken).
     // Shared atomics under a condition compile to a branch around each (ptxas): these take
     // every lane's atomic unconditionally instead. Never read, never cleared.
-    __shared__ __align__(16) u32 bins[kBuckets + 1 + 32];
+    static_assert(kBuckets + 1 + 32 <= kRowBinsMax, "row_bins");
+    u32* bins = row_bins;  // [kBuckets + 1 + 32]
     __shared__ u32 s_lo[kWarps], s_hi[kWarps], s_thr, s_end, s_crowded;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint4* quads = reinterpret_cast<uint4*>(bins);
@@ -306,7 +322,7 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     for (int j = 0; j < kRegs; ++j) atomicAdd(&bins[reg_keys[j] ? bucket_of(reg_keys[j]) : (u32)kBuckets], 1u);
     __syncthreads();
 
-    // ---- offsets: thread t scans bins [kRegs t, kRegs (t + 1)), in bucket order (largest
+    // ---- offsets: thread t scans bins [kBinsPer t, kBinsPer (t + 1)), in bucket order (largest
     // keys first); the k-th key's bucket thr is the one with offset < m <= offset + count.
     // Its kQuads 16-byte quads are read starting from quad rot and wrapping around: the
     // quarter-warp's eight loads then fall on eight distinct 16-byte bank groups (in plain
@@ -325,9 +341,9 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
         most = max(most, max(max(v.x, v.y), max(v.z, v.w)));
     }
     if (most > kRowBucketMax) {  // rare: my first crowded bucket (my bins, not yet rewritten)
-        for (int b = 0; b < kRegs; ++b) {
-            if (bins[tid * kRegs + b] > kRowBucketMax) {
-                atomicMin(&s_crowded, (u32)(tid * kRegs + b));
+        for (int b = 0; b < kBinsPer; ++b) {
+            if (bins[tid * kBinsPer + b] > kRowBucketMax) {
+                atomicMin(&s_crowded, (u32)(tid * kBinsPer + b));
                 break;
             }
         }
@@ -348,7 +364,7 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
         for (int e = 0; e < 4; ++e) {
             off[e] = run;
             if (kth - run < cnt[e]) {  // exactly one bucket of the row (u32: run > kth wraps)
-                s_thr = (u32)(tid * kRegs + e) + 4u * q;
+                s_thr = (u32)(tid * kBinsPer + e) + 4u * q;
                 s_end = run + cnt[e];
             }
             run += cnt[e];

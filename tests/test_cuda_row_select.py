@@ -6,7 +6,9 @@ index decides), plateaus too large for a bucket, scores over every exponent, out
 scores near zero (collapsed into one bucket), spans of a few ulps (large and tiny scores),
 infinite scores, 32 and 33 ties at the k-th score, rows shorter than k (padding), NaN
 scores (never selected; a row of them). Rows of up to 1,024 entries take the kernels'
-8-register form, longer ones the 16-register form; each test has rows of 1,024 and 1,025.
+8-register form, longer ones the 16-register form, and the 512-slot kernel's rows of up to
+512 entries its 4-register form (512 buckets); each test has rows at both sides of each
+form's edge (512, 513, 1,024, 1,025) and of a register group's (1,536, 1,537).
 Against NumPy: score descending, then index ascending."""
 
 import numpy as np
@@ -104,11 +106,12 @@ def run_row_select(scores, ld, lens, width, top_k, max_k, row_ready=0):
 def test_short_row_select_orders_the_winners_like_numpy(kind, max_k, top_k):
     cp = arrays.cupy()
     rng = np.random.default_rng(top_k * 13 + max_k + len(kind))
-    rows, width = 12, 2048
+    rows, width = 16, 2048
     scores = _rows(kind, rng, rows, width)
     lens = rng.integers(0, width + 1, size=rows).astype(np.int32)
     lens[0], lens[1], lens[2] = width, top_k // 2, 0  # a full row, one short of k, an empty one
-    lens[3], lens[4] = width // 2, width // 2 + 1  # the longest row of the 8-register form, the shortest past it
+    # the longest rows of the 4- and 8-register forms and of three register groups, and the shortest past them
+    lens[3:9] = [512, 513, 1024, 1025, 1536, 1537]
     got_idx, got_sc = run_row_select(cp.asarray(scores), width, lens, width, top_k, max_k)
     for r in range(rows):
         want_idx, want_sc = row_topk(scores[r], int(lens[r]), top_k)
@@ -125,10 +128,10 @@ def test_short_row_select_reads_rows_of_any_stride_and_alignment(max_k, top_k, l
     so that a load past a row's entries would show as a wrong answer (or to the sanitizer)."""
     cp = arrays.cupy()
     rng = np.random.default_rng(ld_extra * 7 + offset + top_k)
-    rows, width = 9, 2048
+    rows, width = 12, 2048
     ld = width + ld_extra
     flat = rng.standard_normal(offset + rows * ld).astype(np.float32)
-    lens = np.array([width, width - 1, width - 3, 1025, 1023, 513, 3, 0, width - 2], dtype=np.int32)
+    lens = np.array([width, width - 1, width - 3, 1025, 1023, 513, 3, 0, 1537, 1535, 511, width - 2], dtype=np.int32)
     got_idx, got_sc = run_row_select(cp.asarray(flat)[offset:], ld, lens, width, top_k, max_k)
     for r in range(rows):
         row = flat[offset + r * ld: offset + r * ld + width]
