@@ -806,7 +806,7 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
         // the row selects by buckets, one of at most a quarter (prefill's first k rows) by
         // the 4-register form, in 512 buckets. Each a function of its own (inlined together,
         // the registers spill). A 12-register form for rows of 1,025-1,536 entries ran 13%
-        // fewer instructions a row there and lost 0.4-1.2 us to instruction fetch (v60).
+        // fewer instructions a row there and lost 0.4-1.2 us all the same (v60).
         // Where the select is not bucketed (kQuarter false), the quarter branch names the
         // 8-register form and is never taken.
         constexpr bool kQuarter = kRowSelectBucketed<kThreads, kMaxK, 4>;
