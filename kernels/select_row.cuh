@@ -271,7 +271,7 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
                                                     int physical, int* __restrict__ out_idx,
                                                     float* __restrict__ out_scores) {
     constexpr int kBuckets = row_buckets<kThreads, kRegs>();  // >= the row's entries
-    constexpr int kBucketBits = kBuckets == 4096 ? 12 : kBuckets == 2048 ? 11 : kBuckets == 1024 ? 10 : 9;
+    constexpr int kBucketBits = kBuckets == 2048 ? 11 : kBuckets == 1024 ? 10 : 9;
     constexpr u32 kFieldMask = (u32)kBuckets - 1u, kLowMask = (1u << (2 * kBucketBits)) - 1u;
     constexpr int kBinsPer = kBuckets / kThreads;  // a thread's bins in the offsets pass
     constexpr int kQuads = kBinsPer / 4;  // ... four at a time
