@@ -771,10 +771,12 @@ __device__ __noinline__ void select_row_radix_call(const float* __restrict__ r, 
 // kThreads = 128 (rows of at most 2,048 entries, k <= kMaxK = 1,024 or 512: prefill's causal rows):
 // eight CTAs a SM (64 registers, no spills), more rows in flight than the 256-thread form's
 // five, half the warps at each of its barriers; a row of at most 1,024 entries takes the
-// 8-register form (v36). The 512-slot kernel (prefill-8K's) at nine (56 registers; 28
-// bytes of spill stores, 16 and 8 in its 4- and 8-register forms): -1.2 us there (v60).
+// 8-register form (v36). The 512-slot kernel (prefill-8K's), whose forms share one radix
+// fallback reading the row again (select_row.cuh), at twelve (40 registers; 20 bytes of
+// spill stores, 4 in its 4- and 8-register forms, the fallback's own only where it runs):
+// -1.7 us there against nine, -2.9 us with the shared fallback against v60 (v61).
 template <int kThreads, int kMaxK, int kRegs>
-__global__ void __launch_bounds__(kThreads, kThreads == 128 ? (kMaxK == 512 ? 9 : 8) : 5)  // <= 56, 64, 51 registers
+__global__ void __launch_bounds__(kThreads, kThreads == 128 ? (kMaxK == 512 ? 12 : 8) : 5)  // <= 40, 64, 51 registers
 topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
                 int top_k, const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                 int* __restrict__ out_idx, float* __restrict__ out_scores,

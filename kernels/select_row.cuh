@@ -16,8 +16,9 @@
 #pragma once
 #include "common.cuh"
 
-// Returns the key of entry i of the row (0 for NaN).
-__device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { return score_to_key(row[i]); }
+// Returns the key of entry i of the row (0 for NaN). An L2 load, as load_row_keys's: the
+// short-row kernels' fallback reads rows the dense kernel may have stored while it runs.
+__device__ __forceinline__ u32 row_key(const float* __restrict__ row, int i) { return score_to_key(__ldcg(row + i)); }
 
 // The row kernels' keys in registers (kRegs a thread): register j of thread tid holds entry
 // row_entry(j, tid), four consecutive entries to a group of four registers (one 16-byte
@@ -423,6 +424,12 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     return true;
 }
 
+template <int kThreads, int kMaxK>
+__device__ __noinline__ void select_row_radix_reread(const float* __restrict__ r, int n, int top_k,
+                                                     const int* __restrict__ bt_row, int E, int num_blocks,
+                                                     int physical, int* __restrict__ out_idx,
+                                                     float* __restrict__ out_scores, u64* cand);
+
 // The whole select for one row, run by one CTA of kThreads threads; `cand` is
 // row_cand_slots<kThreads, kMaxK, kRegs>() u64 of shared memory. Also the fallback of
 // select_fast.cu when a row's candidates overflow.
@@ -450,9 +457,14 @@ __device__ __forceinline__ void select_row_radix(
     u32 reg_keys[kRegs > 0 ? kRegs : 1];
     if constexpr (kRegs > 0) load_row_keys<kThreads, kRegs>(r, n, whole_quads, reg_keys);
     if constexpr (kRowSelectBucketed<kThreads, kMaxK, kRegs>) {  // the short rows: buckets first
-        if (select_row_bucketed<kThreads, kMaxK, kRegs>(reg_keys, top_k, cand, scratch, bt_row, E, num_blocks,
-                                                        physical, out_idx, out_scores))
-            return;  // the same in every thread
+        // the rare fallback (a crowded bucket) reads the row again, by one function shared by
+        // every form: the keys' registers are free once gathered, and the forms' code keeps
+        // to their hot path (each form's own radix passes and sort were ~10,000 instructions)
+        if (!select_row_bucketed<kThreads, kMaxK, kRegs>(reg_keys, top_k, cand, scratch, bt_row, E, num_blocks,
+                                                         physical, out_idx, out_scores))  // the same in every thread
+            select_row_radix_reread<kThreads, kMaxK>(r, n, top_k, bt_row, E, num_blocks, physical, out_idx, out_scores,
+                                                     cand);
+        return;
     }
     // ---- radix select: find the threshold key `prefix` and how many equal to it to take
     u32 prefix = 0u, mask = 0u;
@@ -619,4 +631,14 @@ __device__ __forceinline__ void select_row_radix(
     // ---- write indices (logical or physical) and scores; -1 / -inf padding
     for (int i = tid; i < top_k; i += kThreads)
         write_winner(i, m, cand, bt_row, E, num_blocks, physical, out_idx, out_scores);
+}
+
+// select_row_radix reading the row at every pass (kRegs = 0), as a function of its own: the
+// fallback of the bucketed short-row select, one copy for all of a kernel's forms.
+template <int kThreads, int kMaxK>
+__device__ __noinline__ void select_row_radix_reread(const float* __restrict__ r, int n, int top_k,
+                                                     const int* __restrict__ bt_row, int E, int num_blocks,
+                                                     int physical, int* __restrict__ out_idx,
+                                                     float* __restrict__ out_scores, u64* cand) {
+    select_row_radix<kThreads, kMaxK, 0>(r, n, top_k, bt_row, E, num_blocks, physical, out_idx, out_scores, cand);
 }
