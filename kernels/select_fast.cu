@@ -754,8 +754,8 @@ topk_final_kernel(const float* __restrict__ scores, long long ld, const int* __r
     for (int i = tid; i < top_k; i += kThreads) write_winner(i, m, buf, bt_row, E, num_blocks, physical, oi, os);
 }
 
-// select_row_radix as a function of its own, for the row kernel's 8-register form: inlined
-// beside the 16-register form in one body, the kernel's registers spilled.
+// select_row_radix as a function of its own, for each of the row kernel's forms: inlined
+// together in one body, the kernel's registers spilled.
 template <int kThreads, int kMaxK, int kRegs>
 __device__ __noinline__ void select_row_radix_call(const float* __restrict__ r, int n, int top_k, const int* __restrict__ bt_row,
                                                    int E, int num_blocks, int physical, int* __restrict__ oi,
@@ -772,9 +772,11 @@ __device__ __noinline__ void select_row_radix_call(const float* __restrict__ r, 
 // eight CTAs a SM (64 registers, no spills), more rows in flight than the 256-thread form's
 // five, half the warps at each of its barriers; a row of at most 1,024 entries takes the
 // 8-register form (v36). The 512-slot kernel (prefill-8K's), whose forms share one radix
-// fallback reading the row again (select_row.cuh), at twelve (40 registers; 20 bytes of
-// spill stores, 4 in its 4- and 8-register forms, the fallback's own only where it runs):
-// -1.7 us there against nine, -2.9 us with the shared fallback against v60 (v61).
+// fallback reading the row again (select_row.cuh), at twelve (40 registers; spill stores
+// of 4 bytes in its 4- and 8-register forms, 12 and 20 in its 12- and 16-register ones, the
+// fallback's own only where it runs): -1.4..-1.7 us there against nine, -2.9 us with the
+// shared fallback against v60, -1.8 us more with the 12-register form and the 16-register
+// one called (v61).
 template <int kThreads, int kMaxK, int kRegs>
 __global__ void __launch_bounds__(kThreads, kThreads == 128 ? (kMaxK == 512 ? 12 : 8) : 5)  // <= 40, 64, 51 registers
 topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __restrict__ valid_lens, int max_len,
@@ -806,14 +808,17 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
         // a row of at most half the slots (prefill's shorter causal half) by the 8-register
         // form: half the loads and key conversions, half the bins to clear and scan; where
         // the row selects by buckets, one of at most a quarter (prefill's first k rows) by
-        // the 4-register form, in 512 buckets. Each a function of its own (inlined together,
-        // the registers spill). A 12-register form for rows of 1,025-1,536 entries ran 13%
-        // fewer instructions a row there and lost 0.4-1.2 us all the same (v60).
-        // Where the select is not bucketed (kQuarter false), the quarter branch names the
-        // 8-register form and is never taken.
+        // the 4-register form, in 512 buckets, and one of at most three quarters by the
+        // 12-register form (2,048 buckets). Each form a function of its own, the 16-register
+        // one too where the select is bucketed (inlined together, the registers spill; at
+        // twelve CTAs an SM the called 16-register form and the 12-register form each
+        // gained ~1 us, v61, where at nine the 12-register form had lost 0.4-1.2 us, v60).
+        // Where the select is not bucketed (kQuarter false), the quarter and three-quarter
+        // branches name the 8-register form and are never taken.
         constexpr bool kQuarter = kRowSelectBucketed<kThreads, kMaxK, 4>;
         static_assert(row_cand_slots<kThreads, kMaxK, 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>() &&
-                      row_cand_slots<kThreads, kMaxK, kQuarter ? 4 : 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>(),
+                      row_cand_slots<kThreads, kMaxK, kQuarter ? 4 : 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>() &&
+                      row_cand_slots<kThreads, kMaxK, kQuarter ? 12 : 8>() <= row_cand_slots<kThreads, kMaxK, kRegs>(),
                       "cand");
         if (kQuarter && n <= 4 * kThreads)  // the same form in every thread
             select_row_radix_call<kThreads, kMaxK, kQuarter ? 4 : 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi,
@@ -821,7 +826,13 @@ topk_row_kernel(const float* __restrict__ scores, long long ld, const int* __res
         else if (n <= 8 * kThreads)
             select_row_radix_call<kThreads, kMaxK, 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand,
                                                       whole_quads);
-        else
+        else if (kQuarter && n <= 12 * kThreads)
+            select_row_radix_call<kThreads, kMaxK, kQuarter ? 12 : 8>(r, n, top_k, bt_row, E, num_blocks, physical, oi,
+                                                                      os, cand, whole_quads);
+        else if constexpr (kQuarter)
+            select_row_radix_call<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand,
+                                                          whole_quads);
+        else  // the 1,024-slot kernel's 16-register form inline, as measured (v36-v60)
             select_row_radix<kThreads, kMaxK, kRegs>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, cand,
                                                      whole_quads);
     } else {
