@@ -178,6 +178,17 @@ def cases():
     p.w = np.abs(p.w) + np.float32(0.1)
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
     ran += 2
+    # the short-row select with each row one plateau of exact zeros (one crowded bucket): every
+    # form (rows of up to 512, 1,024, 1,536 and 2,048 entries) falls back to the shared radix
+    # select, which reads the row again
+    p = testing.random_problem(rng, T=8, H=8, D=64, E=64, lens=[300, 512, 513, 1024, 1025, 1536, 1537, 2000],
+                               top_k=100)
+    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(
+        np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32))
+    p.q = -np.abs(p.q) - np.float32(0.1)
+    p.w = np.abs(p.w) + np.float32(0.1)
+    cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True)
+    ran += 1
     # on a workspace (histograms zero at rest) and replayed from CUDA graphs, where the
     # select kernels are launched to overlap their predecessor: batch 1, a few rows, an
     # SM's worth of rows (the streamed select), and prefill-like causal rows (pair scoring,

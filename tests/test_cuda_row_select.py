@@ -1,14 +1,15 @@
 """The short-row selects (topk_row_kernel<128, 1024, 16> and <128, 512, 16>: rows of up to
 2,048 entries, top-k up to 1,024 or 512) on score rows built to reach each of their paths:
 the 512-slot kernel's whole-row buckets and its radix fallback (one function for every
-form, reading the row again), the bucketed order of the winners and its sort fallback. Rows: buckets of spread scores, buckets holding ties (the
-index decides), plateaus too large for a bucket, scores over every exponent, outliers,
-scores near zero (collapsed into one bucket), spans of a few ulps (large and tiny scores),
-infinite scores, 32 and 33 ties at the k-th score, rows shorter than k (padding), NaN
-scores (never selected; a row of them). Rows of up to 1,024 entries take the kernels'
-8-register form, longer ones the 16-register form, and the 512-slot kernel's rows of up to
-512 entries its 4-register form (512 buckets) and those of 1,025-1,536 its 12-register form;
-each test has rows at both sides of each form's edge (512, 513, 1,024, 1,025, 1,536, 1,537).
+form, reading the row again), the bucketed order of the winners and its sort fallback.
+Rows: buckets of spread scores, buckets holding ties (the index decides), plateaus too
+large for a bucket, scores over every exponent, outliers, scores near zero (collapsed into
+one bucket), spans of a few ulps (large and tiny scores), infinite scores, 32 and 33 ties at
+the k-th score, rows shorter than k (padding), NaN scores (never selected; a row of them).
+Rows of up to 1,024 entries take the kernels' 8-register form, longer ones the 16-register
+form, and the 512-slot kernel's rows of up to 512 entries its 4-register form (512 buckets)
+and those of 1,025-1,536 its 12-register form; each test has rows at both sides of each
+form's edge (512, 513, 1,024, 1,025, 1,536, 1,537).
 Against NumPy: score descending, then index ascending."""
 
 import numpy as np
