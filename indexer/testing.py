@@ -15,7 +15,7 @@ import numpy as np
 from . import nvfp4, reference
 
 __all__ = ["Problem", "random_problem", "adversarial_problem", "ADVERSARIAL_KINDS", "quantize_blocks",
-           "exact_scores", "check_topk", "TOL_EXACT", "TOL_FAST"]
+           "zero_plateau", "exact_scores", "check_topk", "TOL_EXACT", "TOL_FAST"]
 
 #: per-entry error bound of the exact paths, as a fraction of the magnitude ``mag``
 TOL_EXACT = 1e-6
@@ -93,6 +93,16 @@ def quantize_blocks(keys):
     gs = nvfp4.global_scale_for(amax)
     codes, scales, _ = nvfp4.quantize(keys, gs[:, None])
     return codes, scales, np.ascontiguousarray(gs, dtype=np.float32)
+
+
+def zero_plateau(p: Problem, rng) -> Problem:
+    """p with every score exactly 0 (keys >= 0, queries < 0, weights > 0), in place: every
+    entry ties, so the lowest indices win."""
+    keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (p.q.shape[2],))).astype(np.float32)
+    p.keys_fp4, p.key_scale, p.key_gscale = quantize_blocks(keys)
+    p.q = -np.abs(p.q) - np.float32(0.1)
+    p.w = np.abs(p.w) + np.float32(0.1)
+    return p
 
 
 def exact_scores(p: Problem):

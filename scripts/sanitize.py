@@ -171,22 +171,15 @@ def cases():
     p = testing.random_problem(rng, T=sms, H=8, D=64, E=64, lens=np.r_[0, rng.integers(1, 9000, sms - 1)],
                                top_k=1024)
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
-    p = testing.random_problem(rng, T=sms, H=8, D=64, E=64, lens=rng.integers(4200, 6000, sms), top_k=100)
-    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(
-        np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32))
-    p.q = -np.abs(p.q) - np.float32(0.1)
-    p.w = np.abs(p.w) + np.float32(0.1)
+    p = testing.zero_plateau(testing.random_problem(rng, T=sms, H=8, D=64, E=64, lens=rng.integers(4200, 6000, sms),
+                                                    top_k=100), rng)
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True, _select="multi")
     ran += 2
     # the short-row select with each row one plateau of exact zeros (one crowded bucket): every
     # form (rows of up to 512, 1,024, 1,536 and 2,048 entries) falls back to the shared radix
     # select, which reads the row again
-    p = testing.random_problem(rng, T=8, H=8, D=64, E=64, lens=[300, 512, 513, 1024, 1025, 1536, 1537, 2000],
-                               top_k=100)
-    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(
-        np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32))
-    p.q = -np.abs(p.q) - np.float32(0.1)
-    p.w = np.abs(p.w) + np.float32(0.1)
+    p = testing.zero_plateau(testing.random_problem(rng, T=8, H=8, D=64, E=64,
+                                                    lens=[300, 512, 513, 1024, 1025, 1536, 1537, 2000], top_k=100), rng)
     cuda_ops.score_topk(*[cp.asarray(a) for a in p.arrays()], p.top_k, return_scores=True)
     ran += 1
     # on a workspace (histograms zero at rest) and replayed from CUDA graphs, where the
