@@ -353,24 +353,31 @@ __device__ __forceinline__ bool select_row_bucketed(const u32 (&reg_keys)[kRegs]
     const u32 base = block_exclusive_scan_one_barrier<kThreads>(mine, scratch, &total);
     const u32 m = min((u32)top_k, total);  // total >= 1: hi is a selectable key
     const u32 kth = m - 1u;  // the k-th key's place: its bucket's offset <= kth < offset + count
-    u32 run = base + before_rot;  // quad rot's offset
+    // Only the buckets up to thr's are read after this pass (the gather takes no key past
+    // it; the ranking reads its winners' buckets' bounds): a thread whose first bucket starts
+    // past the k-th key's place holds none of them and leaves its bins as they are. Its
+    // buckets lie past the winners', so most warps skip the pass whole (the winners fill the
+    // first ~10-25% of the buckets).
+    if (base <= kth) {
+        u32 run = base + before_rot;  // quad rot's offset
 #pragma unroll
-    for (int i = 0; i < kQuads; ++i) {
-        const u32 q = ((u32)i + rot) % kQuads;
-        if (i > 0 && q == 0u) run = base;  // wrapped around to the first quad
-        const uint4 v = quads[tid * kQuads + q];
-        const u32 cnt[4] = {v.x, v.y, v.z, v.w};
-        u32 off[4];
+        for (int i = 0; i < kQuads; ++i) {
+            const u32 q = ((u32)i + rot) % kQuads;
+            if (i > 0 && q == 0u) run = base;  // wrapped around to the first quad
+            const uint4 v = quads[tid * kQuads + q];
+            const u32 cnt[4] = {v.x, v.y, v.z, v.w};
+            u32 off[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            off[e] = run;
-            if (kth - run < cnt[e]) {  // exactly one bucket of the row (u32: run > kth wraps)
-                s_thr = (u32)(tid * kBinsPer + e) + 4u * q;
-                s_end = run + cnt[e];
+            for (int e = 0; e < 4; ++e) {
+                off[e] = run;
+                if (kth - run < cnt[e]) {  // exactly one bucket of the row (u32: run > kth wraps)
+                    s_thr = (u32)(tid * kBinsPer + e) + 4u * q;
+                    s_end = run + cnt[e];
+                }
+                run += cnt[e];
             }
-            run += cnt[e];
+            quads[tid * kQuads + q] = make_uint4(off[0], off[1], off[2], off[3]);
         }
-        quads[tid * kQuads + q] = make_uint4(off[0], off[1], off[2], off[3]);
     }
     __syncthreads();
     const u32 thr = s_thr, end = s_end;
