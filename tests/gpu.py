@@ -25,9 +25,6 @@ def in_one_buffer(x, T, k, overlap, xp=np):
     return copy, raw[start:].view(xp.int32).reshape(T, k)
 
 
-plateau = testing.zero_plateau  # every score of a problem exactly 0: every entry ties
-
-
 def row_topk(row, n, k):
     """NumPy's (indices int32 [k], scores float32 [k]) of a float32 score row's first n
     entries: score descending, then index ascending, NaN never selected, -1 / -inf padding."""

@@ -11,7 +11,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import pair_of_problems, plateau, requires_gpu
+from tests.gpu import pair_of_problems, requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -25,8 +25,9 @@ def shapes(rng):
     """One problem per select route of the multi-CTA select."""
     batch1 = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)  # all pairs
     few = testing.random_problem(rng, T=6, H=64, D=128, E=64, lens=[9000, 0, 5000, 4097, 7000, 100], top_k=300)
-    overflow = plateau(testing.random_problem(rng, T=5, H=8, D=64, E=64, lens=[20_000, 9_000, 6_000, 3_000, 300],
-                                              top_k=100), rng)  # fallback, sort, ranks of ties
+    overflow = testing.zero_plateau(testing.random_problem(rng, T=5, H=8, D=64, E=64,
+                                                           lens=[20_000, 9_000, 6_000, 3_000, 300], top_k=100),
+                                    rng)  # fallback, sort, ranks of ties
     many = testing.random_problem(rng, T=200, H=16, D=64, E=64, lens=rng.integers(4097, 6000, size=200),
                                   top_k=2048)  # 200 rows x 16 rank CTAs: one CTA a row sorts instead
     streamed = testing.random_problem(rng, T=140, H=16, D=64, E=64, lens=rng.integers(0, 9000, size=140),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from indexer import arrays, reference, score_topk, testing
-from tests.gpu import plateau, requires_gpu
+from tests.gpu import requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -374,7 +374,7 @@ def test_the_streamed_select_on_an_sms_worth_of_rows(lens, top_k, precision):
         n[:3] = [0, 1, top_k]  # an empty row, one entry, exactly k
     p = testing.random_problem(rng, T=T, H=8, D=64, E=64, lens=n, top_k=top_k)
     if lens == "plateau":
-        p = plateau(p, rng)
+        p = testing.zero_plateau(p, rng)
     assert geometry.row_stream_select(T, top_k, dev)
     cuda_ops.clear_plans()
     # the multi-CTA select forced: rows this short would take the row select otherwise
