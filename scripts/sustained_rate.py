@@ -2,6 +2,7 @@
 power floor: the least time a case can take at the board's power cap (GPU only).
 
     python scripts/sustained_rate.py [CASES] [SECONDS]    # e.g. prefill-chunk,decode-1M 4
+    python scripts/sustained_rate.py --burst              # the same probes in short bursts
 
 bench.py's ceiling is ten 8,192^3 fp16 GEMMs (~15 ms), short enough to run at boost clock.
 A case that runs for seconds sits at the board's power cap instead. This script runs, for
@@ -34,7 +35,15 @@ also give the floor divided by that sum ("with the overlap"), never below its GE
 alone. For the single-query decode cases the lines add the time of their tiles'
 core work alone (the FP4 decode, the MMAs and the epilogue without memory: a probe that
 runs under the cap, so a limit on time, not on power).
+
+--burst (v63): the same MMA probe and read stream timed as the benchmark times its rows,
+in bursts after an idle second: 2, 8 and 40 launches of each alone and of both at once
+on two streams (the shares of their alone-rates kept, summed as above), then 300 launches
+of the MMA probe back to back, each timed, to show when the board starts to slow. On the
+H200 the shares summed 1.88-1.90 in bursts of up to ~28 ms (1.11 sustained) and the probe
+held its rate for ~50 ms: the power floor bounds sustained use, not the benchmark's rows.
 """
+import statistics
 import subprocess
 import sys
 import time
@@ -217,5 +226,81 @@ def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
         bench.free_device_memory(cp)
 
 
+def shares_kept(alone_first, alone_second, together_first, together_second):
+    """The shares of their alone-rates two loads keep when run at once (times for the same
+    work alone and together): (first's, second's, their sum). A sum near 2 means they run
+    side by side without interplay, near 1 that they share one budget (the cap's energy)."""
+    k_first, k_second = alone_first / together_first, alone_second / together_second
+    return k_first, k_second, k_first + k_second
+
+
+def burst_main(launch_counts=(2, 8, 40), rounds=3, onset_launches=300) -> None:
+    """--burst: the MMA probe and the read stream in bursts after an idle second (see the
+    module docstring)."""
+    cp = bench.require_gpu()
+    from indexer import _jit  # noqa: PLC0415  (imports CuPy)
+
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    probe = mma_probe(cp, sms)
+    src = cp.random.default_rng(4).integers(0, 2**31, size=1 << 28, dtype=cp.int32)  # 1 GiB, not zeros
+    sink = cp.zeros(1, cp.uint32)
+    read_k = _jit.get_kernel("bench_probes.cu", "read_stream_kernel")
+    n16 = src.nbytes // 16
+
+    def read():  # three CTAs an SM: they fit beside the probe's two (registers)
+        read_k((3 * sms,), (256,), (src, cp.int64(n16), cp.uint32(0x9E3779B9), sink))
+
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    for _ in range(3):  # compiled, loaded and warm
+        with a:
+            probe()
+            read()
+    cp.cuda.Device().synchronize()
+
+    def timed(which, k):
+        """ms of k launches of the probe ('m'), the reads ('r') or both on two streams ('mr'),
+        after an idle second: (the probe's stream, the reads' stream)."""
+        time.sleep(1.0)
+        marks = [cp.cuda.Event() for _ in range(4)]
+        marks[0].record(a)
+        marks[1].record(b)
+        for _ in range(k):
+            if "m" in which:
+                with a:
+                    probe()
+            if "r" in which:
+                with b:
+                    read()
+        marks[2].record(a)
+        marks[3].record(b)
+        cp.cuda.Device().synchronize()
+        return cp.cuda.get_elapsed_time(marks[0], marks[2]), cp.cuda.get_elapsed_time(marks[1], marks[3])
+
+    for k in launch_counts:
+        runs = [(timed("m", k)[0], timed("r", k)[1], *timed("mr", k)) for _ in range(rounds)]
+        tm, tr, bm, br = (statistics.median(r[i] for r in runs) for i in range(4))
+        km, kr, total = shares_kept(tm, tr, bm, br)
+        print(f"{k:3d} launches each: MMA probe alone {tm:.3f} ms, reads alone {tr:.3f} ms; at once "
+              f"{bm:.3f} / {br:.3f} ms: kept {km:.2f} + {kr:.2f} = {total:.2f}", flush=True)
+    time.sleep(2.0)
+    marks = [cp.cuda.Event() for _ in range(onset_launches + 1)]
+    with a:
+        marks[0].record(a)
+        for i in range(onset_launches):
+            probe()
+            marks[i + 1].record(a)
+    cp.cuda.Device().synchronize()
+    elapsed = 0.0
+    print(f"{onset_launches} launches of the MMA probe back to back after an idle 2 s (ms a launch):")
+    for i in range(onset_launches):
+        per = cp.cuda.get_elapsed_time(marks[i], marks[i + 1])
+        elapsed += per
+        if i + 1 in (1, 2, 5, 10, 20, 50, 80, 120, 160, 200, 250, 300):
+            print(f"  #{i + 1} at {elapsed:6.1f} ms: {per:.3f}", flush=True)
+
+
 if __name__ == "__main__":
-    main(*(sys.argv[1:2]), *(float(a) for a in sys.argv[2:3]))
+    if sys.argv[1:2] == ["--burst"]:
+        burst_main()
+    else:
+        main(*(sys.argv[1:2]), *(float(a) for a in sys.argv[2:3]))

@@ -44,3 +44,13 @@ def test_terms_grow_with_the_work():
 def test_a_larger_idle_power_gives_a_smaller_read_term():
     # the docstring's claim: P0 measured at full clock (larger) errs low
     assert floor(0, 1.21e9, idle_watts=300.0)[2] < floor(0, 1.21e9, idle_watts=150.0)[2]
+
+
+def test_shares_kept_side_by_side_and_sharing_one_budget():
+    # the burst measurement of v63 (ms): each kept 0.95 of its alone-rate, summing 1.90
+    k_first, k_second, total = sustained.shares_kept(1.406, 0.591, 1.485, 0.619)
+    assert k_first == pytest.approx(1.406 / 1.485) and k_second == pytest.approx(0.591 / 0.619)
+    assert total == pytest.approx(1.90, abs=0.01)
+    # no interplay: each as fast together as alone; one shared budget: each at half its rate
+    assert sustained.shares_kept(2.0, 1.0, 2.0, 1.0)[2] == pytest.approx(2.0)
+    assert sustained.shares_kept(2.0, 1.0, 4.0, 2.0)[2] == pytest.approx(1.0)
