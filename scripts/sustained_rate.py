@@ -126,6 +126,23 @@ def core_probe(cp, sms, rounds=2000):
     return (lambda: kern((grid,), (128,), (a, b, cp.int32(rounds), out, clk), shared_mem=16 * 1024)), grid * rounds
 
 
+def read_stream(cp, sms, nbytes):
+    """(launch, bytes a launch): launch(ctas_per_sm) reads a random buffer of ``nbytes``
+    (not zeros) once with read_stream_kernel (kernels/bench_probes.cu). The buffer lives as
+    long as ``launch``."""
+    from indexer import _jit  # noqa: PLC0415
+
+    src = cp.random.default_rng(4).integers(0, 2**31, size=nbytes // 4, dtype=cp.int32)
+    sink = cp.zeros(1, cp.uint32)
+    kern = _jit.get_kernel("bench_probes.cu", "read_stream_kernel")
+    n16 = src.nbytes // 16
+
+    def launch(ctas_per_sm):
+        kern((ctas_per_sm * sms,), (256,), (src, cp.int64(n16), cp.uint32(0x9E3779B9), sink))
+
+    return launch, src.nbytes
+
+
 def concurrent_check(cp, first, second, t_first, t_second, seconds):
     """first() and second() back to back on two streams at once (grids that fit an SM
     together), about `seconds` of each by their sustained-alone times t_first and t_second:
@@ -153,7 +170,7 @@ def concurrent_check(cp, first, second, t_first, t_second, seconds):
     power = sorted(float(ln.split(",")[1]) for ln in lines[len(lines) // 3:])
     s_first = cp.cuda.get_elapsed_time(marks[0], marks[2]) * 1e-3
     s_second = cp.cuda.get_elapsed_time(marks[1], marks[3]) * 1e-3
-    k_first, k_second = n_first * t_first / s_first, n_second * t_second / s_second
+    k_first, k_second, _ = shares_kept(n_first * t_first, n_second * t_second, s_first, s_second)
     print(f"  at once: power median {power[len(power) // 2]:.0f} W; the MMAs kept {k_first:.2f} of their alone-rate "
           f"({s_first:.2f} s), the reads {k_second:.2f} ({s_second:.2f} s): sum {k_first + k_second:.2f} "
           f"(1.0: the cap shared as energy; 2.0: no interplay)", flush=True)
@@ -173,22 +190,19 @@ def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
     gemm_rate = 2 * m**3 / gemm_call
     print(f"  {gemm_rate / 1e12:.0f} TFLOP/s sustained (host-timed)")
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
-    src = cp.random.default_rng(4).integers(0, 2**31, size=1 << 30, dtype=cp.int32)  # 4 GiB, not zeros
-    sink = cp.zeros(1, cp.uint32)
-    read_k = _jit.get_kernel("bench_probes.cu", "read_stream_kernel")
-    n16 = src.nbytes // 16
+    reads, read_bytes = read_stream(cp, sms, 4 << 30)  # 4 GiB a call
 
     def read():
-        read_k((8 * sms,), (256,), (src, cp.int64(n16), cp.uint32(0x9E3779B9), sink))
+        reads(8)
 
     read_call, _, read_watts = sample(cp, "HBM read stream (4 GiB a call)", read, seconds)
-    read_bw = src.nbytes / read_call
+    read_bw = read_bytes / read_call
     print(f"  {read_bw / 1e12:.2f} TB/s read sustained (host-timed)")
     probe = mma_probe(cp, sms)
     t_probe, _, _ = sample(cp, "MMA probe (two CTAs an SM)", probe, seconds)
 
     def read_beside():  # three CTAs an SM: they fit beside the probe's two (registers)
-        read_k((3 * sms,), (256,), (src, cp.int64(n16), cp.uint32(0x9E3779B9), sink))
+        reads(3)
 
     t_beside, _, _ = sample(cp, "HBM read stream at three CTAs an SM", read_beside, seconds)
     overlap = concurrent_check(cp, probe, read_beside, t_probe, t_beside, seconds)
@@ -196,7 +210,7 @@ def main(case_names: str = "prefill-chunk", seconds: float = 4.0) -> None:
     t_core, _, core_watts = sample(cp, "core probe (decode, MMAs, epilogue of one query's tiles; no memory)",
                                    core, seconds)
     tile_s = t_core / core_tiles
-    x = y = z = src = None  # freed before the cases' inputs
+    x = y = z = reads = read = read_beside = None  # their buffers freed before the cases' inputs
     busy_k = _jit.get_kernel("bench_probes.cu", "busy_kernel")
     _, _, idle_watts = sample(cp, "SMs spinning, no work", lambda: busy_k((4 * sms,), (128,), (cp.int64(400_000),)),
                               seconds)
@@ -238,17 +252,12 @@ def burst_main(launch_counts=(2, 8, 40), rounds=3, onset_launches=300) -> None:
     """--burst: the MMA probe and the read stream in bursts after an idle second (see the
     module docstring)."""
     cp = bench.require_gpu()
-    from indexer import _jit  # noqa: PLC0415  (imports CuPy)
-
     sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
     probe = mma_probe(cp, sms)
-    src = cp.random.default_rng(4).integers(0, 2**31, size=1 << 28, dtype=cp.int32)  # 1 GiB, not zeros
-    sink = cp.zeros(1, cp.uint32)
-    read_k = _jit.get_kernel("bench_probes.cu", "read_stream_kernel")
-    n16 = src.nbytes // 16
+    reads, _ = read_stream(cp, sms, 1 << 30)  # 1 GiB a call
 
     def read():  # three CTAs an SM: they fit beside the probe's two (registers)
-        read_k((3 * sms,), (256,), (src, cp.int64(n16), cp.uint32(0x9E3779B9), sink))
+        reads(3)
 
     a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     for _ in range(3):  # compiled, loaded and warm
