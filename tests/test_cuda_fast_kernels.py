@@ -83,6 +83,23 @@ def test_ragged_batches_and_schedules(kernel, T, E, max_len, seed):
     testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
 
 
+
+@pytest.mark.parametrize("kernel", kernels())
+def test_a_long_run_of_tiles_per_cta(kernel):
+    """Past MAX_BALANCED_ROWS rows a long row is cut into runs of a few hundred tiles a
+    CTA (~365 at three CTAs an SM), each CTA's histogram counts summed into the row's: a
+    lost or doubled count would move the select's thresholds. 256 tiles is where a packed
+    16-bit count (the pair kernel's; a single-query form measured in docs/performance.md
+    v64) would have to be flushed."""
+    rng = np.random.default_rng(77)
+    T = geometry.MAX_BALANCED_ROWS + 1
+    lens = rng.integers(0, 400, size=T)
+    lens[0] = 140_000
+    # 512 pool blocks under 2,188 logical ones: row 0 repeats keys, so its top 64 are ties
+    p = testing.random_problem(rng, T=T, H=64, D=128, E=64, lens=lens, top_k=64, P=512, gscale_spread=2.0)
+    idx, sc = run(p, kernel)
+    testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
+
 def test_wgmma_falls_back_when_scales_are_not_16_byte_aligned():
     from indexer import cuda_ops
 
