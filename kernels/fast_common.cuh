@@ -121,6 +121,9 @@ __device__ __forceinline__ u32 splat_lo(u32 v) { return prmt(v, v, 0x1010u); }
 __device__ __forceinline__ u32 splat_hi(u32 v) { return prmt(v, v, 0x3232u); }
 
 __device__ __forceinline__ float relu_nan(float x) { return max_keep_nan(x, 0.0f); }
+// 2 ReLU(x), NaN kept, in one add: x + |x| is exactly 2x for x >= 0 (the scoring kernels'
+// accumulators stay far below overflow), +0 for x <= 0 (-0 included), NaN for NaN
+__device__ __forceinline__ float twice_relu_nan(float x) { return x + fabsf(x); }
 
 // The query's per-head power-of-two scale (prep_query_kernel and the warp-specialised
 // kernel's own staging share it, so both stage the same fp16 values): e such that the

@@ -91,7 +91,7 @@ __device__ __forceinline__ void score_segment(
     float acc[2][32];
     // weighted head sum of rows r0 and r0 + 8 of a finished sub-tile (entries s0, s0 + 8)
     auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
-        const float mine = weighted_head_sum_mine(d, wsm, c);  // row r0 + 8 (c & 1)
+        const float mine = weighted_head_sum_mine<true>(d, wsm, c);  // row r0 + 8 (c & 1); ReLU on the FMA pipe
         // lane c = 0 stores row r0, lane c = 1 row r0 + 8 (one predicated path, no branches)
         if (c < 2) {
             const int s = s0 + 8 * c;

@@ -142,19 +142,28 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], u64 desc_a, 
 // The weighted head sum of one of my two rows of a finished m64n64 sub-tile (accumulators
 // d; rows r0 and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed).
 // weights(j): the float2 weights of heads 8j + 2c, +1.
-// ... this lane's part alone (its heads 8j + 2c, +1), before the quad's sum: .x row r0, .y r0 + 8
-template <typename Weights>
+// ... this lane's part alone (its heads 8j + 2c, +1), before the quad's sum: .x row r0, .y r0 + 8.
+// kReluOnFma: the sums run over 2 ReLU(x) (twice_relu_nan, an add on the FMA pipe) and are
+// halved at the end, where max.NaN takes the ALU pipe: every partial is exactly twice
+// ReLU's in the normal range, so the halved sums are the same bits. The single-query kernel
+// takes it (its decode's logic ops and conversions load the ALU pipe: decode-1M scoring
+// -1.6%); the keys-stationary kernel, bound by its epilogue, lost ~4% with it (every
+// instruction of its epilogue then on the FMA pipe), the others gained nothing
+// (docs/performance.md v64).
+template <bool kReluOnFma = false, typename Weights>
 __device__ __forceinline__ float2 weighted_head_partials(const float (&d)[32], Weights weights) {
     // two partial sums per row (even and odd heads) halve the dependent FMA chain
     float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
+    auto relu = [](float x) { return kReluOnFma ? twice_relu_nan(x) : relu_nan(x); };
 #pragma unroll
     for (int j = 0; j < score_wgmma::kHeads / 8; ++j) {
         const float2 wv = weights(j);
-        lo0 = fmaf(wv.x, relu_nan(d[4 * j]), lo0);
-        lo1 = fmaf(wv.y, relu_nan(d[4 * j + 1]), lo1);
-        hi0 = fmaf(wv.x, relu_nan(d[4 * j + 2]), hi0);
-        hi1 = fmaf(wv.y, relu_nan(d[4 * j + 3]), hi1);
+        lo0 = fmaf(wv.x, relu(d[4 * j]), lo0);
+        lo1 = fmaf(wv.y, relu(d[4 * j + 1]), lo1);
+        hi0 = fmaf(wv.x, relu(d[4 * j + 2]), hi0);
+        hi1 = fmaf(wv.y, relu(d[4 * j + 3]), hi1);
     }
+    if (kReluOnFma) return make_float2((lo0 + lo1) * 0.5f, (hi0 + hi1) * 0.5f);
     return make_float2(lo0 + lo1, hi0 + hi1);
 }
 
@@ -163,9 +172,9 @@ __device__ __forceinline__ float2 weighted_head_partials(const float (&d)[32], W
 // their half sums: two shuffles and two adds where summing both rows in every lane took four
 // and four (docs/performance.md v50), with the same association of the four lanes' parts,
 // (p0 + p1) + (p2 + p3), so the same bits.
-template <typename Weights>
+template <bool kReluOnFma = false, typename Weights>
 __device__ __forceinline__ float weighted_head_sum_mine_of(const float (&d)[32], Weights weights, int c) {
-    const float2 part = weighted_head_partials(d, weights);
+    const float2 part = weighted_head_partials<kReluOnFma>(d, weights);
     const bool odd = c & 1;
     float mine = odd ? part.y : part.x;
     mine += __shfl_xor_sync(FULL_MASK, odd ? part.x : part.y, 1);
@@ -174,8 +183,10 @@ __device__ __forceinline__ float weighted_head_sum_mine_of(const float (&d)[32],
 }
 
 // ... with w the 64 weights in shared memory
+template <bool kReluOnFma = false>
 __device__ __forceinline__ float weighted_head_sum_mine(const float (&d)[32], const float* w, int c) {
-    return weighted_head_sum_mine_of(d, [&](int j) { return *reinterpret_cast<const float2*>(w + 8 * j + 2 * c); }, c);
+    return weighted_head_sum_mine_of<kReluOnFma>(
+        d, [&](int j) { return *reinterpret_cast<const float2*>(w + 8 * j + 2 * c); }, c);
 }
 
 // Where head h's weight goes among a query's 64 when they are stored in the order the
