@@ -83,7 +83,6 @@ def test_ragged_batches_and_schedules(kernel, T, E, max_len, seed):
     testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
 
 
-
 @pytest.mark.parametrize("kernel", kernels())
 def test_a_long_run_of_tiles_per_cta(kernel):
     """Past MAX_BALANCED_ROWS rows a long row is cut into runs of a few hundred tiles a
@@ -99,6 +98,7 @@ def test_a_long_run_of_tiles_per_cta(kernel):
     p = testing.random_problem(rng, T=T, H=64, D=128, E=64, lens=lens, top_k=64, P=512, gscale_spread=2.0)
     idx, sc = run(p, kernel)
     testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
+
 
 def test_wgmma_falls_back_when_scales_are_not_16_byte_aligned():
     from indexer import cuda_ops
