@@ -116,9 +116,20 @@ __device__ __forceinline__ u32 scales_to_f16x2(u32 pair) {
     return hmul2(h, kMul);
 }
 
-// (lo, lo) and (hi, hi) of an fp16x2
-__device__ __forceinline__ u32 splat_lo(u32 v) { return prmt(v, v, 0x1010u); }
-__device__ __forceinline__ u32 splat_hi(u32 v) { return prmt(v, v, 0x3232u); }
+// (lo, lo) and (hi, hi) of an fp16x2, as half moves: ptxas folds them into the consuming
+// fp16x2 multiply's operand selector (HMUL2 ... R.H0_H0), where a byte permute was an ALU
+// instruction of its own (8 a tile in the single-query kernel's loop: decode-1M scoring -2%,
+// docs/performance.md v65)
+__device__ __forceinline__ u32 splat_lo(u32 v) {
+    u32 d;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {l, l}; }" : "=r"(d) : "r"(v));
+    return d;
+}
+__device__ __forceinline__ u32 splat_hi(u32 v) {
+    u32 d;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; mov.b32 %0, {h, h}; }" : "=r"(d) : "r"(v));
+    return d;
+}
 
 __device__ __forceinline__ float relu_nan(float x) { return max_keep_nan(x, 0.0f); }
 // 2 ReLU(x), NaN kept, in one add: x + |x| is exactly 2x for x >= 0 (the scoring kernels'
