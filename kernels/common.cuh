@@ -171,6 +171,12 @@ __device__ __forceinline__ u32 score_to_key_not_nan(float x) {
     return u ^ ((u32)((int)u >> 31) | 0x80000000u);
 }
 
+// score_to_key_not_nan for a score known to be neither NaN nor -0 (no fold)
+__device__ __forceinline__ u32 key_bits_of_plus_zero(float x) {
+    const u32 u = (u32)__float_as_int(x);
+    return u ^ ((u32)((int)u >> 31) | 0x80000000u);
+}
+
 // The least score whose key is >= t, as a bound to compare scores against: for every x,
 // x >= score_bound_of_key(t) exactly where x is not NaN and score_to_key(x) >= t (the key
 // order is the scores' order, -0 as +0). Keys up to -inf's (0x007fffff: NaN patterns and

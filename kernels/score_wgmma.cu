@@ -80,7 +80,6 @@ __device__ __forceinline__ void score_segment(
 
     const int g = lane >> 2, c = lane & 3;
     float* out = scores + (long long)t * ld;
-    const bool count_keys = hist != nullptr;  // no histogram when one CTA per row selects
     // the query's descriptor for k-step 0; k-step ks starts 2 * ks * kLbo bytes further (the
     // address field, bytes / 16, cannot carry: shared memory is below 256 KB)
     const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
@@ -97,8 +96,12 @@ __device__ __forceinline__ void score_segment(
             const int s = s0 + 8 * c;
             const float score = mine * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
             out[s] = score;
-            const u32 key = score_to_key(score);
-            if (count_keys && s < n && key) atomicAdd(&hist_s[key >> 21], 1u);
+            // counted whether or not a histogram is wanted (flushed only where one is): no
+            // pointer test here (a register for the test brought back a special-register read
+            // of the lane in the loop, slower: docs/performance.md v65); score has no -0, so
+            // its key is score_to_key_not_nan's without the fold, and NaN (key 0) is the one
+            // score left out
+            if (s < n && score == score) atomicAdd(&hist_s[key_bits_of_plus_zero(score) >> 21], 1u);
         }
     };
 
@@ -125,7 +128,7 @@ __device__ __forceinline__ void score_segment(
                  keys.gscale(it, kSubTile + r0 + 8));
     }
     __syncthreads();  // histogram complete; every stage read (the next segment refills them)
-    if (count_keys) flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
+    if (hist != nullptr) flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
     __syncthreads();
 }
 
@@ -331,8 +334,8 @@ __device__ __forceinline__ void score_pair_segment(
             const int s = s0 + 8 * c;
             const float score = mine * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
             (qi ? out1 : out0)[s] = score;
-            const u32 key = score_to_key(score);
-            if (count_keys && s < (qi ? nb : na) && key) count_key_packed(qi ? h1 : h0, key);
+            if (count_keys && s < (qi ? nb : na) && score == score)  // NaN (key 0) left out
+                count_key_packed(qi ? h1 : h0, key_bits_of_plus_zero(score));
         }
     };
     auto decode = [&](const unsigned char* st, int u) {
