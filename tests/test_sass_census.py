@@ -1,0 +1,74 @@
+"""scripts/sass_census.py's parsing and counting (CPU; its compile needs NVRTC and cuobjdump,
+which the device and the developers' machines have)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("sass_census", ROOT / "scripts" / "sass_census.py")
+census = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(census)
+
+# the shape of cuobjdump -sass output: a header, then one instruction a line with its
+# address in a comment and its encoding after it
+SASS = """
+        Function : _Z6kernelv
+        .headerflags    @"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                         /* 0x00000a00ff017b82 */
+        /*0010*/                   S2R R0, SR_TID.X ;                             /* 0x0000000000007919 */
+        /*0020*/                   IMAD.SHL.U32 R2, R0, 0x4, RZ ;                 /* 0x0000000400027824 */
+        /*0030*/                   LOP3.LUT R3, R2, 0x1c1c1c1c, RZ, 0xc0, !PT ;  /* 0x1c1c1c1c02037812 */
+        /*0040*/                   F2FP.F16.E4M3.UNPACK_B R4, R3 ;                /* 0x0000000300047208 */
+        /*0050*/                   HMUL2 R4, R4, R5.H0_H0 ;                        /* 0x2000000504047232 */
+        /*0060*/                   HGMMA.64x64x16.F32 R24, R88, gdesc[UR36], RZ ;  /* 0x00e0002458187df0 */
+        /*0070*/                   ISETP.GE.AND P0, PT, R0, 0x10, PT ;            /* 0x000000100000780c */
+        /*0080*/              @!P0 BRA 0x20 ;                                     /* 0xfffffffc00e08947 */
+        /*0090*/                   R2UR UR4, R2 ;                                 /* 0x00000000020472ca */
+        /*00a0*/                   UIADD3 UR4, UR4, 0x10, URZ ;                   /* 0x0000001004047890 */
+        /*00b0*/               @P0 BRA 0xd0 ;                                     /* 0x0000000000000947 */
+        /*00c0*/                   BRA 0x0 ;                                      /* 0xfffffff000007947 */
+        /*00d0*/                   EXIT ;                                         /* 0x000000000000794d */
+"""
+
+
+def test_instructions_are_parsed_with_their_opcodes_guards_left_out():
+    ins = census.parse_sass(SASS)
+    assert [a for a, _, _ in ins] == list(range(0, 0xE0, 0x10))
+    ops = [op for _, op, _ in ins]
+    assert ops[2] == "IMAD.SHL.U32" and ops[8] == "BRA" and ops[11] == "BRA"  # "@!P0 BRA": the guard dropped
+    assert ins[8][2].startswith("@!P0 BRA 0x20")
+
+
+def test_loops_are_the_ranges_of_backward_branches_largest_first():
+    ins = census.parse_sass(SASS)
+    # BRA 0x20 at 0x80 (7 instructions), BRA 0x0 at 0xc0 (13); the forward BRA 0xd0 is none
+    assert census.loops(ins) == [(0x0, 0xC0, 13), (0x20, 0x80, 7)]
+    assert census.loops(ins, min_size=8) == [(0x0, 0xC0, 13)]
+
+
+def test_census_counts_opcodes_and_pipes_inside_a_range():
+    ins = census.parse_sass(SASS)
+    counts = census.census(ins, 0x20, 0x80)
+    assert counts == {"IMAD": 1, "LOP3": 1, "F2FP": 1, "HMUL2": 1, "HGMMA": 1, "ISETP": 1, "BRA": 1}
+    pipes = census.by_pipe(counts)
+    assert pipes["alu"] == 3 and pipes["fma"] == 2 and pipes["tensor"] == 1 and pipes["control"] == 1
+    assert sum(pipes.values()) == sum(counts.values())
+
+
+@pytest.mark.parametrize("opcode, pipe", [
+    ("LOP3.LUT", "alu"), ("F2FP.F16.E4M3.UNPACK_B", "alu"), ("PRMT", "alu"), ("FSEL", "alu"),
+    ("IMAD.WIDE.U32", "fma"), ("FADD.FTZ", "fma"), ("HMUL2", "fma"),
+    ("HGMMA.64x64x16.F32", "tensor"), ("LDS.128", "memory"), ("ATOMS.POPC.INC.32", "memory"),
+    ("BAR.SYNC.DEFER_BLOCKING", "control"), ("UIADD3", "uniform"), ("R2UR", "uniform"),
+    ("S2R", "other"), ("XYZZY", "other"),
+])
+def test_each_opcode_has_its_pipe(opcode, pipe):
+    assert census.pipe_of(opcode) == pipe
+
+
+def test_an_unknown_kernel_is_named_in_the_error():
+    with pytest.raises(ValueError, match="kernel: 'no_such_kernel<1>'"):
+        census.source_of("no_such_kernel<1>")
+    assert census.source_of("score_wgmma_kernel<128>") == "score_wgmma.cu"
