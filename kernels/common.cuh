@@ -165,17 +165,15 @@ __device__ __forceinline__ float key_to_score(u32 key) {
     return __int_as_float((int)u);
 }
 
-// score_to_key for a score known not to be NaN (one compare fewer than score_to_key).
-__device__ __forceinline__ u32 score_to_key_not_nan(float x) {
-    const u32 u = (u32)__float_as_int(x + 0.0f);  // -0 -> +0
-    return u ^ ((u32)((int)u >> 31) | 0x80000000u);
-}
-
-// score_to_key_not_nan for a score known to be neither NaN nor -0 (no fold)
+// score_to_key for a score known to be neither NaN nor -0 (two instructions: no compare,
+// no fold)
 __device__ __forceinline__ u32 key_bits_of_plus_zero(float x) {
     const u32 u = (u32)__float_as_int(x);
     return u ^ ((u32)((int)u >> 31) | 0x80000000u);
 }
+
+// score_to_key for a score known not to be NaN (one compare fewer than score_to_key)
+__device__ __forceinline__ u32 score_to_key_not_nan(float x) { return key_bits_of_plus_zero(x + 0.0f); }  // -0 -> +0
 
 // The least score whose key is >= t, as a bound to compare scores against: for every x,
 // x >= score_bound_of_key(t) exactly where x is not NaN and score_to_key(x) >= t (the key
