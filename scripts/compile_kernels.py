@@ -98,6 +98,13 @@ class Nvrtc:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+def nvrtc_options(arch: str) -> list[str]:
+    """NVRTC options for target ``arch`` (e.g. sm_90a): the run-time compile's options
+    (indexer._jit.compile_options) with that target."""
+    cc = int(arch[3:5])
+    return [o for o in _jit.compile_options(cc) if not o.startswith("-arch=")] + [f"-arch={arch}", "-ftz=true"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_90a", help="NVRTC target, e.g. sm_90a, sm_80")
@@ -106,9 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cubin-dir", default=None, help="write each CUBIN there (for cuobjdump -sass)")
     args = ap.parse_args(argv)
     nvrtc = Nvrtc(find_nvrtc())
-    cc = int(args.arch[3:5])
-    options = list(_jit.compile_options(cc))
-    options = [o for o in options if not o.startswith("-arch=")] + [f"-arch={args.arch}", "-ftz=true"]
+    options = nvrtc_options(args.arch)
     if args.verbose:
         options.append("-Xptxas=-v")
     print(f"NVRTC {'.'.join(map(str, nvrtc.version()))}, options {' '.join(options)}")

@@ -141,18 +141,25 @@ def compile_sass(name_expression: str, source_text: str, source_name: str, arch:
     """The SASS of one kernel instance compiled from ``source_text`` (includes inlined)."""
     import compile_kernels  # noqa: PLC0415
 
-    from indexer import _jit  # noqa: PLC0415
-
     nvrtc = compile_kernels.Nvrtc(compile_kernels.find_nvrtc())
-    cc = int(arch[3:5])
-    options = [o for o in _jit.compile_options(cc) if not o.startswith("-arch=")] + [f"-arch={arch}", "-ftz=true"]
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
-        ok, log, _ = nvrtc.compile(source_text, source_name, name_expression, options, cubin)
+        ok, log, _ = nvrtc.compile(source_text, source_name, name_expression, compile_kernels.nvrtc_options(arch), cubin)
         if not ok:
             raise SystemExit(f"{name_expression} ({source_name}) does not compile:\n{log}")
         done = subprocess.run([find_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    return done.stdout
+    return function_sass(done.stdout, name_expression.split("<")[0])
+
+
+def function_sass(text: str, name: str) -> str:
+    """The part of a cubin's SASS listing that is the function whose (mangled) name holds
+    ``name`` (a source may hold kernels that are not templates: the cubin then holds them
+    all, each from address 0); the whole text where no function header names it."""
+    parts = re.split(r"(?m)^\s*Function : ", text)
+    for part in parts[1:]:
+        if name in part.split("\n", 1)[0]:
+            return part
+    return text
 
 
 def source_of(name_expression: str) -> str:

@@ -72,3 +72,12 @@ def test_an_unknown_kernel_is_named_in_the_error():
     with pytest.raises(ValueError, match="kernel: 'no_such_kernel<1>'"):
         census.source_of("no_such_kernel<1>")
     assert census.source_of("score_wgmma_kernel<128>") == "score_wgmma.cu"
+
+
+def test_the_named_function_is_taken_from_a_listing_of_several():
+    two = SASS + SASS.replace("_Z6kernelv", "_Z5otherv").replace("LOP3.LUT", "PRMT")
+    mine = census.parse_sass(census.function_sass(two, "kernel"))
+    theirs = census.parse_sass(census.function_sass(two, "other"))
+    assert len(mine) == len(theirs) == 14
+    assert "LOP3.LUT" in [op for _, op, _ in mine] and "PRMT" in [op for _, op, _ in theirs]
+    assert census.function_sass(SASS, "absent") == SASS
