@@ -40,9 +40,10 @@ __device__ __forceinline__ void mbar_init(u64* bar, u32 arrivals) {
 }
 // make barrier initialisation visible to the async proxy (then a __syncthreads)
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive(u64* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(u64* bar) { mbar_arrive(smem_u32(bar)); }
 // arrive, announcing `bytes` more bytes to land in this phase (the barrier at window address bar)
 __device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -58,6 +59,17 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
 __device__ __forceinline__ void bulk_copy_g2s(u32 dst, const void* src, u32 bytes, u32 bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// the same, by window addresses, its lines marked first to leave L2
+__device__ __forceinline__ void bulk_copy_g2s_evict_first(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(l2_evict_first()) : "memory");
+}
+// true in one lane of the converged warp that calls it (elect.sync over all 32 lanes)
+__device__ __forceinline__ bool elect_one() {
+    u32 one;
+    asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(one));
+    return one != 0;
 }
 // the same by pointers into shared memory
 __device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, u32 bytes) { mbar_arrive_expect_tx(smem_u32(bar), bytes); }
@@ -83,6 +95,7 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void mbar_init(u64*, u32) { __trap(); }
 __device__ __forceinline__ void mbar_init_fence() {}
 __device__ __forceinline__ void mbar_arrive(u64*) { __trap(); }
+__device__ __forceinline__ void mbar_arrive(u32) { __trap(); }
 __device__ __forceinline__ void mbar_arrive_expect_tx(u64*, u32) { __trap(); }
 __device__ __forceinline__ void mbar_wait(u64*, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s(void*, const void*, u32, u64*) { __trap(); }
@@ -90,6 +103,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(u32, u32) { __trap(); }
 __device__ __forceinline__ void mbar_wait(u32, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s(u32, const void*, u32, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s_evict_first(void*, const void*, u32, u64*) { __trap(); }
+__device__ __forceinline__ void bulk_copy_g2s_evict_first(u32, const void*, u32, u32) { __trap(); }
+__device__ __forceinline__ bool elect_one() { return (threadIdx.x & 31) == 0; }
 __device__ __forceinline__ void bulk_prefetch_l2(const void*, u32) {}
 __device__ __forceinline__ void fence_proxy_async() {}
 #endif

@@ -388,30 +388,47 @@ struct BulkRing {
     }
     __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }
 
-    // Issue tile j (segment-relative) into its stage: each issuing thread arrives once.
+    // Issue tile j (segment-relative) into its stage, one arrival a run; called by every
+    // thread, converged. The runs of warp w (w, w + 4, ...) are held by its lanes 0, 1, ...
+    // (b, g: run_of's); the warps take them in turn, each lane's operands broadcast so that
+    // ptxas knows them warp-uniform and one elected lane issues the copies straight from
+    // uniform registers (a copy whose operands might differ by lane is wrapped in a loop
+    // over their distinct values: ELECT, R2UR, PLOP3, a branch back). At E >= 32 (at most
+    // four runs a tile) a warp has one run at most.
     __device__ void issue(int j, int tid, int b, float g) {
         const int slot = (u32)(jbase + j) % kS;
-        u64* bar = bars + slot;
-        if (!issuer(tid)) return;  // the stage's barrier counts the issuers' arrivals only
-        const int r = run_of(tid);
-        if (b < 0) {
-            meta_gs[slot * score_wgmma::kTile + r] = g;
-            mbar_arrive(bar);
-            return;
-        }
+        const u32 bar = smem_u32(bars + slot);
+        const u32 st = smem_u32(ring) + slot * kStageBytes;
         const int rows = 1 << row_shift;
-        const int s = (first_tile + j) * score_wgmma::kTile + (r << row_shift);
-        const long long ent = (long long)b * E + (s & (E - 1));
-        unsigned char* st = ring + slot * kStageBytes;
         const u32 code_bytes = rows * kCodeBytes, scale_bytes = rows * kScaleBytes;
-        mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
-        bulk_copy_g2s_evict_first(st + r * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
-        bulk_copy_g2s_evict_first(st + kScaleOffset + r * scale_bytes, key_scale + ent * kScaleBytes, scale_bytes, bar);
-        // The global scale is stored after the copies are on their way: at a segment's start
-        // g is a load that depends on b, and waiting for it first would delay the tile by a
-        // round trip. Readers see it: they read the stage only after the __syncthreads of the
-        // begin_tile that waits for it, which this thread reaches after this store.
-        meta_gs[slot * score_wgmma::kTile + r] = g;
+        const int tile_start = (first_tile + j) * score_wgmma::kTile;
+        const int warp = __shfl_sync(~0u, tid >> 5, 0);  // known warp-uniform
+        const bool leader = elect_one();
+        auto one_run = [&](int i) {
+            const int bi = __shfl_sync(~0u, b, i);
+            const float gi = __shfl_sync(~0u, g, i);
+            const int r = warp + 4 * i;
+            if (leader && r < copies) {
+                if (bi >= 0) {
+                    const int s = tile_start + (r << row_shift);
+                    const long long ent = (long long)bi * E + (s & (E - 1));
+                    mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
+                    bulk_copy_g2s_evict_first(st + r * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
+                    bulk_copy_g2s_evict_first(st + kScaleOffset + r * scale_bytes, key_scale + ent * kScaleBytes,
+                                              scale_bytes, bar);
+                } else {
+                    mbar_arrive(bar);
+                }
+                // The global scale is stored after the copies are on their way: at a
+                // segment's start g is a load that depends on b, and waiting for it first
+                // would delay the tile by a round trip. Readers see it: they read the stage
+                // only after the __syncthreads of the begin_tile that waits for it, which this
+                // thread reaches after this store.
+                meta_gs[slot * score_wgmma::kTile + r] = gi;
+            }
+        };
+        one_run(0);
+        for (int i = 1; 4 * i < copies; ++i) one_run(i);  // small blocks (E < 32) only
     }
 
     // Before the loop (after the caller's barrier that retired the previous segment):
