@@ -89,12 +89,13 @@ __device__ __forceinline__ void score_segment(
     u32 a_frag[2][kKSteps][4];
     float acc[2][32];
     // weighted head sum of rows r0 and r0 + 8 of a finished sub-tile (entries s0, s0 + 8)
-    auto epilogue = [&](const float (&d)[32], int s0, float g0, float g1) {
+    // (gs: the global scale of my row, r0 + 8 (c & 1))
+    auto epilogue = [&](const float (&d)[32], int s0, float gs) {
         const float mine = weighted_head_sum_mine<true>(d, wsm, c);  // row r0 + 8 (c & 1); ReLU on the FMA pipe
         // lane c = 0 stores row r0, lane c = 1 row r0 + 8 (one predicated path, no branches)
         if (c < 2) {
             const int s = s0 + 8 * c;
-            const float score = mine * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
+            const float score = mine * gs + 0.0f;  // -0 folded into +0
             out[s] = score;
             // counted whether or not a histogram is wanted (flushed only where one is): no
             // pointer test here (a register for the test brought back a special-register read
@@ -105,6 +106,9 @@ __device__ __forceinline__ void score_segment(
         }
     };
 
+    // my rows' global scales within a slot, sub-tiles 0 and 1 (one load each a tile, no select)
+    const u32 gs_row0 = keys.gscale_offset(16 * warp + g + 8 * (c & 1));
+    const u32 gs_row1 = keys.gscale_offset(kSubTile + 16 * warp + g + 8 * (c & 1));
     for (int it = 0; it < num_tiles; ++it) {
         keys.begin_tile(it, tid);
         const unsigned char* st = keys.stage(it);
@@ -119,13 +123,13 @@ __device__ __forceinline__ void score_segment(
         }
         keys.refill_after_mma(it, tid);
         const int r0 = 16 * warp + g;
+        const float gs0 = keys.gscale_at(it, gs_row0), gs1 = keys.gscale_at(it, gs_row1);  // before the waits
         wgmma_wait<1>();
         fence_accumulators(acc[0]);
-        epilogue(acc[0], tile_start + r0, keys.gscale(it, r0), keys.gscale(it, r0 + 8));
+        epilogue(acc[0], tile_start + r0, gs0);
         wgmma_wait<0>();
         fence_accumulators(acc[1]);
-        epilogue(acc[1], tile_start + kSubTile + r0, keys.gscale(it, kSubTile + r0),
-                 keys.gscale(it, kSubTile + r0 + 8));
+        epilogue(acc[1], tile_start + kSubTile + r0, gs1);
     }
     __syncthreads();  // histogram complete; every stage read (the next segment refills them)
     if (hist != nullptr) flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
@@ -326,13 +330,14 @@ __device__ __forceinline__ void score_pair_segment(
     float acc[64];  // m64n128: acc[0..31] the first query's heads, acc[32..63] the second's
     auto half = [&](int qi) -> const float (&)[32] { return *reinterpret_cast<const float(*)[32]>(acc + 32 * qi); };
 
-    // weighted head sum of rows r0, r0 + 8 of a finished sub-tile for query slot qi
-    auto epilogue = [&](const float (&d)[32], int qi, int s0, float g0, float g1) {
+    // weighted head sum of rows r0, r0 + 8 of a finished sub-tile for query slot qi (gs: the
+    // global scale of my row, r0 + 8 (c & 1))
+    auto epilogue = [&](const float (&d)[32], int qi, int s0, float gs) {
         const float mine = weighted_head_sum_mine(d, qi ? w1 : w0, c);  // row r0 + 8 (c & 1)
         const bool live = qi == 0 || pair;
         if (live && c < 2) {
             const int s = s0 + 8 * c;
-            const float score = mine * (c ? g1 : g0) + 0.0f;  // -0 folded into +0
+            const float score = mine * gs + 0.0f;  // -0 folded into +0
             (qi ? out1 : out0)[s] = score;
             if (count_keys && s < (qi ? nb : na) && score == score)  // NaN (key 0) left out
                 count_key_packed(qi ? h1 : h0, key_bits_of_plus_zero(score));
@@ -351,6 +356,8 @@ __device__ __forceinline__ void score_pair_segment(
     };
 
     const int r0 = 16 * warp + g;
+    // my rows' global scales within a slot, sub-tiles 0 and 1 (one load each a tile, no select)
+    const u32 gs_row0 = keys.gscale_offset(r0 + 8 * (c & 1)), gs_row1 = keys.gscale_offset(kSubTile + r0 + 8 * (c & 1));
     // one tile; second = false: a last tile of at most 64 entries either row sees, whose
     // second 64-entry half is neither decoded nor multiplied (its scores never written nor
     // read). Called with constants, so inlined twice, not a branch in the loop: the loop's
@@ -359,8 +366,7 @@ __device__ __forceinline__ void score_pair_segment(
         keys.begin_tile(it, tid);
         const unsigned char* st = keys.stage(it);
         const int tile_start = (first_tile + it) * kTile;
-        const float ga0 = keys.gscale(it, r0), ga1 = keys.gscale(it, r0 + 8);
-        const float gb0 = keys.gscale(it, kSubTile + r0), gb1 = keys.gscale(it, kSubTile + r0 + 8);
+        const float ga = keys.gscale_at(it, gs_row0), gb = keys.gscale_at(it, gs_row1);
         // one group a sub-tile, both queries in it (m64n128: half the instructions and
         // descriptors of two m64n64 groups); sub-tile 0's MMAs run under sub-tile 1's decode;
         // every group waited for inside the iteration (see the single-query kernel)
@@ -370,14 +376,14 @@ __device__ __forceinline__ void score_pair_segment(
         keys.refill_after_mma(it, tid);
         wgmma_wait<0>();
         fence_accumulators(acc);
-        epilogue(half(0), 0, tile_start + r0, ga0, ga1);
-        if (pair) epilogue(half(1), 1, tile_start + r0, ga0, ga1);
+        epilogue(half(0), 0, tile_start + r0, ga);
+        if (pair) epilogue(half(1), 1, tile_start + r0, ga);
         if (second) {
             mma(1);
             wgmma_wait<0>();
             fence_accumulators(acc);
-            epilogue(half(0), 0, tile_start + kSubTile + r0, gb0, gb1);
-            if (pair) epilogue(half(1), 1, tile_start + kSubTile + r0, gb0, gb1);
+            epilogue(half(0), 0, tile_start + kSubTile + r0, gb);
+            if (pair) epilogue(half(1), 1, tile_start + kSubTile + r0, gb);
         }
         if (count_keys && (it + 1) % score_wgmma_pairs::kFlushTiles == 0 && it + 1 < num_tiles) {
             __syncthreads();  // 16-bit counts: flush before any could overflow

@@ -461,8 +461,13 @@ struct BulkRing {
         b_next2 = issuer(tid) ? block_of(it + kS + 1, tid) : -1;
     }
     __device__ const unsigned char* stage(int it) const { return ring + (u32)(jbase + it) % kS * kStageBytes; }
-    __device__ float gscale(int it, int row) const {
-        return meta_gs[(u32)(jbase + it) % kS * score_wgmma::kTile + (row >> row_shift)];
+    // The global scale of stage row `row` of tile it, in two parts: its byte offset within a
+    // slot (loop-invariant: computed once, outside the tile loop) and the load, one shared
+    // load at a register + uniform address (by the row index each tile, a multiply-add and
+    // a shift-add a row more).
+    __device__ u32 gscale_offset(int row) const { return (u32)(row >> row_shift) * 4u; }
+    __device__ float gscale_at(int it, u32 offset) const {
+        return __int_as_float(ld_shared_s32(smem_u32(meta_gs) + (u32)(jbase + it) % kS * (score_wgmma::kTile * 4) + offset));
     }
 };
 

@@ -47,6 +47,11 @@ def run(p, kernel, **kw):
     (33, 64, 32, 64, 2, 1000),
     (64, 96, 256, 300, 2, 700),
     (16, 128, 17, 50, 3, 600),   # E not a power of two
+    # small blocks: rows r and r + 8 of a tile in different blocks (their own global
+    # scales), and the wgmma ring's copies more than one a warp (32 a warp at E = 2)
+    (64, 128, 4, 64, 3, 700),
+    (64, 128, 2, 40, 2, 400),
+    (8, 32, 8, 20, 3, 300),
 ])
 def test_random(kernel, H, D, E, top_k, T, lens):
     rng = np.random.default_rng(H * 1000 + D + E)

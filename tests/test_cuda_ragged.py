@@ -155,6 +155,25 @@ def test_row_pairs_share_key_tiles_and_match_single_rows(counts, entries, top_k,
     testing.check_topk(as_problem(*args, top_k), pairs[0].get(), pairs[1].get(), tol=TOL["fast"])
 
 
+@pytest.mark.parametrize("E", [2, 8, 16, 256])
+def test_row_pairs_with_small_and_large_blocks(E):
+    # the pair kernel's key ring and global scales by block size: at E <= 8 rows r and r + 8
+    # of a tile lie in different blocks, at E < 32 a warp issues several copies a tile, at
+    # E = 256 a tile is part of one block
+    from indexer import cuda_ops, geometry
+
+    cp = arrays.cupy()
+    if not geometry.wgmma_supported(64, 128, cuda_ops.device_facts(cp.cuda.Device().id), E):
+        pytest.skip("the pair kernel is the Hopper wgmma path")
+    rng = np.random.default_rng(E)
+    args = grouped_problem(rng, [2, 3, 2], H=64, D=128, E=E, seq_entries=[900, 700, 1000], top_k=50)
+    q, w, k, s, g, table, cu, lens = args
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    idx, sc = cuda_ops.score_topk(*dev, 50, return_scores=True, _cu_seqlens=cp.asarray(cu), _fast_kernel="wgmma")
+    testing.check_topk(as_problem(*args, 50), idx.get(), sc.get(), tol=TOL["fast"])
+
+
 @pytest.mark.parametrize("with_workspace", [False, True])
 def test_device_block_table_expansion_matches_numpy(with_workspace):
     """The per-token table built by the device kernel equals NumPy's gather, on well-formed
