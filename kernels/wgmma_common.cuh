@@ -332,12 +332,12 @@ __host__ __device__ constexpr int wgmma_stage_bytes(int D) {
 // ---------------------------------------------------------------------------
 // The key stream of one CTA through one query row: tiles of 128 entries land in a ring of
 // kStages shared-memory stages by bulk copies, one per (tile, pool block) for the codes and
-// one for the scales, run r of a tile issued by lane r / 4 of warp r % 4 (run_of; E a power
-// of two: a tile covers 128 / E whole blocks, or 128 entries of one block), kS - 1 tiles
-// ahead, once the current tile's MMAs are issued (refill_after_mma). A copy reports to its
-// stage's mbarrier, at which each issuing thread arrives once per tile (ring_arrivals: the
-// kernels initialise the barriers with that count), so one wait tells a thread the whole
-// tile has landed. Block ids and global scales are loaded two and one tiles ahead
+// one for the scales, run r of a tile issued by warp r % 4 from one elected lane, its block
+// id prefetched by lane r / 4 (run_of, issue; E a power of two: a tile covers 128 / E whole
+// blocks, or 128 entries of one block), kS - 1 tiles ahead, once the current tile's MMAs are
+// issued (refill_after_mma). A copy reports to its stage's mbarrier, at which each run's
+// issuing lane arrives once per tile (ring_arrivals: the kernels initialise the barriers with
+// that count), so one wait tells a thread the whole tile has landed. Block ids and global scales are loaded two and one tiles ahead
 // (registers), so no thread waits on its own global loads. Pool blocks that are out of
 // range or past the row's visible end are not copied: their stage rows keep stale bytes
 // and their global scale reads NaN, so their scores are NaN (never selected) or lie past n
@@ -372,11 +372,11 @@ struct BulkRing {
     int b_next2, b_next;  // prefetched block ids (tiles it + kS, it + kS - 1 ... see advance)
     float g_next;
 
-    // The block run of every tile this thread issues: lane l of warp w takes run w + 4l, so
-    // that a tile's few runs (2 at E = 64) are issued by different warps, each through its
-    // own short divergent path, not one after another by the lanes of warp 0.
+    // The block run of every tile whose block id and global scale this thread prefetches:
+    // lane l of warp w takes run w + 4l, so that a tile's few runs (2 at E = 64) go to
+    // different warps, which issue them (issue).
     __device__ static int run_of(int tid) { return (tid >> 5) + 4 * (tid & 31); }
-    // Is this thread an issuer (its run < copies)?
+    // Does this thread prefetch for a run (its run < copies)?
     __device__ bool issuer(int tid) const { return run_of(tid) < copies; }
 
     // block id of my run of tile j of this segment, -1 when not visible or out of range
