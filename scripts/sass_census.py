@@ -12,8 +12,12 @@ source, as scripts/ab_kernels.py does, and prints the two side by side. A loop i
 address range of a backward branch; the census counts the instructions written there
 (static counts: code that only some threads run, such as the ring's issuing path, counts
 fully). Loops of fewer than --min instructions are left out; the one broken down is, unless
---loop names another, the smallest that holds MMAs (a scoring kernel's tile loop), else the
-largest.
+--loop names another, the smallest that holds MMA instructions (a scoring kernel's tile
+loop; a warpgroup fence or wait alone, as out-of-line paths hold, does not count), else the
+largest. ``--listing`` prints that loop's instructions too, or only those of one pipe
+(``--listing alu``): where a change put them, without a separate cuobjdump.
+
+    python scripts/sass_census.py 'score_wgmma_kernel<128>' --listing alu
 
 Why by pipe: the single-query kernel's tile loop is bound by its ALU pipe (docs/performance.md
 v64-v65: an ALU instruction taken out of it is worth ~0.25%, one moved to the FMA pipe
@@ -58,6 +62,7 @@ _PIPE_OF = {op: pipe for pipe, ops in PIPES.items() for op in ops}
 _ORDER = ["alu", "fma", "tensor", "memory", "control", "conversion", "uniform", "other"]
 
 _LISTED = 12  # loops listed by report()
+_MMA_OPS = {"HGMMA", "HMMA", "IMMA", "QGMMA", "IGMMA"}  # the multiplies (WARPGROUP: fences and waits)
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
@@ -112,6 +117,18 @@ def loops(instructions: list[tuple[int, str, str]], min_size: int = 1) -> list[t
 def census(instructions, first: int, last: int) -> collections.Counter:
     """Opcode counts (first dot-separated part) of the instructions in [first, last]."""
     return collections.Counter(op.split(".")[0] for a, op, _ in instructions if first <= a <= last)
+
+
+def tile_loop(instructions, found: list[tuple[int, int, int]]) -> int:
+    """Index into ``found`` (loops()) of the smallest loop holding an MMA instruction, else 0."""
+    with_mma = [i for i, (f, la, _) in enumerate(found) if any(op in _MMA_OPS for op in census(instructions, f, la))]
+    return with_mma[-1] if with_mma else 0
+
+
+def listing(instructions, first: int, last: int, pipe: str | None = None) -> list[str]:
+    """The instructions in [first, last] as "0xADDR  text" lines, only ``pipe``'s if given."""
+    return [f"0x{a:04x}  {text}" for a, op, text in instructions
+            if first <= a <= last and (pipe is None or pipe_of(op) == pipe)]
 
 
 def by_pipe(counts: collections.Counter) -> dict[str, int]:
@@ -173,7 +190,7 @@ def source_of(name_expression: str) -> str:
     raise ValueError(f"kernel: {name_expression!r} is not a kernel instance (kernels: {', '.join(known)})")
 
 
-def report(label: str, instructions, loop_index: int, min_size: int) -> collections.Counter:
+def report(label: str, instructions, loop_index: int, min_size: int, show: str | None = None) -> collections.Counter:
     found = loops(instructions, min_size)
     print(f"{label}: {len(instructions)} instructions, loops (backward branches) of at least {min_size}:")
     for i, (first, last, count) in enumerate(found[:_LISTED]):
@@ -184,9 +201,7 @@ def report(label: str, instructions, loop_index: int, min_size: int) -> collecti
     if not found:
         return collections.Counter()
     if loop_index is None:  # the innermost loop with MMAs in it (a scoring kernel's tile loop), else the largest
-        with_mma = [i for i, (f, la, _) in enumerate(found)
-                    if any(pipe_of(op) == "tensor" for op in census(instructions, f, la))]
-        loop_index = with_mma[-1] if with_mma else 0
+        loop_index = tile_loop(instructions, found)
     if loop_index >= len(found):
         raise SystemExit(f"--loop: {loop_index} is past the {len(found)} loops listed")
     first, last, count = found[loop_index]
@@ -197,6 +212,12 @@ def report(label: str, instructions, loop_index: int, min_size: int) -> collecti
         ops = sorted(((n, op) for op, n in counts.items() if pipe_of(op) == pipe), reverse=True)
         if ops:
             print(f"    {pipe:10s} " + ", ".join(f"{op} {n}" for n, op in ops))
+    if show:
+        lines = listing(instructions, first, last, None if show == "all" else show)
+        print(f"  loop [{loop_index}]'s " + ("instructions" if show == "all" else f"{show} instructions") +
+              f" ({len(lines)}):")
+        for line in lines:
+            print("    " + line)
     return counts
 
 
@@ -208,6 +229,8 @@ def main(argv=None) -> int:
     ap.add_argument("--loop", type=int, default=None,
                     help="which listed loop to break down (default: the smallest holding MMAs, else the largest)")
     ap.add_argument("--min", type=int, default=50, dest="min_size", help="smallest loop listed (default 50)")
+    ap.add_argument("--listing", nargs="?", const="all", choices=["all", *_ORDER], default=None,
+                    help="print the loop's instructions (the working tree's), all or one pipe's")
     args = ap.parse_args(argv)
     if not re.fullmatch(r"sm_\d{2,3}a?", args.arch):
         ap.error(f"--arch: {args.arch!r} is not a target such as sm_90a")
@@ -220,7 +243,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         ap.error(str(e))
     mine = parse_sass(compile_sass(args.kernel, _jit.read_source(source), source, args.arch))
-    counts = report(f"{args.kernel}, working tree", mine, args.loop, args.min_size)
+    counts = report(f"{args.kernel}, working tree", mine, args.loop, args.min_size, args.listing)
     if args.against:
         import ab_kernels  # noqa: PLC0415
 

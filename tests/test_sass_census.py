@@ -81,3 +81,25 @@ def test_the_named_function_is_taken_from_a_listing_of_several():
     assert len(mine) == len(theirs) == 14
     assert "LOP3.LUT" in [op for _, op, _ in mine] and "PRMT" in [op for _, op, _ in theirs]
     assert census.function_sass(SASS, "absent") == SASS
+
+
+def test_the_tile_loop_is_the_smallest_with_an_mma_not_a_warpgroup_wait():
+    # a loop of its own around a warpgroup wait (an out-of-line path) is not the tile loop
+    extra = SASS.replace("        /*00d0*/                   EXIT ;",
+                         "        /*00d0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+                         "        /*00e0*/                   BRA 0xd0 ;\n"
+                         "        /*00f0*/                   EXIT ;")
+    ins = census.parse_sass(extra)
+    found = census.loops(ins)
+    assert found[-1] == (0xD0, 0xE0, 2)  # the smallest loop: the wait's
+    assert found[census.tile_loop(ins, found)] == (0x20, 0x80, 7)
+    assert census.tile_loop(ins, [(0xD0, 0xE0, 2)]) == 0  # no MMA anywhere: the first (largest)
+
+
+def test_a_loop_is_listed_whole_or_by_pipe():
+    ins = census.parse_sass(SASS)
+    whole = census.listing(ins, 0x20, 0x80)
+    assert len(whole) == 7 and whole[0].startswith("0x0020  IMAD.SHL.U32") and whole[-1] == "0x0080  @!P0 BRA 0x20"
+    alu = census.listing(ins, 0x20, 0x80, "alu")
+    assert [line.split()[1] for line in alu] == ["LOP3.LUT", "F2FP.F16.E4M3.UNPACK_B", "ISETP.GE.AND"]
+
