@@ -60,7 +60,8 @@ __device__ __forceinline__ void bulk_copy_g2s(u32 dst, const void* src, u32 byte
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
-// the same, by window addresses, its lines marked first to leave L2
+// the same, its lines marked first to leave L2 (keys read once a call: they should not push
+// out the scores the select reads next)
 __device__ __forceinline__ void bulk_copy_g2s_evict_first(u32 dst, const void* src, u32 bytes, u32 bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(l2_evict_first()) : "memory");
@@ -76,12 +77,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(u64* bar, u32 bytes) { mba
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) { mbar_wait(smem_u32(bar), parity); }
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 bytes, u64* bar) {
     bulk_copy_g2s(smem_u32(dst), src, bytes, smem_u32(bar));
-}
-// the same, its lines marked first to leave L2 (keys read once a call: they should not push
-// out the scores the select reads next)
-__device__ __forceinline__ void bulk_copy_g2s_evict_first(void* dst, const void* src, u32 bytes, u64* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
-                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(l2_evict_first()) : "memory");
 }
 // ask L2 for `bytes` (multiple of 16) of global memory at src, so that later loads wait on
 // L2 rather than HBM (a hint: nothing waits for it)
@@ -102,7 +97,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void*, const void*, u32, u64*) { _
 __device__ __forceinline__ void mbar_arrive_expect_tx(u32, u32) { __trap(); }
 __device__ __forceinline__ void mbar_wait(u32, u32) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s(u32, const void*, u32, u32) { __trap(); }
-__device__ __forceinline__ void bulk_copy_g2s_evict_first(void*, const void*, u32, u64*) { __trap(); }
 __device__ __forceinline__ void bulk_copy_g2s_evict_first(u32, const void*, u32, u32) { __trap(); }
 __device__ __forceinline__ bool elect_one() { return (threadIdx.x & 31) == 0; }
 __device__ __forceinline__ void bulk_prefetch_l2(const void*, u32) {}

@@ -337,11 +337,11 @@ __host__ __device__ constexpr int wgmma_stage_bytes(int D) {
 // blocks, or 128 entries of one block), kS - 1 tiles ahead, once the current tile's MMAs are
 // issued (refill_after_mma). A copy reports to its stage's mbarrier, at which each run's
 // issuing lane arrives once per tile (ring_arrivals: the kernels initialise the barriers with
-// that count), so one wait tells a thread the whole tile has landed. Block ids and global scales are loaded two and one tiles ahead
-// (registers), so no thread waits on its own global loads. Pool blocks that are out of
-// range or past the row's visible end are not copied: their stage rows keep stale bytes
-// and their global scale reads NaN, so their scores are NaN (never selected) or lie past n
-// (never read).
+// that count), so one wait tells a thread the whole tile has landed. Block ids and global
+// scales are loaded two and one tiles ahead (registers), so no thread waits on its own
+// global loads. Pool blocks that are out of range or past the row's visible end are not
+// copied: their stage rows keep stale bytes and their global scale reads NaN, so their
+// scores are NaN (never selected) or lie past n (never read).
 // ---------------------------------------------------------------------------
 // Named barrier of `threads` threads (id 0 is __syncthreads' barrier): one warpgroup's sync
 // in a warp-specialised CTA.
