@@ -62,7 +62,7 @@ _PIPE_OF = {op: pipe for pipe, ops in PIPES.items() for op in ops}
 _ORDER = ["alu", "fma", "tensor", "memory", "control", "conversion", "uniform", "other"]
 
 _LISTED = 12  # loops listed by report()
-_MMA_OPS = {"HGMMA", "HMMA", "IMMA", "QGMMA", "IGMMA"}  # the multiplies (WARPGROUP: fences and waits)
+_MMA_OPS = PIPES["tensor"] - {"WARPGROUP"}  # the multiplies (WARPGROUP: their fences and waits)
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 
 
