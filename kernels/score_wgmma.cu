@@ -330,17 +330,24 @@ __device__ __forceinline__ void score_pair_segment(
     float acc[64];  // m64n128: acc[0..31] the first query's heads, acc[32..63] the second's
     auto half = [&](int qi) -> const float (&)[32] { return *reinterpret_cast<const float(*)[32]>(acc + 32 * qi); };
 
-    // weighted head sum of rows r0, r0 + 8 of a finished sub-tile for query slot qi (gs: the
-    // global scale of my row, r0 + 8 (c & 1))
-    auto epilogue = [&](const float (&d)[32], int qi, int s0, float gs) {
-        const float mine = weighted_head_sum_mine(d, qi ? w1 : w0, c);  // row r0 + 8 (c & 1)
-        const bool live = qi == 0 || pair;
-        if (live && c < 2) {
+    // weighted head sums of rows r0, r0 + 8 of a finished sub-tile for both queries (gs: the
+    // global scale of my row, r0 + 8 (c & 1)): both sums before any store, so that their two
+    // dependent FMA chains interleave (a lone row's second sum reads stale accumulators and
+    // is dropped)
+    auto epilogue = [&](int s0, float gs) {
+        const float mine0 = weighted_head_sum_mine(half(0), w0, c);  // row r0 + 8 (c & 1)
+        const float mine1 = weighted_head_sum_mine(half(1), w1, c);
+        if (c < 2) {
             const int s = s0 + 8 * c;
-            const float score = mine * gs + 0.0f;  // -0 folded into +0
-            (qi ? out1 : out0)[s] = score;
-            if (count_keys && s < (qi ? nb : na) && score == score)  // NaN (key 0) left out
-                count_key_packed(qi ? h1 : h0, key_bits_of_plus_zero(score));
+            const float score0 = mine0 * gs + 0.0f;  // -0 folded into +0
+            out0[s] = score0;
+            if (count_keys && s < na && score0 == score0)  // NaN (key 0) left out
+                count_key_packed(h0, key_bits_of_plus_zero(score0));
+            if (pair) {
+                const float score1 = mine1 * gs + 0.0f;
+                out1[s] = score1;
+                if (count_keys && s < nb && score1 == score1) count_key_packed(h1, key_bits_of_plus_zero(score1));
+            }
         }
     };
     auto decode = [&](const unsigned char* st, int u) {
@@ -376,14 +383,12 @@ __device__ __forceinline__ void score_pair_segment(
         keys.refill_after_mma(it, tid);
         wgmma_wait<0>();
         fence_accumulators(acc);
-        epilogue(half(0), 0, tile_start + r0, ga);
-        if (pair) epilogue(half(1), 1, tile_start + r0, ga);
+        epilogue(tile_start + r0, ga);
         if (second) {
             mma(1);
             wgmma_wait<0>();
             fence_accumulators(acc);
-            epilogue(half(0), 0, tile_start + kSubTile + r0, gb);
-            if (pair) epilogue(half(1), 1, tile_start + kSubTile + r0, gb);
+            epilogue(tile_start + kSubTile + r0, gb);
         }
         if (count_keys && (it + 1) % score_wgmma_pairs::kFlushTiles == 0 && it + 1 < num_tiles) {
             __syncthreads();  // 16-bit counts: flush before any could overflow
