@@ -9,7 +9,7 @@
 //   * B = the query, in shared memory in wgmma's K-major core-matrix layout (8 heads x 8
 //     K-values per 128-byte core matrix; core matrices 128 bytes apart along the heads,
 //     1024 bytes apart along K), in the same permuted K order as the decode;
-//   * accumulators (2 x 32 floats a thread) read by the epilogue only after wgmma.wait_group.
+//   * accumulators (2 x 32 floats a thread) read by the epilogue once both sub-tiles are done.
 // Keys stream through BulkRing (wgmma_common.cuh); the epilogue is score_mma.cu's.
 #include "wgmma_common.cuh"
 
@@ -84,25 +84,36 @@ __device__ __forceinline__ void score_segment(
     // address field, bytes / 16, cannot carry: shared memory is below 256 KB)
     const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
     // Sub-tile u of a tile accumulates into acc[u] from a_frag[u]: both sub-tiles' MMAs are
-    // in flight at once, so sub-tile 0's MMAs overlap sub-tile 1's decode and sub-tile 1's
-    // MMAs overlap sub-tile 0's epilogue.
+    // in flight at once, so sub-tile 0's MMAs overlap sub-tile 1's decode; the epilogue
+    // reads both once both are done.
     u32 a_frag[2][kKSteps][4];
     float acc[2][32];
-    // weighted head sum of rows r0 and r0 + 8 of a finished sub-tile (entries s0, s0 + 8)
-    // (gs: the global scale of my row, r0 + 8 (c & 1))
-    auto epilogue = [&](const float (&d)[32], int s0, float gs) {
-        const float mine = weighted_head_sum_mine<true>(d, wsm, c);  // row r0 + 8 (c & 1); ReLU on the FMA pipe
+    // The weighted head sums of a finished tile, rows r0 and r0 + 8 of both sub-tiles
+    // (entries s0, s0 + 8, s0 + 64, s0 + 72; gs0, gs1: the global scales of my row, r0 + 8 (c & 1),
+    // in sub-tiles 0 and 1): the weights loaded once for both, and the two sums' dependent
+    // FMA chains side by side, after both sub-tiles' MMAs (docs/performance.md v67: one
+    // epilogue a sub-tile, the first under the second sub-tile's MMAs, was 1.4% slower).
+    auto epilogue = [&](int s0, float gs0, float gs1) {
+        float2 wv[8];  // heads 8j + 2c, + 1
+#pragma unroll
+        for (int j = 0; j < 8; ++j) wv[j] = *reinterpret_cast<const float2*>(wsm + 8 * j + 2 * c);
+        auto weights = [&](int j) { return wv[j]; };
+        // row r0 + 8 (c & 1); ReLU on the FMA pipe
+        const float mine0 = weighted_head_sum_mine_of<true>(acc[0], weights, c);
+        const float mine1 = weighted_head_sum_mine_of<true>(acc[1], weights, c);
         // lane c = 0 stores row r0, lane c = 1 row r0 + 8 (one predicated path, no branches)
         if (c < 2) {
             const int s = s0 + 8 * c;
-            const float score = mine * gs + 0.0f;  // -0 folded into +0
-            out[s] = score;
+            const float score0 = mine0 * gs0 + 0.0f, score1 = mine1 * gs1 + 0.0f;  // -0 folded into +0
+            out[s] = score0;
+            out[s + kSubTile] = score1;
             // counted whether or not a histogram is wanted (flushed only where one is): no
             // pointer test here (a register for the test brought back a special-register read
-            // of the lane in the loop, slower: docs/performance.md v65); score has no -0, so
+            // of the lane in the loop, slower: docs/performance.md v65); a score has no -0, so
             // its key is score_to_key_not_nan's without the fold, and NaN (key 0) is the one
             // score left out
-            if (s < n && score == score) atomicAdd(&hist_s[key_bits_of_plus_zero(score) >> 21], 1u);
+            if (s < n && score0 == score0) atomicAdd(&hist_s[key_bits_of_plus_zero(score0) >> 21], 1u);
+            if (s + kSubTile < n && score1 == score1) atomicAdd(&hist_s[key_bits_of_plus_zero(score1) >> 21], 1u);
         }
     };
 
@@ -123,13 +134,11 @@ __device__ __forceinline__ void score_segment(
         }
         keys.refill_after_mma(it, tid);
         const int r0 = 16 * warp + g;
-        const float gs0 = keys.gscale_at(it, gs_row0), gs1 = keys.gscale_at(it, gs_row1);  // before the waits
-        wgmma_wait<1>();
-        fence_accumulators(acc[0]);
-        epilogue(acc[0], tile_start + r0, gs0);
+        const float gs0 = keys.gscale_at(it, gs_row0), gs1 = keys.gscale_at(it, gs_row1);  // before the wait
         wgmma_wait<0>();
+        fence_accumulators(acc[0]);
         fence_accumulators(acc[1]);
-        epilogue(acc[1], tile_start + kSubTile + r0, gs1);
+        epilogue(tile_start + r0, gs0, gs1);
     }
     __syncthreads();  // histogram complete; every stage read (the next segment refills them)
     if (hist != nullptr) flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
