@@ -101,20 +101,18 @@ __device__ __forceinline__ void score_segment(
         // row r0 + 8 (c & 1); ReLU on the FMA pipe
         const float mine0 = weighted_head_sum_mine_of<true>(acc[0], weights, c);
         const float mine1 = weighted_head_sum_mine_of<true>(acc[1], weights, c);
-        // lane c = 0 stores row r0, lane c = 1 row r0 + 8 (one predicated path, no branches)
-        if (c < 2) {
-            const int s = s0 + 8 * c;
-            const float score0 = mine0 * gs0 + 0.0f, score1 = mine1 * gs1 + 0.0f;  // -0 folded into +0
-            out[s] = score0;
-            out[s + kSubTile] = score1;
-            // counted whether or not a histogram is wanted (flushed only where one is): no
-            // pointer test here (a register for the test brought back a special-register read
-            // of the lane in the loop, slower: docs/performance.md v65); a score has no -0, so
-            // its key is score_to_key_not_nan's without the fold, and NaN (key 0) is the one
-            // score left out
-            if (s < n && score0 == score0) atomicAdd(&hist_s[key_bits_of_plus_zero(score0) >> 21], 1u);
-            if (s + kSubTile < n && score1 == score1) atomicAdd(&hist_s[key_bits_of_plus_zero(score1) >> 21], 1u);
-        }
+        // lanes c and c ^ 2 hold the same sums: lane c = 0 stores row r0 of sub-tile 0, lane
+        // 1 its row r0 + 8, lanes 2 and 3 those of sub-tile 1 (one store and one count a lane)
+        const bool second = c >= 2;
+        const int s = s0 + 8 * (c & 1) + (second ? kSubTile : 0);
+        const float score = (second ? mine1 * gs1 : mine0 * gs0) + 0.0f;  // -0 folded into +0
+        out[s] = score;
+        // counted whether or not a histogram is wanted (flushed only where one is): no
+        // pointer test here (a register for the test brought back a special-register read
+        // of the lane in the loop, slower: docs/performance.md v65); a score has no -0, so
+        // its key is score_to_key_not_nan's without the fold, and NaN (key 0) is the one
+        // score left out
+        if (s < n && score == score) atomicAdd(&hist_s[key_bits_of_plus_zero(score) >> 21], 1u);
     };
 
     // my rows' global scales within a slot, sub-tiles 0 and 1 (one load each a tile, no select)
