@@ -341,20 +341,22 @@ __device__ __forceinline__ void score_pair_segment(
     // global scale of my row, r0 + 8 (c & 1)): both sums before any store, so that their two
     // dependent FMA chains interleave (a lone row's second sum reads stale accumulators and
     // is dropped)
+    // the query this lane stores (epilogue): lanes 0, 1 query 0, lanes 2, 3 query 1 (a pair's)
+    float* const my_out = c >= 2 ? out1 : out0;
+    u32* const my_hist = c >= 2 ? h1 : h0;
+    const int my_n = c >= 2 ? nb : na;
+    const bool my_live = c < 2 || pair;
     auto epilogue = [&](int s0, float gs) {
         const float mine0 = weighted_head_sum_mine(half(0), w0, c);  // row r0 + 8 (c & 1)
         const float mine1 = weighted_head_sum_mine(half(1), w1, c);
-        if (c < 2) {
-            const int s = s0 + 8 * c;
-            const float score0 = mine0 * gs + 0.0f;  // -0 folded into +0
-            out0[s] = score0;
-            if (count_keys && s < na && score0 == score0)  // NaN (key 0) left out
-                count_key_packed(h0, key_bits_of_plus_zero(score0));
-            if (pair) {
-                const float score1 = mine1 * gs + 0.0f;
-                out1[s] = score1;
-                if (count_keys && s < nb && score1 == score1) count_key_packed(h1, key_bits_of_plus_zero(score1));
-            }
+        // lanes c and c ^ 2 hold the same sums: lanes 0 and 1 store query 0's rows r0 and
+        // r0 + 8, lanes 2 and 3 query 1's (one store and one count a lane)
+        if (my_live) {
+            const int s = s0 + 8 * (c & 1);
+            const float score = (c >= 2 ? mine1 : mine0) * gs + 0.0f;  // -0 folded into +0
+            my_out[s] = score;
+            if (count_keys && s < my_n && score == score)  // NaN (key 0) left out
+                count_key_packed(my_hist, key_bits_of_plus_zero(score));
         }
     };
     auto decode = [&](const unsigned char* st, int u) {
