@@ -133,6 +133,7 @@ __device__ __forceinline__ void score_segment(
         keys.refill_after_mma(it, tid);
         const int r0 = 16 * warp + g;
         const float gs0 = keys.gscale_at(it, gs_row0), gs1 = keys.gscale_at(it, gs_row1);  // before the wait
+        keys.end_reads();
         wgmma_wait<0>();
         fence_accumulators(acc[0]);
         fence_accumulators(acc[1]);
@@ -390,6 +391,7 @@ __device__ __forceinline__ void score_pair_segment(
         mma(0);
         if (second) decode(st, 1);
         keys.refill_after_mma(it, tid);
+        keys.end_reads();
         wgmma_wait<0>();
         fence_accumulators(acc);
         epilogue(tile_start + r0, ga);

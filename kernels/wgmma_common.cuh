@@ -421,9 +421,9 @@ struct BulkRing {
                 }
                 // The global scale is stored after the copies are on their way: at a
                 // segment's start g is a load that depends on b, and waiting for it first
-                // would delay the tile by a round trip. Readers see it: they read the stage
-                // only after the __syncthreads of the begin_tile that waits for it, which this
-                // thread reaches after this store.
+                // would delay the tile by a round trip. Readers see it: this thread stores it
+                // before the end_reads barrier of its iteration, and they read it in a later
+                // iteration, after that barrier.
                 meta_gs[slot * score_wgmma::kTile + r] = gi;
             }
         };
@@ -443,15 +443,18 @@ struct BulkRing {
         g_next = scale_of(b_next);
     }
 
-    // Top of iteration it: wait for tile it, barrier (every thread is done with tile it - 1,
-    // whose stage refill_after_mma may refill from now on).
+    // Top of iteration it: wait for tile it.
     __device__ void begin_tile(int it, int tid) {
         const int j = jbase + it;
         mbar_wait(bars + (u32)j % kS, ((u32)j / kS) & 1u);
-        __syncthreads();
     }
+    // Within iteration it, after this thread's last read of the stage (its decode and global
+    // scales) and before it waits for the MMAs: a CTA barrier, after which the stage of tile
+    // it may be refilled (by refill_after_mma of iteration it + 1). Here the warps that
+    // finish their reads first wait where they would wait for the MMAs anyway.
+    __device__ void end_reads() { __syncthreads(); }
     // Within iteration it, once its MMAs are issued: issue tile it + kS - 1 into the stage of
-    // tile it - 1 (free since begin_tile's barrier), advance the prefetch. The issuing
+    // tile it - 1 (free since end_reads of iteration it - 1), advance the prefetch. The issuing
     // threads' copy and address work then runs while the tensor cores work, not between the
     // barrier and the first MMA, where the whole warpgroup waited for it at the first wgmma.
     __device__ void refill_after_mma(int it, int tid) {
