@@ -338,15 +338,15 @@ __device__ __forceinline__ void score_pair_segment(
     float acc[64];  // m64n128: acc[0..31] the first query's heads, acc[32..63] the second's
     auto half = [&](int qi) -> const float (&)[32] { return *reinterpret_cast<const float(*)[32]>(acc + 32 * qi); };
 
-    // weighted head sums of rows r0, r0 + 8 of a finished sub-tile for both queries (gs: the
-    // global scale of my row, r0 + 8 (c & 1)): both sums before any store, so that their two
-    // dependent FMA chains interleave (a lone row's second sum reads stale accumulators and
-    // is dropped)
     // the query this lane stores (epilogue): lanes 0, 1 query 0, lanes 2, 3 query 1 (a pair's)
     float* const my_out = c >= 2 ? out1 : out0;
     u32* const my_hist = c >= 2 ? h1 : h0;
     const int my_n = c >= 2 ? nb : na;
     const bool my_live = c < 2 || pair;
+    // weighted head sums of rows r0, r0 + 8 of a finished sub-tile for both queries (gs: the
+    // global scale of my row, r0 + 8 (c & 1)): both sums before any store, so that their two
+    // dependent FMA chains interleave (docs/performance.md v67; a lone row's second sum reads
+    // stale accumulators and is dropped)
     auto epilogue = [&](int s0, float gs) {
         const float mine0 = weighted_head_sum_mine(half(0), w0, c);  // row r0 + 8 (c & 1)
         const float mine1 = weighted_head_sum_mine(half(1), w1, c);
