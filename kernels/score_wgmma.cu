@@ -5,7 +5,8 @@
 //   * A = keys, decoded from NVFP4 into registers with the same fragment layout and K
 //     permutation as for mma.sync (the wgmma A fragment of each warp is the m16n8k16 one),
 //     through the hardware E4M3 conversion; two 64-entry sub-tiles with their own
-//     accumulators in flight: the MMAs of one overlap the decode or epilogue of the other;
+//     accumulators in flight: the first's MMAs overlap the second's decode (the SM's other
+//     CTAs cover the rest: docs/performance.md v67-v68);
 //   * B = the query, in shared memory in wgmma's K-major core-matrix layout (8 heads x 8
 //     K-values per 128-byte core matrix; core matrices 128 bytes apart along the heads,
 //     1024 bytes apart along K), in the same permuted K order as the decode;
