@@ -435,6 +435,12 @@ __device__ __forceinline__ void store_score(float* out, int s, float head_sum, f
     }
 }
 
+// Add a CTA's histogram of raw bins (raw_bin_of_plus_zero) to the row's key-bin one.
+__device__ __forceinline__ void flush_raw_histogram(const u32* hist_s, u32* row_hist, int tid, int threads) {
+    for (int i = tid; i < score_mma::kHistBins; i += threads)
+        if (hist_s[i]) atomicAdd(&row_hist[key_bin_of_raw_bin(i)], hist_s[i]);
+}
+
 // Add a CTA's histogram to the row's (only the bins it touched).
 __device__ __forceinline__ void flush_histogram(const u32* hist_s, u32* row_hist, int tid, int threads) {
     for (int i = tid; i < score_mma::kHistBins; i += threads)

@@ -113,7 +113,7 @@ __device__ __forceinline__ void score_segment(
         // of the lane in the loop, slower: docs/performance.md v65); a score has no -0, so
         // its key is score_to_key_not_nan's without the fold, and NaN (key 0) is the one
         // score left out
-        if (s < n && score == score) atomicAdd(&hist_s[key_bits_of_plus_zero(score) >> 21], 1u);
+        if (s < n && score == score) atomicAdd(&hist_s[raw_bin_of_plus_zero(score)], 1u);
     };
 
     // my rows' global scales within a slot, sub-tiles 0 and 1 (one load each a tile, no select)
@@ -141,7 +141,7 @@ __device__ __forceinline__ void score_segment(
         epilogue(tile_start + r0, gs0, gs1);
     }
     __syncthreads();  // histogram complete; every stage read (the next segment refills them)
-    if (hist != nullptr) flush_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
+    if (hist != nullptr) flush_raw_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
     __syncthreads();
 }
 
@@ -262,19 +262,22 @@ struct WgmmaPairSmem {
     static constexpr int kBytes = kSeqStarts + score_wgmma_pairs::kMaxRows / 8;
 };
 
-// one more entry in a packed histogram: bin b's count is the 16-bit half (b & 1) of word b / 2
-__device__ __forceinline__ void count_key_packed(u32* h, u32 key) {
-    const u32 bin = key >> 21;
-    atomicAdd(&h[bin >> 1], 1u << ((bin & 1u) << 4));
+// one more entry in a packed histogram of raw bins (raw_bin_of_plus_zero): bin b's count is
+// the 16-bit half (b & 1) of word b / 2. From the score's bits u (b = u >> 21): the word u >>
+// 22, the half by bit 21 (a test and a select, where shifting 1 by (b & 1) * 16 took three
+// ALU instructions and a move)
+__device__ __forceinline__ void count_raw_bin_packed(u32* h, float score) {
+    const u32 u = (u32)__float_as_int(score);
+    atomicAdd(&h[u >> 22], (u & (1u << 21)) ? 0x10000u : 1u);
 }
 
-// add a packed histogram to the row's 32-bit one and zero it
+// add a packed histogram of raw bins to the row's 32-bit key-bin one and zero it
 __device__ __forceinline__ void flush_packed_histogram(u32* h, u32* row_hist, int tid, int threads) {
     for (int i = tid; i < score_wgmma_pairs::kPackedWords; i += threads) {
         const u32 v = h[i];
         if (v) {
-            if (v & 0xffffu) atomicAdd(&row_hist[2 * i], v & 0xffffu);
-            if (v >> 16) atomicAdd(&row_hist[2 * i + 1], v >> 16);
+            if (v & 0xffffu) atomicAdd(&row_hist[key_bin_of_raw_bin(2 * i)], v & 0xffffu);
+            if (v >> 16) atomicAdd(&row_hist[key_bin_of_raw_bin(2 * i + 1)], v >> 16);
             h[i] = 0u;
         }
     }
@@ -358,7 +361,7 @@ __device__ __forceinline__ void score_pair_segment(
             const float score = (c >= 2 ? mine1 : mine0) * gs + 0.0f;  // -0 folded into +0
             my_out[s] = score;
             if (count_keys && s < my_n && score == score)  // NaN (key 0) left out
-                count_key_packed(my_hist, key_bits_of_plus_zero(score));
+                count_raw_bin_packed(my_hist, score);
         }
     };
     auto decode = [&](const unsigned char* st, int u) {
