@@ -76,6 +76,11 @@ __device__ __forceinline__ void score_segment(
         cp_async_commit();
     }
     cp_async_wait<0>();
+    if (tid < kHeads / 4) {  // my four weights halved, for the epilogue's 2 ReLU(x) (weighted_head_partials)
+        float4* my_w = reinterpret_cast<float4*>(wsm + 4 * tid);
+        const float4 v = *my_w;
+        *my_w = make_float4(0.5f * v.x, 0.5f * v.y, 0.5f * v.z, 0.5f * v.w);
+    }
     fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
     __syncthreads();
 
@@ -106,7 +111,8 @@ __device__ __forceinline__ void score_segment(
         // 1 its row r0 + 8, lanes 2 and 3 those of sub-tile 1 (one store and one count a lane)
         const bool second = c >= 2;
         const int s = s0 + 8 * (c & 1) + (second ? kSubTile : 0);
-        const float score = (second ? mine1 * gs1 : mine0 * gs0) + 0.0f;  // -0 folded into +0
+        // -0 folded into +0 by the fused add of +0 (one rounding, as the product's)
+        const float score = second ? fmaf(mine1, gs1, 0.0f) : fmaf(mine0, gs0, 0.0f);
         out[s] = score;
         // counted whether or not a histogram is wanted (flushed only where one is): no
         // pointer test here (a register for the test brought back a special-register read
@@ -358,7 +364,7 @@ __device__ __forceinline__ void score_pair_segment(
         // r0 + 8, lanes 2 and 3 query 1's (one store and one count a lane)
         if (my_live) {
             const int s = s0 + 8 * (c & 1);
-            const float score = (c >= 2 ? mine1 : mine0) * gs + 0.0f;  // -0 folded into +0
+            const float score = fmaf(c >= 2 ? mine1 : mine0, gs, 0.0f);  // -0 folded into +0 (one rounding)
             my_out[s] = score;
             if (count_keys && s < my_n && score == score)  // NaN (key 0) left out
                 count_raw_bin_packed(my_hist, score);

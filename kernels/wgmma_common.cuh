@@ -143,9 +143,10 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], u64 desc_a, 
 // d; rows r0 and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed).
 // weights(j): the float2 weights of heads 8j + 2c, +1.
 // ... this lane's part alone (its heads 8j + 2c, +1), before the quad's sum: .x row r0, .y r0 + 8.
-// kReluOnFma: the sums run over 2 ReLU(x) (twice_relu_nan, an add on the FMA pipe) and are
-// halved at the end, where max.NaN takes the ALU pipe: every partial is exactly twice
-// ReLU's in the normal range, so the halved sums are the same bits. The single-query kernel
+// kReluOnFma: the sums run over 2 ReLU(x) (twice_relu_nan, an add on the FMA pipe, where
+// max.NaN takes the ALU pipe) with the weights given halved (w / 2, by the caller): each
+// product (w / 2) * 2 ReLU(x) is w * ReLU(x) exactly where w / 2 is exact, so the sums are
+// the same bits, with no halving on the epilogue's chain (docs/performance.md v69). The single-query kernel
 // takes it (its decode's logic ops and conversions load the ALU pipe: decode-1M scoring
 // -1.6%); the keys-stationary kernel, bound by its epilogue, lost ~4% with it (every
 // instruction of its epilogue then on the FMA pipe), the others gained nothing
@@ -163,7 +164,6 @@ __device__ __forceinline__ float2 weighted_head_partials(const float (&d)[32], W
         hi0 = fmaf(wv.x, relu(d[4 * j + 2]), hi0);
         hi1 = fmaf(wv.y, relu(d[4 * j + 3]), hi1);
     }
-    if (kReluOnFma) return make_float2((lo0 + lo1) * 0.5f, (hi0 + hi1) * 0.5f);
     return make_float2(lo0 + lo1, hi0 + hi1);
 }
 
