@@ -24,7 +24,8 @@ struct WgmmaSmem {
     static constexpr int kHist = kBars + score_wgmma::kStages * 8;
     static constexpr int kSched = kHist + score_mma::kHistBins * 4;  // int[kMaxBalancedRows + 1]
     static constexpr int kScratch = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;  // u32[32]
-    static constexpr int kBytes = kScratch + 32 * 4;
+    static constexpr int kRot = kScratch + 32 * 4;  // int: issue_rotation
+    static constexpr int kBytes = kRot + 16;
 };
 
 // Score one segment of one row: tiles first_tile .. first_tile + num_tiles - 1 of row t
@@ -34,7 +35,7 @@ __device__ __forceinline__ void score_segment(
     unsigned char* smem, const unsigned short* __restrict__ q16, const float* __restrict__ w_scaled,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
     const int* __restrict__ block_table, int t, int n, int first_tile, int num_tiles, int jbase, int P, int E,
-    int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
+    int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot) {
     using namespace score_wgmma;
     using Smem = WgmmaSmem<kDim>;
     constexpr int kKSteps = kDim / 16;
@@ -56,6 +57,7 @@ __device__ __forceinline__ void score_segment(
     keys.first_tile = first_tile; keys.num_tiles = num_tiles; keys.jbase = jbase;
     keys.row_shift = e_shift < 7 ? e_shift : 7;
     keys.copies = kTile >> keys.row_shift;
+    keys.rot = rot;
 
     // ---- prologue: histogram, first tiles, then the query into the core-matrix layout and
     // the weights. In a graph this kernel may start while prep_query_kernel runs (it is
@@ -184,6 +186,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 
     u64* bars = reinterpret_cast<u64*>(smem + Smem::kBars);
     if (tid < kStages) mbar_init(bars + tid, ring_arrivals(e_shift));
+    if (tid == 0) *reinterpret_cast<int*>(smem + Smem::kRot) = issue_rotation();
     mbar_init_fence();
 
     int* start = reinterpret_cast<int*>(smem + Smem::kSched);
@@ -207,9 +210,10 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         }
     }
     int jbase = 0;
+    const int rot = *reinterpret_cast<const int*>(smem + Smem::kRot);  // after the barriers above
     while (seg_num > 0) {
         score_segment<kDim>(smem, q16, w_scaled, keys_fp4, key_scale, key_gscale, block_table, t, visible(t),
-                            seg_first, seg_num, jbase, P, E, e_shift, L, scores, ld, hist);
+                            seg_first, seg_num, jbase, P, E, e_shift, L, scores, ld, hist, rot);
         jbase += seg_num;
         g += seg_num;
         if (!balanced || g >= g_end) break;
@@ -296,7 +300,7 @@ __device__ __forceinline__ void score_pair_segment(
     unsigned char* smem, const float* __restrict__ q, const float* __restrict__ w, int H,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
     const int* __restrict__ block_table, int ta, int tb, int na, int nb, int first_tile, int num_tiles, int jbase,
-    int P, int E, int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
+    int P, int E, int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot) {
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
     constexpr int kS = score_wgmma_pairs::kStages;
@@ -321,6 +325,7 @@ __device__ __forceinline__ void score_pair_segment(
     keys.first_tile = first_tile; keys.num_tiles = num_tiles; keys.jbase = jbase;
     keys.row_shift = e_shift < 7 ? e_shift : 7;
     keys.copies = kTile >> keys.row_shift;
+    keys.rot = rot;
 
     // ---- prologue: histograms, the first tiles' copies, both queries staged from fp32
     // (no staging kernel: its fp16 copy of every query would cost a write and a read of
@@ -526,6 +531,8 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     // (k_start: tiles of the units before it)
     const int grp = item_of_tile(start, groups, g);
     int k = grp << gshift, k_start = start[grp], jbase = 0;
+    // unrotated issuing warps: issue_rotation measured 0.8% slower here (performance.md v69)
+    constexpr int rot = 0;
     while (true) {
         const Unit x = unit_at(k);
         if (k_start + x.tiles <= g) {  // a unit before tile g (or empty): the next one
@@ -544,7 +551,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
         }
         const int num = min(g_end - g, end - first);
         score_pair_segment<kDim>(smem, q, w, H, keys_fp4, key_scale, key_gscale, block_table, ta, tb, na, nb,
-                                 first, num, jbase, P, E, e_shift, L, scores, ld, hist);
+                                 first, num, jbase, P, E, e_shift, L, scores, ld, hist, rot);
         jbase += num;
         g += num;
         if (g >= g_end) break;

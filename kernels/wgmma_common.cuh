@@ -349,6 +349,18 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Which warps of this CTA issue a tile's key copies: run r goes to warp (r + rot) % 4. The
+// warps of an SM's CTAs share its four schedulers (warp slot w on scheduler w % 4), and the
+// issuing warps carry the copy path (~50 instructions a tile at E = 64, runs on warps 0 and 1
+// unrotated); rotating by the CTA's slot group on the SM (0, 2, 1, 3 for groups 0..3) puts
+// three CTAs' six issuing warps on the schedulers 1, 2, 2, 1 where unrotated they take
+// 3, 3, 0, 0. Read by one thread and shared, so that the CTA's warps agree.
+__device__ __forceinline__ int issue_rotation() {
+    u32 slot;
+    asm volatile("mov.u32 %0, %%warpid;\n" : "=r"(slot));
+    return (0x3120 >> (4 * ((slot >> 2) & 3))) & 3;
+}
+
 // Arrivals per tile at a BulkRing stage's barrier: one per issuing thread (e_shift = log2 E).
 __device__ __forceinline__ u32 ring_arrivals(int e_shift) { return (u32)(score_wgmma::kTile >> (e_shift < 7 ? e_shift : 7)); }
 
@@ -372,10 +384,12 @@ struct BulkRing {
     int b_next2, b_next;  // prefetched block ids (tiles it + kS, it + kS - 1 ... see advance)
     float g_next;
 
+    int rot;              // the CTA's issuing-warp rotation (issue_rotation)
+
     // The block run of every tile whose block id and global scale this thread prefetches:
-    // lane l of warp w takes run w + 4l, so that a tile's few runs (2 at E = 64) go to
-    // different warps, which issue them (issue).
-    __device__ static int run_of(int tid) { return (tid >> 5) + 4 * (tid & 31); }
+    // lane l of warp w takes run (w - rot) % 4 + 4l, so that a tile's few runs (2 at E = 64)
+    // go to different warps, which issue them (issue).
+    __device__ int run_of(int tid) const { return (((tid >> 5) - rot) & 3) + 4 * (tid & 31); }
     // Does this thread prefetch for a run (its run < copies)?
     __device__ bool issuer(int tid) const { return run_of(tid) < copies; }
 
@@ -407,7 +421,7 @@ struct BulkRing {
         auto one_run = [&](int i) {
             const int bi = __shfl_sync(~0u, b, i);
             const float gi = __shfl_sync(~0u, g, i);
-            const int r = warp + 4 * i;
+            const int r = ((warp - rot) & 3) + 4 * i;
             if (leader && r < copies) {
                 if (bi >= 0) {
                     const int s = tile_start + (r << row_shift);
