@@ -531,7 +531,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     // (k_start: tiles of the units before it)
     const int grp = item_of_tile(start, groups, g);
     int k = grp << gshift, k_start = start[grp], jbase = 0;
-    // unrotated issuing warps: issue_rotation measured 0.8% slower here (performance.md v69)
+    // unrotated issuing warps: issue_rotation measured 0.9% slower here (docs/performance.md v69)
     constexpr int rot = 0;
     while (true) {
         const Unit x = unit_at(k);

@@ -354,7 +354,10 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // issuing warps carry the copy path (~50 instructions a tile at E = 64, runs on warps 0 and 1
 // unrotated); rotating by the CTA's slot group on the SM (0, 2, 1, 3 for groups 0..3) puts
 // three CTAs' six issuing warps on the schedulers 1, 2, 2, 1 where unrotated they take
-// 3, 3, 0, 0. Read by one thread and shared, so that the CTA's warps agree.
+// 3, 3, 0, 0. Read by one thread and shared, so that the CTA's warps agree. Measured with
+// v69's epilogue changes: decode -0.4..-1.2% in the single-query kernel, +0.9% in the pair
+// kernel, which keeps rot = 0; whether the schedulers' loads are as modelled is not yet
+// measured (docs/performance.md v69).
 __device__ __forceinline__ int issue_rotation() {
     u32 slot;
     asm volatile("mov.u32 %0, %%warpid;\n" : "=r"(slot));
