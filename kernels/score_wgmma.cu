@@ -119,8 +119,8 @@ __device__ __forceinline__ void score_segment(
         // counted whether or not a histogram is wanted (flushed only where one is): no
         // pointer test here (a register for the test brought back a special-register read
         // of the lane in the loop, slower: docs/performance.md v65); a score has no -0, so
-        // its key is score_to_key_not_nan's without the fold, and NaN (key 0) is the one
-        // score left out
+        // its raw bin maps to its key's bin (flush_raw_histogram), and NaN is the one score
+        // left out
         if (s < n && score == score) atomicAdd(&hist_s[raw_bin_of_plus_zero(score)], 1u);
     };
 
