@@ -212,6 +212,12 @@ __device__ __forceinline__ void store_global_if(float* p, float v, bool pred) {
                  "r"((int)pred));
 }
 
+// *p = v by a global store whatever ptxas knows of p (a pointer through a shuffle, as a
+// warp-uniform row base is, would otherwise take a generic store)
+__device__ __forceinline__ void store_global(float* p, float v) {
+    asm volatile("st.global.f32 [%0], %1;" ::"l"(p), "f"(v));
+}
+
 // The same for a u64 in shared memory
 __device__ __forceinline__ void store_shared_if(u64* p, u64 v, bool pred) {
     asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q st.shared.u64 [%0], %1;\n\t}" ::"r"(

@@ -87,7 +87,10 @@ __device__ __forceinline__ void score_segment(
     __syncthreads();
 
     const int g = lane >> 2, c = lane & 3;
-    float* out = scores + (long long)t * ld;
+    // the row's base, broadcast so that ptxas knows it warp-uniform: made once, where from t
+    // and ld it was made again each tile (6 instructions; docs/performance.md v70)
+    float* const out = reinterpret_cast<float*>(
+        __shfl_sync(~0u, reinterpret_cast<unsigned long long>(scores + (long long)t * ld), 0));
     // the query's descriptor for k-step 0; k-step ks starts 2 * ks * kLbo bytes further (the
     // address field, bytes / 16, cannot carry: shared memory is below 256 KB)
     const u64 desc_q = wgmma_desc(qb, kLbo, kCoreBytes);
@@ -115,7 +118,7 @@ __device__ __forceinline__ void score_segment(
         const int s = s0 + 8 * (c & 1) + (second ? kSubTile : 0);
         // -0 folded into +0 by the fused add of +0 (one rounding, as the product's)
         const float score = second ? fmaf(mine1, gs1, 0.0f) : fmaf(mine0, gs0, 0.0f);
-        out[s] = score;
+        store_global(out + s, score);  // st.global: through the shuffle, out lost its space
         // counted whether or not a histogram is wanted (flushed only where one is): no
         // pointer test here (a register for the test brought back a special-register read
         // of the lane in the loop, slower: docs/performance.md v65); a score has no -0, so
