@@ -228,7 +228,7 @@ def wgmma_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_kernel<D>`` (kernels/score_wgmma.cu: WgmmaSmem)."""
     stage = _ring_stage_bytes(D)
     return ((D // 8) * 1024 + 64 * 4 + _WGMMA_STAGES * stage + _WGMMA_STAGES * TILE_ENTRIES * 4
-            + _WGMMA_STAGES * 8 + HIST_BINS * 4 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4 + 16)
+            + _WGMMA_STAGES * 8 + HIST_BINS * 4 + 16 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4 + 16)
 
 
 @functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch

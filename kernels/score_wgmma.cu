@@ -22,7 +22,8 @@ struct WgmmaSmem {
     static constexpr int kMeta = kRing + score_wgmma::kStages * BulkRing<kDim>::kStageBytes;
     static constexpr int kBars = kMeta + score_wgmma::kStages * score_wgmma::kTile * 4;
     static constexpr int kHist = kBars + score_wgmma::kStages * 8;
-    static constexpr int kSched = kHist + score_mma::kHistBins * 4;  // int[kMaxBalancedRows + 1]
+    // u32[kHistBins + 1]: bin kHistBins counts what the histogram leaves out (never read)
+    static constexpr int kSched = kHist + score_mma::kHistBins * 4 + 16;  // int[kMaxBalancedRows + 1]
     static constexpr int kScratch = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;  // u32[32]
     static constexpr int kRot = kScratch + 32 * 4;  // int: issue_rotation
     static constexpr int kBytes = kRot + 16;
@@ -123,8 +124,9 @@ __device__ __forceinline__ void score_segment(
         // pointer test here (a register for the test brought back a special-register read
         // of the lane in the loop, slower: docs/performance.md v65); a score has no -0, so
         // its raw bin maps to its key's bin (flush_raw_histogram), and NaN is the one score
-        // left out
-        if (s < n && score == score) atomicAdd(&hist_s[raw_bin_of_plus_zero(score)], 1u);
+        // left out (the entries left out go to a spare bin: a select, where a branch around
+        // the count took three control instructions)
+        atomicAdd(&hist_s[s < n && score == score ? raw_bin_of_plus_zero(score) : (u32)kHistBins], 1u);
     };
 
     // my rows' global scales within a slot, sub-tiles 0 and 1 (one load each a tile, no select)
