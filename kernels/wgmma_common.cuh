@@ -349,15 +349,16 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Which warps of this CTA issue a tile's key copies: run r goes to warp (r + rot) % 4. The
-// warps of an SM's CTAs share its four schedulers (warp slot w on scheduler w % 4), and the
-// issuing warps carry the copy path (~50 instructions a tile at E = 64, runs on warps 0 and 1
-// unrotated); rotating by the CTA's slot group on the SM (0, 2, 1, 3 for groups 0..3) puts
-// three CTAs' six issuing warps on the schedulers 1, 2, 2, 1 where unrotated they take
-// 3, 3, 0, 0. Read by one thread and shared, so that the CTA's warps agree. Measured with
-// v69's epilogue changes: decode -0.4..-1.2% in the single-query kernel, +0.9% in the pair
-// kernel, which keeps rot = 0; whether the schedulers' loads are as modelled is not yet
-// measured (docs/performance.md v69).
+// Which warps of this CTA issue a tile's key copies: run r goes to warp (r + rot) % 4, rot =
+// {0, 2, 1, 3}[(slot of warp 0 >> 2) % 4] (slot: %warpid; read by one thread and shared,
+// so that the CTA's warps agree). Kept for what it measured, not for the model it was
+// built on: an SM puts CTA k's warp i in slot 4k + (i + k + d) % 4 (d = 0 or 1 by SM;
+// slot w runs on scheduler w % 4), so unrotated the three CTAs' six issuing warps at E = 64
+// already fell 1, 2, 2, 1 on the schedulers and this rotation puts them 3, 1, 0, 2. Yet it
+// measured faster in the single-query kernel (v69: -0.4..-1.2%; level with rot = 0 in v70
+// but on decode-E256, -1.0%), while issuers spread 2, 2, 1, 1 by their schedulers were
+// 0.3-1.6% slower and the pair kernel lost 0.9% to it (it keeps rot = 0):
+// docs/performance.md v69-v70.
 __device__ __forceinline__ int issue_rotation() {
     u32 slot;
     asm volatile("mov.u32 %0, %%warpid;\n" : "=r"(slot));
