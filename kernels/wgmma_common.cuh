@@ -357,8 +357,8 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // already fell 1, 2, 2, 1 on the schedulers and this rotation puts them 3, 1, 0, 2. Yet it
 // measured faster in the single-query kernel (v69: -0.4..-1.2%; level with rot = 0 in v70
 // but on decode-E256, -1.0%), while issuers spread 2, 2, 1, 1 by their schedulers were
-// 0.3-1.6% slower and the pair kernel lost 0.9% to it (it keeps rot = 0):
-// docs/performance.md v69-v70.
+// 0.3-1.6% slower, all CTAs' on the same two (3, 3, 0, 0) 0.7-1.6% slower, and the pair
+// kernel lost 0.9% to it (it keeps rot = 0): docs/performance.md v69-v70.
 __device__ __forceinline__ int issue_rotation() {
     u32 slot;
     asm volatile("mov.u32 %0, %%warpid;\n" : "=r"(slot));
