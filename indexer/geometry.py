@@ -225,7 +225,8 @@ def _ring_stage_bytes(D: int) -> int:
 
 
 def wgmma_smem_bytes(D: int) -> int:
-    """Shared memory of ``score_wgmma_kernel<D>`` (kernels/score_wgmma.cu: WgmmaSmem)."""
+    """Shared memory of ``score_wgmma_kernel<D>`` (kernels/score_wgmma.cu: WgmmaSmem; the
+    histogram's HIST_BINS counts are followed by 16 bytes for its spare bin)."""
     stage = _ring_stage_bytes(D)
     return ((D // 8) * 1024 + 64 * 4 + _WGMMA_STAGES * stage + _WGMMA_STAGES * TILE_ENTRIES * 4
             + _WGMMA_STAGES * 8 + HIST_BINS * 4 + 16 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4 + 16)
