@@ -186,6 +186,9 @@ _WGMMA_LAUNCHES = {"ws": geometry.score_ws_launch, "pairs": geometry.score_wgmma
 _SCORING_SOURCES = {"fp32": "score_fp32.cu", "mma": "score_mma.cu", "wgmma": "score_wgmma.cu",
                     "pairs": "score_wgmma.cu", "ws": "score_ws.cu", "ks": "score_ks.cu",
                     "dense": "score_dense.cu"}
+#: whether the balanced wgmma kernels' CTAs claim their shares of tiles (else equal shares:
+#: for A/Bs; docs/performance.md v71)
+_CLAIMED_SHARES = True
 #: the select kernels' source (a name, so that scripts/ab_kernels.py can swap in another version)
 _SELECT_SOURCE = "select_fast.cu"
 
@@ -514,6 +517,17 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
         hist, hist_zero = 0, True  # a null pointer for the sampled final kernel, which ignores it
     physical32 = i32(1 if physical else 0)
     count = 0 if v.count is None else v.count  # none where every run streams: a null pointer (never read)
+    # the balanced wgmma kernels' CTAs claim their shares from two counters, zero at rest
+    # (kernels/wgmma_common.cuh: ShareClaims): the workspace's, else the call's own
+    # (none where a capture starts before the workspace holds them: equal shares then)
+    claims = 0
+    if _CLAIMED_SHARES and (kind == "pairs" or (kind == "wgmma" and sl.balanced)):
+        if workspace is None:
+            claims = cp.empty(2, dtype=cp.uint32)
+            _zero(claims)
+        else:
+            claims = workspace.claim_counters()
+            claims = 0 if claims is None else claims
 
     try:
         for r0, r1, nr, sampled, streamed, ranked, r0_32, nr_32 in p.runs:
@@ -558,7 +572,8 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                     grid, sched_args = (nr, sl.grid[1]), (*p.shape_args, i32(sl.tiles_per_cta))
                 score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
                               *sched_args, v.scores, p.ld,
-                              *(() if not p.counts_keys else (0, 0) if p.row_select else (hist, count)))
+                              *(() if not p.counts_keys else (0, 0) if p.row_select else (hist, count)),
+                              *((claims,) if kind in ("wgmma", "pairs") else ()))
                 if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
                     after_previous(p.score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
                 else:

@@ -131,7 +131,7 @@ class ScoreLaunch:
     smem: int              # dynamic shared memory, bytes
     tiles_per_cta: int
     ld: int                # workspace row stride in floats (a multiple of TILE_ENTRIES)
-    balanced: bool = False  # grid (G,): every CTA takes an equal share of all rows' tiles
+    balanced: bool = False  # grid (G,): the CTAs share all rows' tiles (wgmma kernels: shares claimed, ShareClaims)
 
 
 def head_groups(H: int) -> int:
@@ -239,7 +239,8 @@ def score_wgmma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
     (two wgmma sub-tiles of 64), the query in wgmma's core-matrix layout.
 
     Up to ``MAX_BALANCED_ROWS`` rows, one wave of CTAs (``ctas_per_sm`` per SM) shares the
-    tiles of all rows equally, whatever their lengths (found on the device, no host sync):
+    tiles of all rows, whatever their lengths (found on the device, no host sync), each CTA
+    claiming a share sized by its slot on its SM (kernels/wgmma_common.cuh: ShareClaims):
     a ragged batch costs its total length, not its longest row times the batch. Beyond
     that, runs of tiles per row as for ``score_mma_launch``.
     """
@@ -406,10 +407,11 @@ _PAIR_SCHEDULE_SLOTS = 1024
 
 
 def wgmma_pairs_smem_bytes(D: int) -> int:
-    """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem)."""
+    """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem;
+    its last 16 bytes hold the share the CTA claimed last)."""
     stage = _ring_stage_bytes(D)
     return ((D // 8) * (2 * 1024 + 16) + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
-            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4 + MAX_PAIR_ROWS // 8)
+            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4 + MAX_PAIR_ROWS // 8 + 16)
 
 
 @functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch

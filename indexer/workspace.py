@@ -29,6 +29,10 @@ Rules:
 * Keep the workspace alive as long as any graph that uses it.
 * The NumPy backend accepts a workspace and ignores it (it has no device memory).
 
+The workspace also keeps, per device, the two counters from which the balanced scoring
+kernels' CTAs claim their shares of the tiles; each kernel sets them back to zero as it
+ends, so they too are zero between calls.
+
 Beside its scratch buffer the workspace keeps the select's per-row histograms (of score
 bits), or for the dense kernel's calls a count a row of the scores stored (which lets the
 row select start on each row as soon as the CTAs holding it have ended), in a part of their
@@ -53,6 +57,8 @@ _GRANULE = 1 << 20
 # the zeroed part (an 8 KB histogram a row) in 64 KiB steps: a batch-1 call's 8 KB would
 # otherwise hold a whole MiB
 _ZEROED_GRANULE = 1 << 16
+# the claim counters' part (two uint32 used)
+_CLAIMS_BYTES = 256
 # sets of views kept by Workspace.views (one a call shape and at-rest state): dropped all at
 # once past this many
 _MAX_VIEWS = 256
@@ -102,6 +108,7 @@ class Workspace:
             raise ValueError(f"device: {device}, but CuPy sees {count} CUDA device(s)")
         with cp.cuda.Device(device if device is not None else cp.cuda.runtime.getDevice()):  # gpu-only
             self.buffer(int(nbytes))
+            self.claim_counters()
 
     def buffer(self, nbytes: int, part: str = "launch", granule: int = _GRANULE):  # gpu-only
         """A uint8 CuPy array of ``nbytes`` bytes: the start of this workspace's ``part``
@@ -172,6 +179,24 @@ class Workspace:
                 self._buffers[key].fill(0)
                 self._zero_at_rest[dev] = True
         return self._zero_at_rest.get(dev, False)
+
+    def claim_counters(self):  # gpu-only
+        """uint32 [2] on the current device, zero at rest: the counters from which the
+        balanced scoring kernels' CTAs claim their shares of tiles (kernels/wgmma_common.cuh:
+        ShareClaims); every launch that uses them leaves them zero. Allocated zero-filled on
+        first use (or by ``reserve``); None while the stream is capturing before then (the
+        call then gives its CTAs equal shares)."""
+        cp = arrays.cupy()
+        key = (int(cp.cuda.runtime.getDevice()), "claims")
+        buf = self._buffers.get(key)
+        if buf is None:
+            if streams.capture_state(cp.cuda.get_current_stream())[0] is not False:
+                return None
+            with self._lock:
+                buf = self._buffers.get(key)
+                if buf is None:
+                    self._buffers[key] = buf = cp.zeros(_CLAIMS_BYTES, dtype=cp.uint8)
+        return buf[:8].view(cp.uint32)
 
     def at_rest(self, device_id: int) -> bool:
         """Whether the "zeroed" part of device ``device_id`` is marked all zero (as

@@ -25,7 +25,7 @@ struct WgmmaSmem {
     // u32[kHistBins + 1]: bin kHistBins counts what the histogram leaves out (never read)
     static constexpr int kSched = kHist + score_mma::kHistBins * 4 + 16;  // int[kMaxBalancedRows + 1]
     static constexpr int kScratch = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;  // u32[32]
-    static constexpr int kRot = kScratch + 32 * 4;  // int: issue_rotation
+    static constexpr int kRot = kScratch + 32 * 4;  // int: issue_rotation; then u32[3]: ShareClaims::mine
     static constexpr int kBytes = kRot + 16;
 };
 
@@ -159,9 +159,11 @@ __device__ __forceinline__ void score_segment(
 }
 
 // Two schedules, one kernel:
-//   * balanced (grid (G,)): the tiles of all rows, concatenated, are cut into G nearly equal
-//     ranges, one per CTA; a range may span several rows (a segment per row). Ragged batches
-//     and single long rows keep every SM busy. Needs T <= kMaxBalancedRows.
+//   * balanced (grid (G,)): the tiles of all rows, concatenated, are cut into G ranges, one
+//     per CTA, claimed from two counters in sizes by the CTA's slot on its SM (ShareClaims,
+//     wgmma_common.cuh; without counters, G nearly equal ranges); a range may span several
+//     rows (a segment per row). Ragged batches and single long rows keep every SM busy.
+//     Needs T <= kMaxBalancedRows.
 //   * per row (grid (T, chunks)): CTA (t, y) scores tiles y * tiles_per_cta .. of row t.
 // E must be a power of two with E * D/16 a multiple of 16 (bulk copies of whole block runs);
 // key_scale 16-byte aligned. The launcher checks both.
@@ -178,7 +180,8 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
                    float* __restrict__ scores,              // [T, ld] workspace
                    long long ld,
                    u32* __restrict__ hist,                  // [T, kHistBins] or nullptr
-                   u32* __restrict__ count)                 // [T] candidate counts, cleared here, or nullptr
+                   u32* __restrict__ count,                 // [T] candidate counts, cleared here, or nullptr
+                   u32* __restrict__ claims)                // [2] ShareClaims' counters (balanced), or nullptr: equal shares
 {
     clear_candidate_counts(count, T);
     using namespace score_wgmma;
@@ -195,37 +198,60 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     mbar_init_fence();
 
     int* start = reinterpret_cast<int*>(smem + Smem::kSched);
+    // the balanced schedule's share claimed first: issued before the schedule is built (its
+    // round trip under the row lengths' loads), read after tile_starts' barriers
+    const ShareClaims share{claims, reinterpret_cast<u32*>(smem + Smem::kRot + 4), {1110u, 1042u, 920u}};
     int t = blockIdx.x, seg_first = 0, seg_num = 0, g = 0, g_end = 0;
+    // the first segment of the CTA's next claim that holds tiles: [g, g_end) of all rows'
+    // tiles in order; false once the wave is done
+    auto take_claim = [&]() {
+        while (share.tiles(g, g_end)) {
+            if (g < g_end) {
+                t = item_of_tile(start, T, g);
+                seg_first = g - start[t];
+                seg_num = min(g_end, start[t + 1]) - g;
+                return true;
+            }
+            __syncthreads();  // every thread has read the claim
+            share.claim();
+            __syncthreads();
+        }
+        return false;
+    };
     if (!balanced) {
         seg_first = blockIdx.y * tiles_per_cta;
         seg_num = min(seg_first + tiles_per_cta, (visible(t) + kTile - 1) / kTile) - seg_first;
         __syncthreads();  // barriers initialised
     } else {
+        share.claim_first();
         // start[r] = tiles of rows before r (its barriers also publish the mbarrier init)
         const u32 total = tile_starts<kMaxBalancedRows>(
             T, [&](int row) { return (visible(row) + kTile - 1) / kTile; }, start,
             reinterpret_cast<u32*>(smem + Smem::kScratch));
-        const long long G = gridDim.x;
-        g = (int)((long long)total * blockIdx.x / G);
-        g_end = (int)((long long)total * (blockIdx.x + 1) / G);
-        if (g < g_end) {
-            t = item_of_tile(start, T, g);
-            seg_first = g - start[t];
-            seg_num = min(g_end, start[t + 1]) - g;
-        }
+        if (tid == 0) share.set_total(total);
+        __syncthreads();
+        take_claim();
     }
     int jbase = 0;
     const int rot = *reinterpret_cast<const int*>(smem + Smem::kRot);  // after the barriers above
-    while (seg_num > 0) {
+    while (seg_num > 0) {  // a segment (a row's part) at a time
         score_segment<kDim>(smem, q16, w_scaled, keys_fp4, key_scale, key_gscale, block_table, t, visible(t),
                             seg_first, seg_num, jbase, P, E, e_shift, L, scores, ld, hist, rot);
         jbase += seg_num;
         g += seg_num;
-        if (!balanced || g >= g_end) break;
+        if (!balanced) break;
+        if (g >= g_end) {  // the claim is done: the next one
+            __syncthreads();  // every thread has read the claim
+            share.claim();
+            __syncthreads();
+            if (!take_claim()) break;
+            continue;
+        }
         do { ++t; } while (start[t + 1] <= g);  // the next row with tiles
         seg_first = 0;
         seg_num = min(g_end, start[t + 1]) - g;
     }
+    if (balanced && tid == 0) share.done();
 }
 
 // ===========================================================================
@@ -274,7 +300,8 @@ struct WgmmaPairSmem {
     static constexpr int kSched = kHist + 2 * score_wgmma_pairs::kPackedWords * 4;  // int[kMaxUnits + 1]
     static constexpr int kScratch = kSched + (score_wgmma_pairs::kMaxUnits + 1) * 4;  // u32[32]
     static constexpr int kSeqStarts = kScratch + 32 * 4;  // u32[kMaxRows / 32]: rows that start a sequence
-    static constexpr int kBytes = kSeqStarts + score_wgmma_pairs::kMaxRows / 8;
+    static constexpr int kClaim = kSeqStarts + score_wgmma_pairs::kMaxRows / 8;  // u32[3]: ShareClaims::mine
+    static constexpr int kBytes = kClaim + 16;
 };
 
 // one more entry in a packed histogram of raw bins (raw_bin_of_plus_zero): bin b's count is
@@ -440,7 +467,7 @@ __device__ __forceinline__ void score_pair_segment(
     __syncthreads();
 }
 
-// grid (G,), 128 threads: CTA i takes an equal share of all pairs' tiles. Row t is query
+// grid (G,), 128 threads: CTA i takes a share of all pairs' tiles (claimed: ShareClaims). Row t is query
 // row0 + t of a call whose sequences start at rows cu_seqlens[0 .. n_seq] (varlen layout);
 // rows 2u and 2u + 1 share keys when they belong to the same sequence (no sequence starts at
 // row 2u + 1). T <= kMaxRows (8,192).
@@ -460,7 +487,8 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
                          float* __restrict__ scores,              // [T, ld] workspace
                          long long ld,
                          u32* __restrict__ hist,                  // [T, kHistBins] or nullptr
-                         u32* __restrict__ count)                 // [T] candidate counts, cleared here, or nullptr
+                         u32* __restrict__ count,                 // [T] candidate counts, cleared here, or nullptr
+                         u32* __restrict__ claims)                // [2] ShareClaims' counters, or nullptr: equal shares
 {
     clear_candidate_counts(count, T);
     using namespace score_wgmma;
@@ -476,6 +504,9 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     // changes there, for offsets in order; for any offsets, the kernel reads only in bounds).
     // One pass over the offsets instead of two binary searches a unit (~2 log2(n_seq)
     // dependent loads at every piece start).
+    // the share claimed first, read after the barriers below (ShareClaims)
+    const ShareClaims share{claims, reinterpret_cast<u32*>(smem + Smem::kClaim), {1125u, 1040u, 907u}};
+    share.claim_first();
     u32* seq_starts = reinterpret_cast<u32*>(smem + Smem::kSeqStarts);
     for (int i = tid; i < score_wgmma_pairs::kMaxRows / 32; i += blockDim.x) seq_starts[i] = 0u;
     __syncthreads();
@@ -528,41 +559,52 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
             }
             return sum;
         }, start, reinterpret_cast<u32*>(smem + Smem::kScratch));
-    const long long G = gridDim.x;
-    int g = (int)((long long)total * blockIdx.x / G);
-    const int g_end = (int)((long long)total * (blockIdx.x + 1) / G);
-    if (g >= g_end) return;
-    // position k (in folded order) of the unit holding tile g, from its group's start
-    // (k_start: tiles of the units before it)
-    const int grp = item_of_tile(start, groups, g);
-    int k = grp << gshift, k_start = start[grp], jbase = 0;
+    int jbase = 0;
     // unrotated issuing warps: issue_rotation measured 0.9% slower here (docs/performance.md v69)
     constexpr int rot = 0;
-    while (true) {
-        const Unit x = unit_at(k);
-        if (k_start + x.tiles <= g) {  // a unit before tile g (or empty): the next one
-            k_start += x.tiles;
-            ++k;
-            continue;
+    // the tiles [g, g_end) of all units' tiles in folded order, scored a piece at a time
+    auto score_range = [&](int g, int g_end) {
+        if (g >= g_end) return;
+        // position k (in folded order) of the unit holding tile g, from its group's start
+        // (k_start: tiles of the units before it)
+        const int grp = item_of_tile(start, groups, g);
+        int k = grp << gshift, k_start = start[grp];
+        while (true) {
+            const Unit x = unit_at(k);
+            if (k_start + x.tiles <= g) {  // a unit before tile g (or empty): the next one
+                k_start += x.tiles;
+                ++k;
+                continue;
+            }
+            const int local = g - k_start, k_end = k_start + x.tiles;
+            int ta, tb, na, nb, first, end;  // one piece of the unit: tiles [first, end) of its rows
+            if (x.shared) {
+                ta = x.ta; tb = x.tb; na = x.na; nb = x.nb; first = local; end = x.tiles;
+            } else if (local < x.tiles_a) {
+                ta = x.ta; tb = -1; na = x.na; nb = 0; first = local; end = x.tiles_a;
+            } else {
+                ta = x.tb; tb = -1; na = x.nb; nb = 0; first = local - x.tiles_a; end = x.tiles - x.tiles_a;
+            }
+            const int num = min(g_end - g, end - first);
+            score_pair_segment<kDim>(smem, q, w, H, keys_fp4, key_scale, key_gscale, block_table, ta, tb, na, nb,
+                                     first, num, jbase, P, E, e_shift, L, scores, ld, hist, rot);
+            jbase += num;
+            g += num;
+            if (g >= g_end) break;
+            if (g >= k_end) {  // the unit is done (else its second row's piece comes next)
+                k_start = k_end;
+                ++k;
+            }
         }
-        const int local = g - k_start, k_end = k_start + x.tiles;
-        int ta, tb, na, nb, first, end;  // one piece of the unit: tiles [first, end) of its rows
-        if (x.shared) {
-            ta = x.ta; tb = x.tb; na = x.na; nb = x.nb; first = local; end = x.tiles;
-        } else if (local < x.tiles_a) {
-            ta = x.ta; tb = -1; na = x.na; nb = 0; first = local; end = x.tiles_a;
-        } else {
-            ta = x.tb; tb = -1; na = x.nb; nb = 0; first = local - x.tiles_a; end = x.tiles - x.tiles_a;
-        }
-        const int num = min(g_end - g, end - first);
-        score_pair_segment<kDim>(smem, q, w, H, keys_fp4, key_scale, key_gscale, block_table, ta, tb, na, nb,
-                                 first, num, jbase, P, E, e_shift, L, scores, ld, hist, rot);
-        jbase += num;
-        g += num;
-        if (g >= g_end) break;
-        if (g >= k_end) {  // the unit is done (else its second row's piece comes next)
-            k_start = k_end;
-            ++k;
-        }
+    };
+    if (tid == 0) share.set_total(total);
+    __syncthreads();
+    int g, g_end;
+    while (share.tiles(g, g_end)) {
+        score_range(g, g_end);
+        __syncthreads();  // every thread has read the claim
+        share.claim();
+        __syncthreads();
     }
+    if (tid == 0) share.done();
 }

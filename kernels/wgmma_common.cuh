@@ -589,6 +589,81 @@ __device__ __forceinline__ u32 tile_starts(int n, TilesOf tiles, int* start, u32
     return total;
 }
 
+// Shares of a one-wave balanced schedule, claimed rather than fixed (docs/performance.md
+// v71). An SM's warp schedulers favour the warps of its first CTA over its second's and
+// those over its third's: with equal shares of tiles the SM's three CTAs ended ~4% and ~11%
+// apart (a probe of every CTA's start and end), so that each SM ran its last ~10% with one
+// or two CTAs. So a CTA claims its share from a counter in global memory: first units sized
+// by its slot on the SM (its first warp's %warpid / 4), then chunks, until the counter
+// passes the end. Tiles are claimed in units (kUnits an equal share), so that the first
+// claim needs no tile count and can be issued before the schedule is built; claimed units
+// [u0, u1) are tiles [total * u0 / U, total * u1 / U) of all rows' tiles in order, U = G *
+// kUnits. The counters (claimed units, CTAs done) are zero when the kernel starts; the last
+// CTA to finish sets them back to zero. Without counters each CTA takes its equal share
+// through the same code (a branch around the tile loop would have ptxas compile it twice).
+struct ShareClaims {
+    static constexpr u32 kUnits = 1024;
+    // first claims by slot, in proportion to the slots' measured speeds; an SM's three add
+    // up to its 3 kUnits, so that chunks are claimed only where the wave's CTAs are not
+    // three to every SM
+    __device__ u32 first_units() const {
+        u32 w;
+        asm volatile("mov.u32 %0, %%warpid;\n" : "=r"(w));
+        const u32 slot = w >> 2;
+        return slot < 3 ? first[slot] : kUnits;
+    }
+
+    u32* counter;  // global [2]: units claimed, CTAs done; nullptr: equal shares, none claimed
+    u32* mine;     // shared [3]: this CTA's last claim (first unit, units), all rows' tiles
+    u32 first[3];  // first claims of slots 0, 1, 2 (adding up to 3 kUnits)
+
+    // The claims are made by the whole of warp 0 (lane 0 adds the units, the other lanes
+    // add zero; every lane stores lane 0's answer), called by every thread: a claim under
+    // `tid == 0` diverged inside the loop around the tile loop, and ptxas then moved the
+    // tile loop's descriptors out of the uniform registers.
+    __device__ void store_claim(u32 at_or_none, u32 units) const {
+        const int lane = threadIdx.x & 31;
+        if (__shfl_sync(~0u, threadIdx.x >> 5, 0) == 0) {  // warp 0, known warp-uniform
+            const u32 old = counter ? atomicAdd(counter, lane == 0 ? units : 0u) : at_or_none;
+            mine[0] = __shfl_sync(~0u, old, 0);
+            mine[1] = units;
+        }
+    }
+    // the CTA's first share (without counters its equal share, units [blockIdx.x * kUnits,
+    // + kUnits), which are tiles [total * blockIdx.x / G, total * (blockIdx.x + 1) / G))
+    __device__ void claim_first() const { store_claim(blockIdx.x * kUnits, counter ? first_units() : kUnits); }
+    // by one thread: the tiles of all rows, to read the claims by (kept in shared memory,
+    // not in registers across the tile loop, where ptxas has none to spare)
+    __device__ void set_total(u32 total) const { mine[2] = total; }
+    // a chunk more, at least one tile (without counters, none: the wave is done)
+    __device__ void claim() const {
+        const unsigned long long U = (unsigned long long)gridDim.x * kUnits;
+        const u32 total = mine[2];
+        store_claim((u32)U, max(16u, total ? (u32)((U + total - 1) / total) : 1u));
+    }
+    // the tiles [g, g_end) of the CTA's last claim, in all rows' tiles in order; false once
+    // the wave is done
+    __device__ bool tiles(int& g, int& g_end) const {
+        const unsigned long long U = (unsigned long long)gridDim.x * kUnits;
+        const u32 u0 = mine[0], total = mine[2];
+        if (u0 >= U) return false;
+        const unsigned long long u1 = min((unsigned long long)u0 + mine[1], U);
+        g = (int)(total * (unsigned long long)u0 / U);
+        g_end = (int)(total * u1 / U);
+        return true;
+    }
+    // by one thread, after its CTA's last claim: count the CTA done; the last one clears both
+    // counters for the next launch (every other CTA has made its last claim by then)
+    __device__ void done() const {
+        if (!counter) return;
+        __threadfence();  // this CTA's claims before its count
+        if (atomicAdd(counter + 1, 1u) == gridDim.x - 1) {
+            atomicExch(counter, 0u);
+            atomicExch(counter + 1, 0u);
+        }
+    }
+};
+
 // The item holding tile g: the last i < n with start[i] <= g (empty items share starts).
 template <typename Pos>
 __device__ __forceinline__ int item_of_tile(const Pos* start, int n, Pos g) {

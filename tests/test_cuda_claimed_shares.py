@@ -1,0 +1,146 @@
+"""The balanced wgmma kernels (one query a tile, and row pairs) let their CTAs claim their
+shares of the tiles from two counters (kernels/wgmma_common.cuh: ShareClaims) instead of
+taking equal shares: the answers are the equal shares' bit for bit and the reference's,
+whatever the wave's CTAs against the rows' tiles (more tiles, fewer, none at all), and the
+counters are zero after every call, from a workspace or from the call's own memory."""
+
+import numpy as np
+import pytest
+
+import indexer
+from indexer import arrays, testing
+from tests.gpu import requires_gpu
+from tests.test_ragged import as_problem, grouped_problem
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+
+def single(rng, lens, *, D=128, E=64, top_k=64):
+    return testing.random_problem(rng, T=len(lens), H=64, D=D, E=E, lens=lens, top_k=top_k)
+
+
+# per-token rows: tiles past the wave's 396 CTAs, a few tiles, none; a smaller head dim
+# with small blocks (several copies a tile)
+SINGLE = {
+    "more tiles than CTAs": dict(lens=[30_000, 0, 17_000, 129, 26_000, 4_097], top_k=512),
+    "fewer tiles than CTAs": dict(lens=[300, 1, 0], top_k=16),
+    "no tiles": dict(lens=[0, 0]),
+    "D 64, E 16": dict(lens=[9_000, 20_000, 77], D=64, E=16, top_k=100),
+}
+# row pairs of one sequence (multi-token decode), unpaired rows, an empty sequence
+PAIRS = {
+    "pairs": dict(counts=[2, 2, 2], seq_entries=[30_000, 9_000, 500], top_k=256),
+    "unpaired": dict(counts=[1, 2, 1], seq_entries=[700, 12_000, 3], top_k=32),
+    "empty sequence": dict(counts=[2, 0, 2], seq_entries=[40_000, 5, 0], top_k=64),
+}
+
+
+def counters(ws):
+    return ws.claim_counters().get()
+
+
+def run(args, top_k, ws, cu=None):
+    from indexer import cuda_ops  # imports CuPy
+
+    cp = arrays.cupy()
+    dev = [cp.asarray(a) for a in args]
+    idx, sc = cuda_ops.score_topk(*dev, top_k, precision="fast", return_scores=True, workspace=ws,
+                                  _fast_kernel="wgmma", _cu_seqlens=None if cu is None else cp.asarray(cu))
+    return idx.get(), sc.get()
+
+
+def check_claims_against_equal_shares(monkeypatch, problem, args, top_k, cu=None):
+    from indexer import cuda_ops  # imports CuPy
+
+    ws = indexer.Workspace()
+    idx, sc = run(args, top_k, ws, cu)
+    testing.check_topk(problem, idx, sc, tol=testing.TOL_FAST)
+    assert not counters(ws).any()
+    again = run(args, top_k, ws, cu)  # the counters the first call left
+    own = run(args, top_k, None, cu)  # no workspace: the call's own counters
+    monkeypatch.setattr(cuda_ops, "_CLAIMED_SHARES", False)
+    equal = run(args, top_k, indexer.Workspace(), cu)
+    for other in (again, own, equal):
+        np.testing.assert_array_equal(other[0], idx)
+        assert other[1].tobytes() == sc.tobytes()
+    assert not counters(ws).any()
+
+
+@pytest.mark.parametrize("name", list(SINGLE))
+def test_single_query_rows(monkeypatch, name):
+    spec = dict(SINGLE[name])
+    rng = np.random.default_rng(len(name))
+    p = single(rng, **spec)
+    check_claims_against_equal_shares(monkeypatch, p, p.arrays(), p.top_k)
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_row_pairs(monkeypatch, name):
+    spec = dict(PAIRS[name])
+    top_k = spec.pop("top_k")
+    rng = np.random.default_rng(len(name) + 100)
+    q, w, k, s, g, table, cu, lens = grouped_problem(rng, spec["counts"], H=64, D=128, E=64,
+                                                     seq_entries=spec["seq_entries"], top_k=top_k)
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    check_claims_against_equal_shares(monkeypatch, as_problem(q, w, k, s, g, table, cu, lens, top_k),
+                                      (q, w, k, s, g, per_token, lens), top_k, cu)
+
+
+def test_counters_stay_zero_through_graph_replays():
+    # a prepared call given out= replays its launches from a CUDA graph from its second call
+    # with the same pointers on: each replay's last CTA sets the counters back to zero, so
+    # every replay claims from zero
+    cp = arrays.cupy()
+    rng = np.random.default_rng(5)
+    p = single(rng, lens=[20_000, 7_000, 31_000], top_k=128)
+    dev = [cp.asarray(a) for a in p.arrays()]
+    ws = indexer.Workspace()
+    step = indexer.prepare(*dev, p.top_k, workspace=ws, validate=False)
+    out = cp.full((3, 128), -7, dtype=cp.int32)
+    step(*dev, out=out)
+    first = out.get()
+    testing.check_topk(p, first, tol=testing.TOL_FAST)
+    for _ in range(4):
+        out.fill(-7)
+        step(*dev, out=out)
+        np.testing.assert_array_equal(out.get(), first)
+        assert not counters(ws).any()
+
+
+def test_reserve_allocates_the_counters():
+    ws = indexer.Workspace()
+    ws.reserve(1 << 20)
+    assert not counters(ws).any()
+
+
+def test_a_capture_before_the_counters_exist_takes_equal_shares():
+    # a workspace sized by a call of a kernel that claims nothing (here: its counters
+    # dropped) holds none when a capture starts: the captured call allocates nothing and
+    # gives its CTAs equal shares
+    from indexer import cuda_ops  # imports CuPy
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(6)
+    p = single(rng, lens=[12_000, 3_000], top_k=64)
+    dev = [cp.asarray(a) for a in p.arrays()]
+    ws = indexer.Workspace()
+    kw = dict(precision="fast", workspace=ws, validate=False, _fast_kernel="wgmma")
+    want = cuda_ops.score_topk(*dev, p.top_k, **kw).get()  # compiled and sized outside the capture
+    key = (int(cp.cuda.runtime.getDevice()), "claims")
+    del ws._buffers[key]
+    out = cp.full((2, 64), -7, dtype=cp.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    def no_allocation(nbytes):
+        raise AssertionError(f"the call allocated {nbytes} bytes from CuPy")
+
+    with stream, cp.cuda.using_allocator(no_allocation):
+        stream.begin_capture()
+        try:
+            cuda_ops.score_topk(*dev, p.top_k, out=out, **kw)
+        finally:
+            graph = stream.end_capture()
+    assert key not in ws._buffers
+    graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(out.get(), want)
