@@ -499,14 +499,14 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     const int tid = threadIdx.x;
     const int max_len = L * E;
     auto visible = [&](int row) { return visible_len(valid_lens, row, max_len); };
+    // the share claimed first, read after the barriers below (ShareClaims)
+    const ShareClaims share{claims, reinterpret_cast<u32*>(smem + Smem::kClaim), {1125u, 1040u, 907u}};
+    share.claim_first();
     // Bit t of seq_starts: a sequence starts at row t (0 < t < T), so rows t - 1 and t belong
     // to different sequences (the clamped sequence search that expands the block table
     // changes there, for offsets in order; for any offsets, the kernel reads only in bounds).
     // One pass over the offsets instead of two binary searches a unit (~2 log2(n_seq)
     // dependent loads at every piece start).
-    // the share claimed first, read after the barriers below (ShareClaims)
-    const ShareClaims share{claims, reinterpret_cast<u32*>(smem + Smem::kClaim), {1125u, 1040u, 907u}};
-    share.claim_first();
     u32* seq_starts = reinterpret_cast<u32*>(smem + Smem::kSeqStarts);
     for (int i = tid; i < score_wgmma_pairs::kMaxRows / 32; i += blockDim.x) seq_starts[i] = 0u;
     __syncthreads();
