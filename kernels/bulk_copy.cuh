@@ -83,6 +83,8 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 by
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, u32 bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
+// the same for one line (an L2 prefetch of the line holding p)
+__device__ __forceinline__ void prefetch_line_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 // order this thread's earlier shared-memory accesses before later async-proxy ones
 // (shared memory written with ordinary stores, then read by wgmma or overwritten by a bulk copy)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -100,5 +102,6 @@ __device__ __forceinline__ void bulk_copy_g2s(u32, const void*, u32, u32) { __tr
 __device__ __forceinline__ void bulk_copy_g2s_evict_first(u32, const void*, u32, u32) { __trap(); }
 __device__ __forceinline__ bool elect_one() { return (threadIdx.x & 31) == 0; }
 __device__ __forceinline__ void bulk_prefetch_l2(const void*, u32) {}
+__device__ __forceinline__ void prefetch_line_l2(const void*) {}
 __device__ __forceinline__ void fence_proxy_async() {}
 #endif

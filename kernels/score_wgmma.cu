@@ -31,12 +31,15 @@ struct WgmmaSmem {
 
 // Score one segment of one row: tiles first_tile .. first_tile + num_tiles - 1 of row t
 // (num_tiles > 0). Ring slots continue from jbase (the tiles this CTA scored before).
+// next_row: the row of the CTA's next segment where it is known (the same claim), else -1:
+// its first tiles' keys are asked of L2 here (prefetch_row_start_l2).
 template <int kDim>
 __device__ __forceinline__ void score_segment(
     unsigned char* smem, const unsigned short* __restrict__ q16, const float* __restrict__ w_scaled,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
     const int* __restrict__ block_table, int t, int n, int first_tile, int num_tiles, int jbase, int P, int E,
-    int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot) {
+    int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot, int next_row,
+    int next_n) {
     using namespace score_wgmma;
     using Smem = WgmmaSmem<kDim>;
     constexpr int kKSteps = kDim / 16;
@@ -78,6 +81,10 @@ __device__ __forceinline__ void score_segment(
         if (tid < kHeads / 4) cp_async_16(wsm + 4 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
         cp_async_commit();
     }
+    // the next segment's first tiles towards L2, by the last warp, while the query lands
+    if (next_row >= 0 && warp == 3)
+        prefetch_row_start_l2<kDim>(block_table + (long long)next_row * L, L, next_n, (kStages - 1) * kTile, P, E,
+                                    e_shift, keys_fp4, key_scale, key_gscale, lane);
     cp_async_wait<0>();
     if (tid < kHeads / 4) {  // my four weights halved, for the epilogue's 2 ReLU(x) (weighted_head_partials)
         float4* my_w = reinterpret_cast<float4*>(wsm + 4 * tid);
@@ -235,19 +242,26 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     int jbase = 0;
     const int rot = *reinterpret_cast<const int*>(smem + Smem::kRot);  // after the barriers above
     while (seg_num > 0) {  // a segment (a row's part) at a time
+        // the next row with tiles, where the claim goes on past this segment
+        int next = -1;
+        if (balanced && g + seg_num < g_end) {
+            next = t;
+            do { ++next; } while (start[next + 1] <= g + seg_num);
+        }
         score_segment<kDim>(smem, q16, w_scaled, keys_fp4, key_scale, key_gscale, block_table, t, visible(t),
-                            seg_first, seg_num, jbase, P, E, e_shift, L, scores, ld, hist, rot);
+                            seg_first, seg_num, jbase, P, E, e_shift, L, scores, ld, hist, rot, next,
+                            next >= 0 ? visible(next) : 0);
         jbase += seg_num;
         g += seg_num;
         if (!balanced) break;
-        if (g >= g_end) {  // the claim is done: the next one
+        if (next < 0) {  // the claim is done: the next one
             __syncthreads();  // every thread has read the claim
             share.claim();
             __syncthreads();
             if (!take_claim()) break;
             continue;
         }
-        do { ++t; } while (start[t + 1] <= g);  // the next row with tiles
+        t = next;
         seg_first = 0;
         seg_num = min(g_end, start[t + 1]) - g;
     }

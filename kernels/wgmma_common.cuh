@@ -492,6 +492,28 @@ struct BulkRing {
     }
 };
 
+// Towards L2, by one warp (lane i takes the row's block i): the keys, scales and global
+// scales of a row's first `entries` entries (its block table bt, L wide; visible length n),
+// so that a segment starting on that row later finds its first tiles' block ids and keys in
+// L2 instead of HBM: asked for by the segment before it in the same CTA, whose start on the
+// new row otherwise waits for two dependent HBM round trips (the block ids, then the keys;
+// docs/performance.md v72). A hint: nothing waits for it.
+template <int kDim>
+__device__ __forceinline__ void prefetch_row_start_l2(const int* __restrict__ bt, int L, int n, int entries, int P,
+                                                      int E, int e_shift, const u8* keys_fp4, const u8* key_scale,
+                                                      const float* key_gscale, int lane) {
+    const int ents = min(min(entries, n), L * E);
+    if (lane >= min(32, (ents + E - 1) >> e_shift)) return;
+    const int b = bt[lane];
+    if (b < 0 || b >= P) return;
+    // whole 16-byte granules: E * kDim / 16 is a multiple of 16 (the launcher checks it), and
+    // so is min(E, 128 j) * kDim / 16 for the entries asked (multiples of 128)
+    const u32 rows = (u32)min(E, entries);
+    bulk_prefetch_l2(keys_fp4 + (long long)b * E * (kDim / 2), rows * (kDim / 2));
+    bulk_prefetch_l2(key_scale + (long long)b * E * (kDim / 16), rows * (kDim / 16));
+    prefetch_line_l2(key_gscale + b);
+}
+
 // My (fragment column c) code words of stage row `row` and the fp16x2 scale splats
 // (the stage layout of BulkRing: codes [128][D/2], then scales [128][D/16]).
 template <int kDim>

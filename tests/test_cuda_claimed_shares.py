@@ -26,6 +26,9 @@ SINGLE = {
     "fewer tiles than CTAs": dict(lens=[300, 1, 0], top_k=16),
     "no tiles": dict(lens=[0, 0]),
     "D 64, E 16": dict(lens=[9_000, 20_000, 77], D=64, E=16, top_k=100),
+    # 200 rows of 6-11 tiles: most claims run on into a next row, whose first tiles' keys the
+    # segment before asks of L2 (prefetch_row_start_l2); lengths off the block edges
+    "a next row in most claims": dict(lens=[700 + (37 * i) % 700 for i in range(200)], top_k=64),
 }
 # row pairs of one sequence (multi-token decode), unpaired rows, an empty sequence
 PAIRS = {
