@@ -63,12 +63,15 @@ __device__ __forceinline__ void score_segment(
     keys.copies = kTile >> keys.row_shift;
     keys.rot = rot;
 
-    // ---- prologue: histogram, first tiles, then the query into the core-matrix layout and
-    // the weights. In a graph this kernel may start while prep_query_kernel runs (it is
-    // launched programmatically after it): everything before the wait touches nothing that
-    // kernel writes, and every kernel before it has ended (it was launched normally).
+    // ---- prologue: histogram, the first tile, then the query into the core-matrix layout and the
+    // weights, then the other first tiles (at a wave's start every CTA's first tiles leave at
+    // once, ~11 MB from HBM: the query's copies, L2 hits, go out before the second and third tiles
+    // rather than behind them; docs/performance.md v72). In a graph this kernel may start while
+    // prep_query_kernel runs (it is launched programmatically after it): everything before the
+    // wait touches nothing that kernel writes, and every kernel before it has ended (it was
+    // launched normally).
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
-    keys.start(tid);
+    keys.start_tiles(tid, 0, 1);
     wait_for_previous_grid();  // q16 and w_scaled written (a no-op from the first segment on)
     {
         const unsigned short* qsrc = q16 + (long long)t * kHeads * kRowHalves;
@@ -81,6 +84,8 @@ __device__ __forceinline__ void score_segment(
         if (tid < kHeads / 4) cp_async_16(wsm + 4 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
         cp_async_commit();
     }
+    keys.start_tiles(tid, 1, kStages - 1);
+    keys.start_next(tid);
     // the next segment's first tiles towards L2, by the last warp, while the query lands
     if (next_row >= 0 && warp == 3)
         prefetch_row_start_l2<kDim>(block_table + (long long)next_row * L, L, next_n, (kStages - 1) * kTile, P, E,

@@ -452,10 +452,17 @@ struct BulkRing {
     // Before the loop (after the caller's barrier that retired the previous segment):
     // tiles 0 .. kS - 2 issued, block ids of the next two tiles in flight.
     __device__ void start(int tid) {
-        for (int j = 0; j < kS - 1; ++j) {
+        start_tiles(tid, 0, kS - 1);
+        start_next(tid);
+    }
+    // start in parts: tiles [j0, j1) of the first kS - 1 issued, then the next two block ids
+    __device__ void start_tiles(int tid, int j0, int j1) {
+        for (int j = j0; j < j1; ++j) {
             const int b = j < num_tiles && issuer(tid) ? block_of(j, tid) : -1;
             if (j < num_tiles) issue(j, tid, b, scale_of(b));
         }
+    }
+    __device__ void start_next(int tid) {
         b_next = issuer(tid) ? block_of(kS - 1, tid) : -1;
         b_next2 = issuer(tid) ? block_of(kS, tid) : -1;
         g_next = scale_of(b_next);
