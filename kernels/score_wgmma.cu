@@ -72,7 +72,9 @@ __device__ __forceinline__ void score_segment(
     // launched normally).
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
     keys.start_tiles(tid, 0, 1);
+    TIMELINE_POINT(2, jbase == 0);  // points 2-6: the CTA's first segment (scripts/probe_timeline.py)
     wait_for_previous_grid();  // q16 and w_scaled written (a no-op from the first segment on)
+    TIMELINE_POINT(3, jbase == 0);
     {
         const unsigned short* qsrc = q16 + (long long)t * kHeads * kRowHalves;
         for (int i = tid; i < kHeads * (kDim / 8); i += kThreads) {
@@ -86,6 +88,7 @@ __device__ __forceinline__ void score_segment(
     }
     keys.start_tiles(tid, 1, kStages - 1);
     keys.start_next(tid);
+    TIMELINE_POINT(4, jbase == 0);
     // the next segment's first tiles towards L2, by the last warp, while the query lands
     if (next_row >= 0 && warp == 3)
         prefetch_row_start_l2<kDim>(block_table + (long long)next_row * L, L, next_n, (kStages - 1) * kTile, P, E,
@@ -98,6 +101,7 @@ __device__ __forceinline__ void score_segment(
     }
     fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
     __syncthreads();
+    TIMELINE_POINT(5, jbase == 0);
 
     const int g = lane >> 2, c = lane & 3;
     // the row's base, broadcast so that ptxas knows it warp-uniform: made once, where from t
@@ -146,6 +150,7 @@ __device__ __forceinline__ void score_segment(
     const u32 gs_row1 = keys.gscale_offset(kSubTile + 16 * warp + g + 8 * (c & 1));
     for (int it = 0; it < num_tiles; ++it) {
         keys.begin_tile(it, tid);
+        TIMELINE_POINT(6, jbase == 0 && it == 0);
         const unsigned char* st = keys.stage(it);
         const int tile_start = (first_tile + it) * kTile;
         // No MMA stays in flight across iterations: ptxas serialises every wgmma when
@@ -195,6 +200,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
                    u32* __restrict__ count,                 // [T] candidate counts, cleared here, or nullptr
                    u32* __restrict__ claims)                // [2] ShareClaims' counters (balanced), or nullptr: equal shares
 {
+    TIMELINE_POINT(0, true);  // the CTA's entry
     clear_candidate_counts(count, T);
     using namespace score_wgmma;
     using Smem = WgmmaSmem<kDim>;
@@ -246,6 +252,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     }
     int jbase = 0;
     const int rot = *reinterpret_cast<const int*>(smem + Smem::kRot);  // after the barriers above
+    TIMELINE_POINT(1, true);  // the schedule built, the first claim read
     while (seg_num > 0) {  // a segment (a row's part) at a time
         // the next row with tiles, where the claim goes on past this segment
         int next = -1;
@@ -270,6 +277,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         seg_first = 0;
         seg_num = min(g_end, start[t + 1]) - g;
     }
+    TIMELINE_POINT(7, true);  // the CTA's last tile scored
     if (balanced && tid == 0) share.done();
 }
 

@@ -7,6 +7,7 @@ with ctypes, so CI catches a kernel that does not compile on a machine without a
 
     python scripts/compile_kernels.py                 # sm_90a, every instance
     python scripts/compile_kernels.py --arch sm_80 -v # another target, print resource use
+    python scripts/compile_kernels.py --only score_wgmma_kernel --define INDEXER_TIMELINE  # a probe build
 
 libnvrtc is taken from $INDEXER_NVRTC, the ``nvidia-cuda-nvrtc`` wheel, CuPy's CUDA path or
 /usr/local/cuda. Exit status 1 if any instance fails, with NVRTC's log.
@@ -111,7 +112,11 @@ def main(argv=None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print NVRTC's log (ptxas resource use)")
     ap.add_argument("--only", default=None, help="compile only name expressions containing this text")
     ap.add_argument("--cubin-dir", default=None, help="write each CUBIN there (for cuobjdump -sass)")
+    ap.add_argument("--define", action="append", default=[], metavar="NAME",
+                    help="compile with NAME defined (repeatable), e.g. INDEXER_TIMELINE: the build of "
+                         "scripts/probe_timeline.py")
     args = ap.parse_args(argv)
+    defines = "".join(f"#define {name} 1\n" for name in args.define)
     nvrtc = Nvrtc(find_nvrtc())
     options = nvrtc_options(args.arch)
     if args.verbose:
@@ -125,7 +130,7 @@ def main(argv=None) -> int:
         if args.cubin_dir:
             Path(args.cubin_dir).mkdir(parents=True, exist_ok=True)
             cubin = Path(args.cubin_dir) / (re.sub(r"[^A-Za-z0-9]+", "_", name_expression).strip("_") + ".cubin")
-        ok, log, size = nvrtc.compile(_jit.read_source(source), source, name_expression, options, cubin)
+        ok, log, size = nvrtc.compile(defines + _jit.read_source(source), source, name_expression, options, cubin)
         status = "ok  " if ok else "FAIL"
         print(f"{status} {source:18s} {name_expression:40s} {size:8d} B  {time.perf_counter() - t0:5.1f} s")
         if log and (args.verbose or not ok):

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Where the single-query scoring kernel's CTAs spend their time, point by point, on the GPU.
+
+    python scripts/probe_timeline.py                          # decode-128K and decode-1M
+    python scripts/probe_timeline.py --cases decode-E256,decode-ragged --replays 8
+
+kernels/score_wgmma.cu marks eight points of score_wgmma_kernel with TIMELINE_POINT
+(kernels/common.cuh): the CTA's entry, its schedule built, and in its first segment the
+first tile's copies issued, the wait for the staging kernel passed, the query's copies and
+the other first tiles issued, the query landed (the barrier after it), the first tile's keys
+landed; then its last tile scored. In the usual build the points are nothing; this script
+compiles the kernel once more with INDEXER_TIMELINE defined, where lane 0 of each warp
+stores %globaltimer at each point it passes (plain stores: a probe by atomics added ~2 us
+to the points it measured, docs/performance.md v72), runs the case's scoring alone as
+`scripts/bench.py` times it (CUDA-graph replays: the staging kernel and the scoring kernel
+overlap as in an engine's graph), and prints, for each point, when the CTAs' latest warp
+passed it: p0 / p50 / p100 over the CTAs, in microseconds from the first CTA's entry, from
+the last replay. A case of several runs of rows (decode-1M: two of 32 rows) shows its last
+run. Cases whose scoring is not this kernel (decode-latency, mtp-2, prefill) stamp nothing.
+The timeline build's tile loop carries ~10 instructions more (the first-tile point's test):
+its times, not its start's points, read slightly long.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from indexer import _jit, bench  # noqa: E402
+
+SOURCE = "score_wgmma.cu"
+KERNEL = "score_wgmma_kernel<128>"  # the benchmark cases' D
+#: TIMELINE_POINT indices in kernels/score_wgmma.cu, in order
+POINTS = ("entry", "schedule built", "tile 0 issued", "past the wait", "query, tiles 1-2 issued",
+          "query landed", "first tile landed", "last tile scored")
+#: kernels/common.cuh: kTimelineCtas, kTimelinePoints, kTimelineWarps
+CTAS, WARPS = 1024, 4
+
+
+def timeline_source(text: str) -> str:
+    """A kernel source (as `_jit.read_source` gives it) built with its timeline points."""
+    return "#define INDEXER_TIMELINE 1\n" + text
+
+
+def summarise(stamps, points=POINTS):
+    """Per point, when the CTAs' latest warp passed it.
+
+    stamps: uint64 [ctas, points, warps] of %globaltimer nanoseconds, 0 where a warp did not
+    pass the point. Returns rows (name, CTAs that passed it, p0, p50, p100), the times in
+    microseconds from the earliest entry (point 0); NaN times where no CTA passed it."""
+    s = np.asarray(stamps).astype(np.int64)
+    entries = s[:, 0, :]
+    if not (entries > 0).any():
+        raise ValueError("no CTA stamped its entry: the case's scoring is not the timeline build's kernel")
+    t0 = entries[entries > 0].min()
+    rows = []
+    for i, name in enumerate(points):
+        per_cta = s[:, i, :]
+        passed = (per_cta > 0).any(axis=1)
+        if not passed.any():
+            rows.append((name, 0, float("nan"), float("nan"), float("nan")))
+            continue
+        latest = (per_cta[passed].max(axis=1) - t0) / 1e3
+        rows.append((name, int(passed.sum()), float(latest.min()), float(np.median(latest)), float(latest.max())))
+    return rows
+
+
+def format_rows(rows) -> str:
+    lines = [f"  {'point':26s} {'CTAs':>5s} {'p0':>8s} {'p50':>8s} {'p100':>8s}  us"]
+    lines += [f"  {name:26s} {n:5d} {p0:8.2f} {p50:8.2f} {p100:8.2f}" for name, n, p0, p50, p100 in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default="decode-128K,decode-1M", help="benchmark cases (scripts/bench.py --cases)")
+    ap.add_argument("--replays", type=int, default=4, help="graph replays before the one whose stamps are read")
+    args = ap.parse_args(argv)
+    try:
+        cases = bench.select_cases(args.cases)
+    except ValueError as e:
+        ap.error(str(e))
+    cp = bench.require_gpu()
+    from indexer import Workspace, cuda_ops  # noqa: PLC0415  (GPU only)
+
+    tag = f"{SOURCE}@timeline"
+    text = timeline_source(_jit.read_source(SOURCE))
+    read_source = _jit.read_source
+    _jit.read_source = lambda name: text if name == tag else read_source(name)
+    _jit.INSTANCES[tag] = _jit.INSTANCES[SOURCE]
+    saved = dict(cuda_ops._SCORING_SOURCES)
+    dev = cp.cuda.Device()
+    try:
+        cuda_ops._SCORING_SOURCES["wgmma"] = tag
+        cuda_ops.clear_plans()
+        module = _jit._module(tag, KERNEL, dev.id, int(dev.compute_capability))
+        stamps = cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps"))
+        for case in cases:
+            sets, _ = bench.input_sets(case, cp, 0)
+            ws = Workspace()
+
+            def call(x, case=case, ws=ws):
+                return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws, _score_only=True)
+
+            bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # compiled, warm
+            stamps.fill(0)
+            ms = bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # its last replay stamps last
+            dev.synchronize()
+            print(f"{case.name}: scoring alone {ms:.4f} ms (graph, timeline build)")
+            try:
+                print(format_rows(summarise(stamps.get())))
+            except ValueError as e:
+                print(f"  {e}")
+    finally:
+        cuda_ops._SCORING_SOURCES.clear()
+        cuda_ops._SCORING_SOURCES.update(saved)
+        cuda_ops.clear_plans()
+        _jit.read_source = read_source
+        del _jit.INSTANCES[tag]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

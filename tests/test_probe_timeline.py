@@ -1,0 +1,60 @@
+"""scripts/probe_timeline.py's host side (CPU): the stamps' summary, and that its point names
+and array shape are the ones the kernel sources define."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("probe_timeline", ROOT / "scripts" / "probe_timeline.py")
+timeline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(timeline)
+
+
+def _stamps(ctas=6, points=3, warps=4):
+    return np.zeros((ctas, points, warps), np.uint64)
+
+
+def test_each_point_is_when_the_latest_warp_passed_it_from_the_earliest_entry():
+    s = _stamps()
+    base = 10_000_000_000
+    for cta in range(6):
+        s[cta, 0, :] = base + 100 * cta + np.arange(4)           # entries 0..503 ns after the first
+        s[cta, 1, :] = base + 2_000 + 1_000 * cta - 10 * np.arange(4)  # latest warp: warp 0
+    s[2, 2, 1] = base + 7_000                                     # one CTA, one warp past point 2
+    rows = timeline.summarise(s, ("a", "b", "c"))
+    name, n, p0, p50, p100 = rows[0]
+    assert (name, n) == ("a", 6) and p0 == pytest.approx(0.003) and p100 == pytest.approx(0.503)
+    latest_b = np.array([2_000 + 1_000 * c for c in range(6)]) / 1e3
+    assert rows[1][1:] == (6, pytest.approx(latest_b.min()), pytest.approx(np.median(latest_b)),
+                           pytest.approx(latest_b.max()))
+    assert rows[2][0] == "c" and rows[2][1] == 1 and rows[2][2] == pytest.approx(7.0) == rows[2][4]
+
+
+def test_a_point_no_cta_passed_reads_nan_and_no_entry_is_an_error():
+    s = _stamps()
+    s[:, 0, 0] = 5_000
+    rows = timeline.summarise(s, ("a", "b", "c"))
+    assert rows[1][1] == 0 and all(np.isnan(v) for v in rows[1][2:])
+    assert "p50" in timeline.format_rows(rows)
+    with pytest.raises(ValueError, match="entry"):
+        timeline.summarise(_stamps(), ("a", "b", "c"))
+
+
+def test_points_and_shape_match_the_kernel_sources():
+    common = (ROOT / "kernels" / "common.cuh").read_text()
+    consts = dict(re.findall(r"(kTimeline\w+) = (\d+)", common))
+    assert int(consts["kTimelineCtas"]) == timeline.CTAS and int(consts["kTimelineWarps"]) == timeline.WARPS
+    assert int(consts["kTimelinePoints"]) == len(timeline.POINTS)
+    source = (ROOT / "kernels" / "score_wgmma.cu").read_text()
+    used = sorted(int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", source))
+    assert used == list(range(len(timeline.POINTS)))  # each point once, none missing
+
+
+def test_the_timeline_build_only_adds_a_define():
+    text = "// kernels\n__global__ void k() {}\n"
+    built = timeline.timeline_source(text)
+    assert built.endswith(text) and built.splitlines()[0] == "#define INDEXER_TIMELINE 1"
