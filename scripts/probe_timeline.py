@@ -16,7 +16,9 @@ to the points it measured, docs/performance.md v72), runs the case's scoring alo
 overlap as in an engine's graph), and prints, for each point, when the CTAs' latest warp
 passed it: p0 / p50 / p100 over the CTAs, in microseconds from the first CTA's entry, from
 the last replay. A case of several runs of rows (decode-1M: two of 32 rows) shows its last
-run. Cases whose scoring is not this kernel (decode-latency, mtp-2, prefill) stamp nothing.
+run. Cases whose scoring is not this kernel (decode-latency, mtp-2, prefill) stamp nothing;
+the stamps are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's
+decode cases) launches it: in the per-row schedule a row's CTAs would share a slot.
 The timeline build's tile loop carries ~10 instructions more (the first-tile point's test):
 its times, not its start's points, read slightly long.
 """
