@@ -618,6 +618,18 @@ __device__ __forceinline__ u32 tile_starts(int n, TilesOf tiles, int* start, u32
     return total;
 }
 
+// floor(a * b / c), c > 0: through a double quotient (exact operands, a * b < 2^53), within
+// one of the floor, which one step each way corrects. The 64-bit integer division it
+// replaces is a subroutine call (__cuda_sm20_div_u64) whose dependent chain put ~1 us
+// between a CTA's schedule and its first claim's tiles (scripts/probe_timeline.py, v73).
+__device__ __forceinline__ u32 mul_div_floor(u32 a, u32 b, u32 c) {
+    const unsigned long long num = (unsigned long long)a * b;
+    unsigned long long q = (unsigned long long)((double)num / (double)c);
+    if (q * c > num) --q;
+    else if ((q + 1) * c <= num) ++q;
+    return (u32)q;
+}
+
 // Shares of a one-wave balanced schedule, claimed rather than fixed (docs/performance.md
 // v71). An SM's warp schedulers favour the warps of its first CTA over its second's and
 // those over its third's: with equal shares of tiles the SM's three CTAs ended ~4% and ~11%
@@ -666,19 +678,19 @@ struct ShareClaims {
     __device__ void set_total(u32 total) const { mine[2] = total; }
     // a chunk more, at least one tile (without counters, none: the wave is done)
     __device__ void claim() const {
-        const unsigned long long U = (unsigned long long)gridDim.x * kUnits;
+        const u32 U = gridDim.x * kUnits;
         const u32 total = mine[2];
-        store_claim((u32)U, max(16u, total ? (u32)((U + total - 1) / total) : 1u));
+        store_claim(U, max(16u, total ? mul_div_floor(U + total - 1, 1u, total) : 1u));
     }
     // the tiles [g, g_end) of the CTA's last claim, in all rows' tiles in order; false once
     // the wave is done
     __device__ bool tiles(int& g, int& g_end) const {
-        const unsigned long long U = (unsigned long long)gridDim.x * kUnits;
+        const u32 U = gridDim.x * kUnits;
         const u32 u0 = mine[0], total = mine[2];
         if (u0 >= U) return false;
-        const unsigned long long u1 = min((unsigned long long)u0 + mine[1], U);
-        g = (int)(total * (unsigned long long)u0 / U);
-        g_end = (int)(total * u1 / U);
+        const u32 u1 = (u32)min((unsigned long long)u0 + mine[1], (unsigned long long)U);
+        g = (int)mul_div_floor(total, u0, U);
+        g_end = (int)mul_div_floor(total, u1, U);
         return true;
     }
     // by one thread, after its CTA's last claim: count the CTA done; the last one clears both
