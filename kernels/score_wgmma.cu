@@ -241,7 +241,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         seg_num = min(seg_first + tiles_per_cta, (visible(t) + kTile - 1) / kTile) - seg_first;
         __syncthreads();  // barriers initialised
     } else {
-        share.claim_first();
+        share.claim_first(3);
         // start[r] = tiles of rows before r (its barriers also publish the mbarrier init)
         const u32 total = tile_starts<kMaxBalancedRows>(
             T, [&](int row) { return (visible(row) + kTile - 1) / kTile; }, start,

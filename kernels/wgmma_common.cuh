@@ -599,12 +599,15 @@ __device__ __forceinline__ u32 tile_starts(int n, TilesOf tiles, int* start, u32
     constexpr int kPer = (kMax + kThreads - 1) / kThreads;
     const int tid = threadIdx.x;
     u32 mine[kPer], sum = 0u;
+    // every item's loads unconditional (items past n read item n - 1's, counted as none):
+    // loads under `i < n` went out three at a time, the others one after another, a round
+    // trip each (ptxas; v73)
+    if (n > 0) {
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-        const int i = tid * kPer + j;
-        mine[j] = i < n ? (u32)tiles(i) : 0u;
-        sum += mine[j];
+        for (int j = 0; j < kPer; ++j) mine[j] = (u32)tiles(min(tid * kPer + j, n - 1));
     }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) sum += tid * kPer + j < n ? mine[j] : 0u;
     u32 total;
     u32 base = block_exclusive_scan<kThreads>(sum, scratch, &total);
 #pragma unroll
@@ -658,21 +661,26 @@ struct ShareClaims {
     u32* mine;     // shared [3]: this CTA's last claim (first unit, units), all rows' tiles
     u32 first[3];  // first claims of slots 0, 1, 2 (adding up to 3 kUnits)
 
-    // The claims are made by the whole of warp 0 (lane 0 adds the units, the other lanes
+    // The claims are made by the whole of one warp (lane 0 adds the units, the other lanes
     // add zero; every lane stores lane 0's answer), called by every thread: a claim under
     // `tid == 0` diverged inside the loop around the tile loop, and ptxas then moved the
-    // tile loop's descriptors out of the uniform registers.
-    __device__ void store_claim(u32 at_or_none, u32 units) const {
+    // tile loop's descriptors out of the uniform registers. The warp waits for the atomic
+    // where it makes it (ptxas aggregates it over the warp and shuffles the answer at once).
+    __device__ void store_claim(u32 at_or_none, u32 units, int by_warp = 0) const {
         const int lane = threadIdx.x & 31;
-        if (__shfl_sync(~0u, threadIdx.x >> 5, 0) == 0) {  // warp 0, known warp-uniform
+        if (__shfl_sync(~0u, threadIdx.x >> 5, 0) == by_warp) {  // known warp-uniform
             const u32 old = counter ? atomicAdd(counter, lane == 0 ? units : 0u) : at_or_none;
             mine[0] = __shfl_sync(~0u, old, 0);
             mine[1] = units;
         }
     }
     // the CTA's first share (without counters its equal share, units [blockIdx.x * kUnits,
-    // + kUnits), which are tiles [total * blockIdx.x / G, total * (blockIdx.x + 1) / G))
-    __device__ void claim_first() const { store_claim(blockIdx.x * kUnits, counter ? first_units() : kUnits); }
+    // + kUnits), which are tiles [total * blockIdx.x / G, total * (blockIdx.x + 1) / G)), by
+    // warp by_warp: the single-query kernel's last, whose atomic's round trip then runs
+    // beside warp 0's loads of the row lengths (tile_starts) instead of before them (v73)
+    __device__ void claim_first(int by_warp = 0) const {
+        store_claim(blockIdx.x * kUnits, counter ? first_units() : kUnits, by_warp);
+    }
     // by one thread: the tiles of all rows, to read the claims by (kept in shared memory,
     // not in registers across the tile loop, where ptxas has none to spare)
     __device__ void set_total(u32 total) const { mine[2] = total; }
