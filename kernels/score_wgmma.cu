@@ -63,15 +63,21 @@ __device__ __forceinline__ void score_segment(
     keys.copies = kTile >> keys.row_shift;
     keys.rot = rot;
 
-    // ---- prologue: histogram, the first tile, then the query into the core-matrix layout and the
-    // weights, then the other first tiles (at a wave's start every CTA's first tiles leave at
-    // once, ~11 MB from HBM: the query's copies, L2 hits, go out before the second and third tiles
-    // rather than behind them; docs/performance.md v72). In a graph this kernel may start while
+    // ---- prologue: histogram, the first tiles' block ids, the first tile's copies and the
+    // global scales' loads, then the query into the core-matrix layout and the weights, then the
+    // other first tiles' copies (at a wave's start every CTA's first tiles leave at once, ~11 MB
+    // from HBM: the query's copies, L2 hits, go out before the second and third tiles rather
+    // than behind them; docs/performance.md v72), the scales stored before the barrier (no copy
+    // waits for a scale: BulkRing's start in steps, v73). In a graph this kernel may start while
     // prep_query_kernel runs (it is launched programmatically after it): everything before the
     // wait touches nothing that kernel writes, and every kernel before it has ended (it was
     // launched normally).
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
-    keys.start_tiles(tid, 0, 1);
+    int b_first[kStages - 1];
+    float g_first[kStages - 1];
+    keys.start_ids(tid, b_first);
+    keys.start_copies(tid, 0, 1, b_first);
+    keys.start_scale_loads(b_first, g_first);
     TIMELINE_POINT(2, jbase == 0);  // points 2-6: the CTA's first segment (scripts/probe_timeline.py)
     wait_for_previous_grid();  // q16 and w_scaled written (a no-op from the first segment on)
     TIMELINE_POINT(3, jbase == 0);
@@ -86,13 +92,13 @@ __device__ __forceinline__ void score_segment(
         if (tid < kHeads / 4) cp_async_16(wsm + 4 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
         cp_async_commit();
     }
-    keys.start_tiles(tid, 1, kStages - 1);
-    keys.start_next(tid);
+    keys.start_copies(tid, 1, kStages - 1, b_first);
     TIMELINE_POINT(4, jbase == 0);
     // the next segment's first tiles towards L2, by the last warp, while the query lands
     if (next_row >= 0 && warp == 3)
         prefetch_row_start_l2<kDim>(block_table + (long long)next_row * L, L, next_n, (kStages - 1) * kTile, P, E,
                                     e_shift, keys_fp4, key_scale, key_gscale, lane);
+    keys.store_start_scales(tid, g_first);
     cp_async_wait<0>();
     if (tid < kHeads / 4) {  // my four weights halved, for the epilogue's 2 ReLU(x) (weighted_head_partials)
         float4* my_w = reinterpret_cast<float4*>(wsm + 4 * tid);

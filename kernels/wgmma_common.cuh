@@ -406,14 +406,17 @@ struct BulkRing {
     }
     __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }
 
-    // Issue tile j (segment-relative) into its stage, one arrival a run; called by every
-    // thread, converged. The runs of warp w (w, w + 4, ...) are held by its lanes 0, 1, ...
-    // (b, g: run_of's); the warps take them in turn, each lane's operands broadcast so that
-    // ptxas knows them warp-uniform and one elected lane issues the copies straight from
-    // uniform registers (a copy whose operands might differ by lane is wrapped in a loop
-    // over their distinct values: ELECT, R2UR, PLOP3, a branch back). At E >= 32 (at most
-    // four runs a tile) a warp has one run at most.
-    __device__ void issue(int j, int tid, int b, float g) {
+    // Issue tile j (segment-relative) into its stage, one arrival a run, and store its runs'
+    // global scales; called by every thread, converged. The runs of warp w (w, w + 4, ...)
+    // are held by its lanes 0, 1, ... (b, g: run_of's); the warps take them in turn, each
+    // lane's operands broadcast so that ptxas knows them warp-uniform and one elected lane
+    // issues the copies straight from uniform registers (a copy whose operands might differ
+    // by lane is wrapped in a loop over their distinct values: ELECT, R2UR, PLOP3, a branch
+    // back). At E >= 32 (at most four runs a tile) a warp has one run at most. kCopies,
+    // kScales: the copies (and arrivals), the global scales' stores; the tile loop's refill
+    // does both (issue), a segment's start each apart (start_copies, store_start_scales).
+    template <bool kCopies, bool kScales>
+    __device__ void issue_runs(int j, int tid, int b, float g) {
         const int slot = (u32)(jbase + j) % kS;
         const u32 bar = smem_u32(bars + slot);
         const u32 st = smem_u32(ring) + slot * kStageBytes;
@@ -423,49 +426,78 @@ struct BulkRing {
         const int warp = __shfl_sync(~0u, tid >> 5, 0);  // known warp-uniform
         const bool leader = elect_one();
         auto one_run = [&](int i) {
-            const int bi = __shfl_sync(~0u, b, i);
-            const float gi = __shfl_sync(~0u, g, i);
+            const int bi = kCopies ? __shfl_sync(~0u, b, i) : 0;
+            const float gi = kScales ? __shfl_sync(~0u, g, i) : 0.0f;
             const int r = ((warp - rot) & 3) + 4 * i;
             if (leader && r < copies) {
-                if (bi >= 0) {
-                    const int s = tile_start + (r << row_shift);
-                    const long long ent = (long long)bi * E + (s & (E - 1));
-                    mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
-                    bulk_copy_g2s_evict_first(st + r * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
-                    bulk_copy_g2s_evict_first(st + kScaleOffset + r * scale_bytes, key_scale + ent * kScaleBytes,
-                                              scale_bytes, bar);
-                } else {
-                    mbar_arrive(bar);
+                if (kCopies) {
+                    if (bi >= 0) {
+                        const int s = tile_start + (r << row_shift);
+                        const long long ent = (long long)bi * E + (s & (E - 1));
+                        mbar_arrive_expect_tx(bar, code_bytes + scale_bytes);
+                        bulk_copy_g2s_evict_first(st + r * code_bytes, keys_fp4 + ent * kCodeBytes, code_bytes, bar);
+                        bulk_copy_g2s_evict_first(st + kScaleOffset + r * scale_bytes,
+                                                  key_scale + ent * kScaleBytes, scale_bytes, bar);
+                    } else {
+                        mbar_arrive(bar);
+                    }
                 }
-                // The global scale is stored after the copies are on their way: at a
-                // segment's start g is a load that depends on b, and waiting for it first
-                // would delay the tile by a round trip. Readers see it: this thread stores it
-                // before the end_reads barrier of its iteration, and they read it in a later
-                // iteration, after that barrier.
-                meta_gs[slot * score_wgmma::kTile + r] = gi;
+                // The global scale is stored after the copies are on their way (at a segment's
+                // start g is a load that depends on b: waiting for it first would delay the
+                // tile by a round trip). Readers see it: this thread stores it before the
+                // end_reads barrier of its iteration (or the segment prologue's barrier), and
+                // they read it after that barrier.
+                if (kScales) meta_gs[slot * score_wgmma::kTile + r] = gi;
             }
         };
         one_run(0);
         for (int i = 1; 4 * i < copies; ++i) one_run(i);  // small blocks (E < 32) only
     }
+    __device__ void issue(int j, int tid, int b, float g) { issue_runs<true, true>(j, tid, b, g); }
 
-    // Before the loop (after the caller's barrier that retired the previous segment):
-    // tiles 0 .. kS - 2 issued, block ids of the next two tiles in flight.
+    // A segment's start: tiles 0 .. kS - 2 issued, block ids of the next two tiles and the
+    // global scale of the next one in flight. start does it tile by tile: each tile's copies
+    // wait for its block id, then its scale (the pair kernel: its tile loop compiled far
+    // worse with the steps apart, its descriptors out of the uniform registers, and spills;
+    // docs/performance.md v73). The single-query kernel takes four steps instead (start_ids,
+    // start_copies, start_scale_loads, store_start_scales), with its query's copies between
+    // them: the block ids of all these tiles go out together (one round trip), then their
+    // global scales (one more), and no copy waits for a scale. Tile by tile, its CTAs reached
+    // the query's wait only after six such round trips, ~0.6 us each under a wave's start
+    // traffic (scripts/probe_timeline.py).
     __device__ void start(int tid) {
-        start_tiles(tid, 0, kS - 1);
-        start_next(tid);
-    }
-    // start in parts: tiles [j0, j1) of the first kS - 1 issued, then the next two block ids
-    __device__ void start_tiles(int tid, int j0, int j1) {
-        for (int j = j0; j < j1; ++j) {
+        for (int j = 0; j < kS - 1; ++j) {
             const int b = j < num_tiles && issuer(tid) ? block_of(j, tid) : -1;
             if (j < num_tiles) issue(j, tid, b, scale_of(b));
         }
-    }
-    __device__ void start_next(int tid) {
         b_next = issuer(tid) ? block_of(kS - 1, tid) : -1;
         b_next2 = issuer(tid) ? block_of(kS, tid) : -1;
         g_next = scale_of(b_next);
+    }
+    // 1. the block ids (loads)
+    __device__ void start_ids(int tid, int (&b_first)[kS - 1]) {
+#pragma unroll
+        for (int j = 0; j < kS - 1; ++j) b_first[j] = issuer(tid) ? block_of(j, tid) : -1;
+        b_next = issuer(tid) ? block_of(kS - 1, tid) : -1;
+        b_next2 = issuer(tid) ? block_of(kS, tid) : -1;
+    }
+    // 2. tiles [j0, j1) of the first kS - 1 copied (waits for their block ids)
+    __device__ void start_copies(int tid, int j0, int j1, const int (&b_first)[kS - 1]) {
+#pragma unroll
+        for (int j = j0; j < j1; ++j)
+            if (j < num_tiles) issue_runs<true, false>(j, tid, b_first[j], 0.0f);
+    }
+    // 3. the global scales of the first tiles and the next one (loads)
+    __device__ void start_scale_loads(const int (&b_first)[kS - 1], float (&g_first)[kS - 1]) {
+#pragma unroll
+        for (int j = 0; j < kS - 1; ++j) g_first[j] = scale_of(b_first[j]);
+        g_next = scale_of(b_next);
+    }
+    // 4. the first tiles' global scales stored (waits for them), before the caller's barrier
+    __device__ void store_start_scales(int tid, const float (&g_first)[kS - 1]) {
+#pragma unroll
+        for (int j = 0; j < kS - 1; ++j)
+            if (j < num_tiles) issue_runs<false, true>(j, tid, 0, g_first[j]);
     }
 
     // Top of iteration it: wait for tile it.
