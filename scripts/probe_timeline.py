@@ -19,8 +19,10 @@ the last replay. A case of several runs of rows (decode-1M: two of 32 rows) show
 run. Cases whose scoring is not this kernel (decode-latency, mtp-2, prefill) stamp nothing;
 the stamps are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's
 decode cases) launches it: in the per-row schedule a row's CTAs would share a slot.
-The timeline build's tile loop carries ~10 instructions more (the first-tile point's test):
-its times, not its start's points, read slightly long.
+The timeline build's tile loop carries ~10 instructions more (the first-tile point's test)
+and its prologue spills more: its times, not its start's points, read long, and two
+versions' timeline builds differ in their loops too (docs/performance.md v73), so compare
+versions by their points here and by scripts/ab_kernels.py for their times.
 """
 
 import argparse
