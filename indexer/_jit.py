@@ -14,14 +14,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
 from pathlib import Path
 
-__all__ = ["kernel_dir", "cache_dir", "read_source", "kernels_hash", "arch_for", "compile_options",
-           "INSTANCES", "instances", "get_kernel"]
+__all__ = ["kernel_dir", "cache_dir", "read_source", "source_versions", "kernels_hash", "arch_for",
+           "compile_options", "INSTANCES", "instances", "get_kernel"]
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 _PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$", re.MULTILINE)
@@ -71,6 +72,30 @@ def read_source(name: str) -> str:
     """The source of ``kernels/<name>`` with local includes inlined and the folder hash stamped."""
     path = kernel_dir() / name
     return f"// indexer kernels {kernels_hash()}\n" + _inline(path, {path})
+
+
+@contextlib.contextmanager
+def source_versions(texts: dict, like: str):
+    """Other versions of a kernel source, compiled under names of their own while the block runs.
+
+    texts: {tag: source text} (as ``read_source`` gives one: includes inlined); each tag
+    compiles with the template instances of the source file ``like``. Inside the block
+    ``read_source(tag)`` gives its text and ``INSTANCES[tag]`` lists ``like``'s instances, so
+    that a launch told to take ``tag`` for ``like`` (``cuda_ops._SCORING_SOURCES``) builds
+    that version; afterwards both are as before. For one-process A/Bs and probe builds
+    (scripts/ab_kernels.py, scripts/probe_timeline.py)."""
+    global read_source
+    original = read_source
+    added = [tag for tag in texts if tag not in INSTANCES]
+    read_source = lambda name: texts[name] if name in texts else original(name)  # noqa: E731
+    for tag in added:
+        INSTANCES[tag] = INSTANCES[like]
+    try:
+        yield
+    finally:
+        read_source = original
+        for tag in added:
+            del INSTANCES[tag]
 
 
 def arch_for(compute_capability: int) -> str:

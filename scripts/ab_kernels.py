@@ -149,11 +149,6 @@ def _run(args) -> int:  # gpu-only
                 print(f"ab_kernels.py: {e}", file=sys.stderr)
                 return 2
             names[spec if spec not in names else tag] = tag
-    # the versions compile through _jit as sources of their own, the same instances
-    read_source = _jit.read_source
-    _jit.read_source = lambda name: texts[name] if name in texts else read_source(name)
-    for tag in texts:
-        _jit.INSTANCES[tag] = _jit.INSTANCES[args.source]
     saved = dict(cuda_ops._SCORING_SOURCES), cuda_ops._SELECT_SOURCE
     sets, _ = bench.input_sets(case, cp, 0)
 
@@ -162,25 +157,27 @@ def _run(args) -> int:  # gpu-only
                                return_scores=scores, _fast_kernel=args.fast_kernel)
 
     answers, times = {}, {}
-    try:
-        for r in range(args.rounds):
-            for label, source in names.items():
-                cuda_ops._SCORING_SOURCES.update({k: source for k in kinds})
-                if is_select:
-                    cuda_ops._SELECT_SOURCE = source
-                cuda_ops.clear_plans()
-                ws = Workspace()
-                if r == 0:
-                    answers[label] = [a.get() for a in call(sets[0], ws, scores=True)]
-                whole = bench.time_graph(cp, lambda x: call(x, ws), sets, repeats=args.repeats)
-                scoring = bench.time_graph(cp, lambda x: call(x, ws, score_only=True), sets, repeats=args.repeats)
-                # None where a graph could not be captured
-                times.setdefault(label, []).append(tuple(float("nan") if t is None else t for t in (whole, scoring)))
-    finally:
-        cuda_ops._SCORING_SOURCES.update(saved[0])
-        cuda_ops._SELECT_SOURCE = saved[1]
-        cuda_ops.clear_plans()
-        _jit.read_source = read_source
+    # the versions compile through _jit as sources of their own, the same instances
+    with _jit.source_versions(texts, like=args.source):
+        try:
+            for r in range(args.rounds):
+                for label, source in names.items():
+                    cuda_ops._SCORING_SOURCES.update({k: source for k in kinds})
+                    if is_select:
+                        cuda_ops._SELECT_SOURCE = source
+                    cuda_ops.clear_plans()
+                    ws = Workspace()
+                    if r == 0:
+                        answers[label] = [a.get() for a in call(sets[0], ws, scores=True)]
+                    whole = bench.time_graph(cp, lambda x: call(x, ws), sets, repeats=args.repeats)
+                    scoring = bench.time_graph(cp, lambda x: call(x, ws, score_only=True), sets, repeats=args.repeats)
+                    # None where a graph could not be captured
+                    times.setdefault(label, []).append(
+                        tuple(float("nan") if t is None else t for t in (whole, scoring)))
+        finally:
+            cuda_ops._SCORING_SOURCES.update(saved[0])
+            cuda_ops._SELECT_SOURCE = saved[1]
+            cuda_ops.clear_plans()
     print(f"{case.name}, {args.source}: graph ms, {args.rounds} rounds (whole call | scoring alone)")
     for label, rows in times.items():
         same = "" if label == "main" else (

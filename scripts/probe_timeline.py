@@ -91,39 +91,34 @@ def main(argv=None) -> int:
     from indexer import Workspace, cuda_ops  # noqa: PLC0415  (GPU only)
 
     tag = f"{SOURCE}@timeline"
-    text = timeline_source(_jit.read_source(SOURCE))
-    read_source = _jit.read_source
-    _jit.read_source = lambda name: text if name == tag else read_source(name)
-    _jit.INSTANCES[tag] = _jit.INSTANCES[SOURCE]
     saved = dict(cuda_ops._SCORING_SOURCES)
     dev = cp.cuda.Device()
-    try:
-        cuda_ops._SCORING_SOURCES["wgmma"] = tag
-        cuda_ops.clear_plans()
-        module = _jit._module(tag, KERNEL, dev.id, int(dev.compute_capability))
-        stamps = cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps"))
-        for case in cases:
-            sets, _ = bench.input_sets(case, cp, 0)
-            ws = Workspace()
+    with _jit.source_versions({tag: timeline_source(_jit.read_source(SOURCE))}, like=SOURCE):
+        try:
+            cuda_ops._SCORING_SOURCES["wgmma"] = tag
+            cuda_ops.clear_plans()
+            module = _jit._module(tag, KERNEL, dev.id, int(dev.compute_capability))
+            stamps = cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps"))
+            for case in cases:
+                sets, _ = bench.input_sets(case, cp, 0)
+                ws = Workspace()
 
-            def call(x, case=case, ws=ws):
-                return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws, _score_only=True)
+                def call(x, case=case, ws=ws):
+                    return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws, _score_only=True)
 
-            bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # compiled, warm
-            stamps.fill(0)
-            ms = bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # its last replay stamps last
-            dev.synchronize()
-            print(f"{case.name}: scoring alone {ms:.4f} ms (graph, timeline build)")
-            try:
-                print(format_rows(summarise(stamps.get())))
-            except ValueError as e:
-                print(f"  {e}")
-    finally:
-        cuda_ops._SCORING_SOURCES.clear()
-        cuda_ops._SCORING_SOURCES.update(saved)
-        cuda_ops.clear_plans()
-        _jit.read_source = read_source
-        del _jit.INSTANCES[tag]
+                bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # compiled, warm
+                stamps.fill(0)
+                ms = bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # its last replay stamps last
+                dev.synchronize()
+                print(f"{case.name}: scoring alone {ms:.4f} ms (graph, timeline build)")
+                try:
+                    print(format_rows(summarise(stamps.get())))
+                except ValueError as e:
+                    print(f"  {e}")
+        finally:
+            cuda_ops._SCORING_SOURCES.clear()
+            cuda_ops._SCORING_SOURCES.update(saved)
+            cuda_ops.clear_plans()
     return 0
 
 

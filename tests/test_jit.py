@@ -71,3 +71,28 @@ def test_kernel_dir_missing_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(_jit, "__file__", str(fake))
     with pytest.raises(FileNotFoundError, match="CUDA sources not found"):
         _jit.kernel_dir()
+
+
+def test_source_versions_serve_their_texts_only_inside_the_block():
+    like = "score_wgmma.cu"
+    tag = like + "@test"
+    before_instances = dict(_jit.INSTANCES)
+    original = _jit.read_source(like)
+    with _jit.source_versions({tag: "// another version\n"}, like=like):
+        assert _jit.read_source(tag) == "// another version\n"
+        assert _jit.read_source(like) == original  # other names read their files
+        assert _jit.INSTANCES[tag] == _jit.INSTANCES[like]
+    assert tag not in _jit.INSTANCES
+    assert _jit.INSTANCES == before_instances
+    with pytest.raises(FileNotFoundError):
+        _jit.read_source(tag)
+
+
+def test_source_versions_restore_after_an_error():
+    like = "score_wgmma.cu"
+    reader = _jit.read_source
+    with pytest.raises(RuntimeError):
+        with _jit.source_versions({like + "@boom": "x"}, like=like):
+            raise RuntimeError("inside")
+    assert _jit.read_source is reader
+    assert like + "@boom" not in _jit.INSTANCES
