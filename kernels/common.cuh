@@ -488,18 +488,26 @@ __device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, cons
 // Timeline points (scripts/probe_timeline.py). In a build with INDEXER_TIMELINE defined,
 // TIMELINE_POINT(i, cond) has lane 0 of each warp where cond holds store %globaltimer into
 // timeline_stamps[CTA][i][warp]: plain stores, one a warp (a probe by atomics added ~2 us
-// to the very points it measured, docs/performance.md v72). In every other build it is
-// nothing, its condition not even evaluated: the kernels compile as without it.
+// to the very points it measured, docs/performance.md v72); at point 0 (the entry) warp 0
+// also stores its SM's id + 1 into timeline_smid[CTA] (0: no entry), for the SMs' ends. In
+// every other build it is nothing, its condition not even evaluated: the kernels compile as
+// without it.
 // ---------------------------------------------------------------------------
 #ifdef INDEXER_TIMELINE
 constexpr int kTimelineCtas = 1024, kTimelinePoints = 8, kTimelineWarps = 4;
 __device__ unsigned long long timeline_stamps[kTimelineCtas * kTimelinePoints * kTimelineWarps];
+__device__ unsigned int timeline_smid[kTimelineCtas];
 __device__ __forceinline__ void timeline_point(int i, bool cond) {
     const int warp = threadIdx.x >> 5;
     if (cond && (threadIdx.x & 31) == 0 && blockIdx.x < kTimelineCtas && warp < kTimelineWarps) {
         unsigned long long now;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
         timeline_stamps[(blockIdx.x * kTimelinePoints + i) * kTimelineWarps + warp] = now;
+        if (i == 0 && warp == 0) {
+            unsigned int sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            timeline_smid[blockIdx.x] = sm + 1u;
+        }
     }
 }
 #define TIMELINE_POINT(i, cond) timeline_point((i), (cond))

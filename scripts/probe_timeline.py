@@ -15,7 +15,8 @@ to the points it measured, docs/performance.md v72), runs the case's scoring alo
 `scripts/bench.py` times it (CUDA-graph replays: the staging kernel and the scoring kernel
 overlap as in an engine's graph), and prints, for each point, when the CTAs' latest warp
 passed it: p0 / p50 / p100 over the CTAs, in microseconds from the first CTA's entry, from
-the last replay. A case of several runs of rows (decode-1M: two of 32 rows) shows its last
+the last replay; then the SMs' last ends (each CTA's SM id is stamped at its entry): the
+kernel ends with its slowest SM. A case of several runs of rows (decode-1M: two of 32 rows) shows its last
 run. Cases whose scoring is not this kernel (decode-latency, mtp-2, prefill) stamp nothing;
 the stamps are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's
 decode cases) launches it: in the per-row schedule a row's CTAs would share a slot.
@@ -72,6 +73,39 @@ def summarise(stamps, points=POINTS):
     return rows
 
 
+def sm_ends(stamps, smid, last=len(POINTS) - 1):
+    """When each SM's CTAs finished: the kernel ends with its slowest SM.
+
+    stamps: as `summarise` takes them; smid: uint32 [ctas], SM id + 1 (0: the CTA did not
+    stamp). A CTA's end is when its latest warp passed point `last`. Returns (SMs, the SMs'
+    last ends p0 / p50 / p100, the spread of ends within an SM p50 / p100), in microseconds
+    from the earliest entry; None where no CTA with an SM id passed `last`."""
+    s = np.asarray(stamps).astype(np.int64)
+    sm = np.asarray(smid).astype(np.int64)[: s.shape[0]]
+    entries = s[:, 0, :]
+    t0 = entries[entries > 0].min()
+    ends = s[:, last, :].max(axis=1)
+    ok = (sm > 0) & (ends > 0)
+    if not ok.any():
+        return None
+    per_sm = {}
+    for sm_id, end in zip(sm[ok], (ends[ok] - t0) / 1e3):
+        per_sm.setdefault(int(sm_id), []).append(float(end))
+    last_end = np.array([max(v) for v in per_sm.values()])
+    spread = np.array([max(v) - min(v) for v in per_sm.values()])
+    return (len(per_sm), float(last_end.min()), float(np.median(last_end)), float(last_end.max()),
+            float(np.median(spread)), float(spread.max()))
+
+
+def format_sm_ends(ends) -> str:
+    if ends is None:
+        return "  SMs: no CTA stamped both its SM and its end"
+    n, p0, p50, p100, s50, s100 = ends
+    return (f"  SMs' last ends ({n} SMs)   {p0:8.2f} {p50:8.2f} {p100:8.2f}  us; the kernel ends "
+            f"{p100 - p50:.2f} us past the median SM's end; an SM's CTAs end {s50:.2f} us apart (p50), "
+            f"{s100:.2f} at most")
+
+
 def format_rows(rows) -> str:
     lines = [f"  {'point':26s} {'CTAs':>5s} {'p0':>8s} {'p50':>8s} {'p100':>8s}  us"]
     lines += [f"  {name:26s} {n:5d} {p0:8.2f} {p50:8.2f} {p100:8.2f}" for name, n, p0, p50, p100 in rows]
@@ -99,6 +133,7 @@ def main(argv=None) -> int:
             cuda_ops.clear_plans()
             module = _jit._module(tag, KERNEL, dev.id, int(dev.compute_capability))
             stamps = cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps"))
+            smid = cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_smid"))
             for case in cases:
                 sets, _ = bench.input_sets(case, cp, 0)
                 ws = Workspace()
@@ -108,11 +143,13 @@ def main(argv=None) -> int:
 
                 bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # compiled, warm
                 stamps.fill(0)
+                smid.fill(0)
                 ms = bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # its last replay stamps last
                 dev.synchronize()
                 print(f"{case.name}: scoring alone {ms:.4f} ms (graph, timeline build)")
                 try:
                     print(format_rows(summarise(stamps.get())))
+                    print(format_sm_ends(sm_ends(stamps.get(), smid.get())))
                 except ValueError as e:
                     print(f"  {e}")
         finally:

@@ -58,3 +58,27 @@ def test_the_timeline_build_only_adds_a_define():
     text = "// kernels\n__global__ void k() {}\n"
     built = timeline.timeline_source(text)
     assert built.endswith(text) and built.splitlines()[0] == "#define INDEXER_TIMELINE 1"
+
+
+def test_sm_ends_take_each_sms_latest_cta():
+    s = _stamps(ctas=6, points=3, warps=4)
+    base = 10_000_000_000
+    s[:, 0, 0] = base                                  # every CTA entered at once
+    ends_ns = [100_000, 104_000, 101_000, 99_000, 150_000, 0]  # the last CTA never ended
+    for cta, e in enumerate(ends_ns):
+        if e:
+            s[cta, 2, :] = base + e - 10 * np.arange(4)  # latest warp: warp 0
+    smid = np.array([1, 1, 2, 2, 3, 4], np.uint32)     # SM ids + 1; SM 3's one CTA has no end
+    n, p0, p50, p100, s50, s100 = timeline.sm_ends(s, smid, last=2)
+    assert n == 3                                      # the SM whose CTA never ended is left out
+    assert (p0, p50, p100) == (pytest.approx(101.0), pytest.approx(104.0), pytest.approx(150.0))
+    assert (s50, s100) == (pytest.approx(2.0), pytest.approx(4.0))  # SM 0: 4 us apart, SM 1: 2, SM 2: 0
+    assert "past the median SM" in timeline.format_sm_ends((n, p0, p50, p100, s50, s100))
+
+
+def test_sm_ends_without_sm_ids_say_so():
+    s = _stamps()
+    s[:, 0, 0] = 5_000
+    s[:, 2, 0] = 9_000
+    assert timeline.sm_ends(s, np.zeros(6, np.uint32), last=2) is None
+    assert "no CTA" in timeline.format_sm_ends(None)
