@@ -489,14 +489,17 @@ __device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, cons
 // TIMELINE_POINT(i, cond) has lane 0 of each warp where cond holds store %globaltimer into
 // timeline_stamps[CTA][i][warp]: plain stores, one a warp (a probe by atomics added ~2 us
 // to the very points it measured, docs/performance.md v72); at point 0 (the entry) warp 0
-// also stores its SM's id + 1 into timeline_smid[CTA] (0: no entry), for the SMs' ends. In
-// every other build it is nothing, its condition not even evaluated: the kernels compile as
-// without it.
+// also stores its SM's id + 1, and in bits 16-23 its warp slot on the SM (%warpid / 4, the
+// slot ShareClaims sizes its first claim by), into timeline_smid[CTA] (0: no entry), for the
+// SMs' ends; TIMELINE_TILES(n) has thread 0 store the tiles the CTA scored into
+// timeline_tiles[CTA]. In every other build both are nothing, their arguments not even
+// evaluated: the kernels compile as without them.
 // ---------------------------------------------------------------------------
 #ifdef INDEXER_TIMELINE
 constexpr int kTimelineCtas = 1024, kTimelinePoints = 8, kTimelineWarps = 4;
 __device__ unsigned long long timeline_stamps[kTimelineCtas * kTimelinePoints * kTimelineWarps];
 __device__ unsigned int timeline_smid[kTimelineCtas];
+__device__ unsigned int timeline_tiles[kTimelineCtas];
 __device__ __forceinline__ void timeline_point(int i, bool cond) {
     const int warp = threadIdx.x >> 5;
     if (cond && (threadIdx.x & 31) == 0 && blockIdx.x < kTimelineCtas && warp < kTimelineWarps) {
@@ -504,13 +507,19 @@ __device__ __forceinline__ void timeline_point(int i, bool cond) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
         timeline_stamps[(blockIdx.x * kTimelinePoints + i) * kTimelineWarps + warp] = now;
         if (i == 0 && warp == 0) {
-            unsigned int sm;
+            unsigned int sm, w;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            timeline_smid[blockIdx.x] = sm + 1u;
+            asm volatile("mov.u32 %0, %%warpid;" : "=r"(w));
+            timeline_smid[blockIdx.x] = (sm + 1u) | ((w >> 2) << 16);
         }
     }
 }
+__device__ __forceinline__ void timeline_tiles_of(int n) {
+    if (threadIdx.x == 0 && blockIdx.x < kTimelineCtas) timeline_tiles[blockIdx.x] = (unsigned int)n;
+}
 #define TIMELINE_POINT(i, cond) timeline_point((i), (cond))
+#define TIMELINE_TILES(n) timeline_tiles_of(n)
 #else
 #define TIMELINE_POINT(i, cond) ((void)0)
+#define TIMELINE_TILES(n) ((void)0)
 #endif

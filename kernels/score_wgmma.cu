@@ -284,6 +284,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         seg_num = min(g_end, start[t + 1]) - g;
     }
     TIMELINE_POINT(7, true);  // the CTA's last tile scored
+    TIMELINE_TILES(jbase);
     if (balanced && tid == 0) share.done();
 }
 

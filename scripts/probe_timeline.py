@@ -16,7 +16,8 @@ to the points it measured, docs/performance.md v72), runs the case's scoring alo
 overlap as in an engine's graph), and prints, for each point, when the CTAs' latest warp
 passed it: p0 / p50 / p100 over the CTAs, in microseconds from the first CTA's entry, from
 the last replay; then the SMs' last ends (each CTA's SM id is stamped at its entry): the
-kernel ends with its slowest SM. A case of several runs of rows (decode-1M: two of 32 rows) shows its last
+kernel ends with its slowest SM; then, per warp slot on the SM (ShareClaims' first claims
+are sized by it), the CTAs' tiles, ends and time a tile. --save keeps the raw arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last
 run. Cases whose scoring is not this kernel (decode-latency, mtp-2, prefill) stamp nothing;
 the stamps are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's
 decode cases) launches it: in the per-row schedule a row's CTAs would share a slot.
@@ -76,12 +77,13 @@ def summarise(stamps, points=POINTS):
 def sm_ends(stamps, smid, last=len(POINTS) - 1):
     """When each SM's CTAs finished: the kernel ends with its slowest SM.
 
-    stamps: as `summarise` takes them; smid: uint32 [ctas], SM id + 1 (0: the CTA did not
-    stamp). A CTA's end is when its latest warp passed point `last`. Returns (SMs, the SMs'
-    last ends p0 / p50 / p100, the spread of ends within an SM p50 / p100), in microseconds
-    from the earliest entry; None where no CTA with an SM id passed `last`."""
+    stamps: as `summarise` takes them; smid: uint32 [ctas], SM id + 1 in bits 0-15 (0: the
+    CTA did not stamp), its warp slot in bits 16-23. A CTA's end is when its latest warp
+    passed point `last`. Returns (SMs, the SMs' last ends p0 / p50 / p100, the spread of ends
+    within an SM p50 / p100), in microseconds from the earliest entry; None where no CTA with
+    an SM id passed `last`."""
     s = np.asarray(stamps).astype(np.int64)
-    sm = np.asarray(smid).astype(np.int64)[: s.shape[0]]
+    sm = np.asarray(smid).astype(np.int64)[: s.shape[0]] & 0xFFFF
     entries = s[:, 0, :]
     t0 = entries[entries > 0].min()
     ends = s[:, last, :].max(axis=1)
@@ -95,6 +97,39 @@ def sm_ends(stamps, smid, last=len(POINTS) - 1):
     spread = np.array([max(v) - min(v) for v in per_sm.values()])
     return (len(per_sm), float(last_end.min()), float(np.median(last_end)), float(last_end.max()),
             float(np.median(spread)), float(spread.max()))
+
+
+def slot_rates(stamps, smid, tiles, first=POINTS.index("first tile landed"), last=len(POINTS) - 1):
+    """Per warp slot on the SM (ShareClaims sizes a CTA's first claim by it): how many tiles
+    its CTAs scored, when they ended and how long a tile took them.
+
+    stamps, smid: as `sm_ends` takes them; tiles: uint32 [ctas], the tiles each CTA scored.
+    A CTA's tile time is (its end - its first tile's landing) / (tiles - 1). Returns rows
+    (slot, CTAs, tiles p50, end p50, ns a tile p0 / p50 / p100), ends in microseconds from the
+    earliest entry; CTAs with fewer than two tiles or without both points are left out."""
+    s = np.asarray(stamps).astype(np.int64)
+    n = s.shape[0]
+    info = np.asarray(smid).astype(np.int64)[:n]
+    tl = np.asarray(tiles).astype(np.int64)[:n]
+    entries = s[:, 0, :]
+    t0 = entries[entries > 0].min()
+    begin = s[:, first, :].max(axis=1)
+    end = s[:, last, :].max(axis=1)
+    ok = ((info & 0xFFFF) > 0) & (begin > 0) & (end > 0) & (tl > 1)
+    slot = info >> 16
+    rows = []
+    for k in np.unique(slot[ok]):
+        m = ok & (slot == k)
+        per_tile = (end[m] - begin[m]) / (tl[m] - 1)
+        rows.append((int(k), int(m.sum()), float(np.median(tl[m])), float(np.median((end[m] - t0) / 1e3)),
+                     float(per_tile.min()), float(np.median(per_tile)), float(per_tile.max())))
+    return rows
+
+
+def format_slot_rates(rows) -> str:
+    lines = [f"  {'slot':>6s} {'CTAs':>5s} {'tiles':>7s} {'end us':>8s}   ns a tile p0 / p50 / p100"]
+    lines += [f"  {k:6d} {n:5d} {t:7.1f} {e:8.2f}   {a:7.0f} {b:7.0f} {c:7.0f}" for k, n, t, e, a, b, c in rows]
+    return "\n".join(lines)
 
 
 def format_sm_ends(ends) -> str:
@@ -116,6 +151,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="decode-128K,decode-1M", help="benchmark cases (scripts/bench.py --cases)")
     ap.add_argument("--replays", type=int, default=4, help="graph replays before the one whose stamps are read")
+    ap.add_argument("--save", default=None, help="write each case's stamps, SM ids and tiles to this .npz")
     args = ap.parse_args(argv)
     try:
         cases = bench.select_cases(args.cases)
@@ -134,6 +170,8 @@ def main(argv=None) -> int:
             module = _jit._module(tag, KERNEL, dev.id, int(dev.compute_capability))
             stamps = cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps"))
             smid = cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_smid"))
+            tiles = cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_tiles"))
+            saved_arrays = {}
             for case in cases:
                 sets, _ = bench.input_sets(case, cp, 0)
                 ws = Workspace()
@@ -144,14 +182,20 @@ def main(argv=None) -> int:
                 bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # compiled, warm
                 stamps.fill(0)
                 smid.fill(0)
+                tiles.fill(0)
                 ms = bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # its last replay stamps last
                 dev.synchronize()
                 print(f"{case.name}: scoring alone {ms:.4f} ms (graph, timeline build)")
                 try:
                     print(format_rows(summarise(stamps.get())))
                     print(format_sm_ends(sm_ends(stamps.get(), smid.get())))
+                    print(format_slot_rates(slot_rates(stamps.get(), smid.get(), tiles.get())))
                 except ValueError as e:
                     print(f"  {e}")
+                saved_arrays.update({f"{case.name}/stamps": stamps.get(), f"{case.name}/smid": smid.get(),
+                                     f"{case.name}/tiles": tiles.get()})
+            if args.save:
+                np.savez_compressed(args.save, **saved_arrays)
         finally:
             cuda_ops._SCORING_SOURCES.clear()
             cuda_ops._SCORING_SOURCES.update(saved)

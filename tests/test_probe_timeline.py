@@ -82,3 +82,28 @@ def test_sm_ends_without_sm_ids_say_so():
     s[:, 2, 0] = 9_000
     assert timeline.sm_ends(s, np.zeros(6, np.uint32), last=2) is None
     assert "no CTA" in timeline.format_sm_ends(None)
+
+
+def test_sm_ends_read_the_sm_id_below_the_slot():
+    s = _stamps(ctas=2, points=3, warps=4)
+    s[:, 0, 0] = 1_000
+    s[0, 2, 0], s[1, 2, 0] = 5_000, 9_000
+    smid = np.array([1 | (2 << 16), 1], np.uint32)     # both on SM 0, slots 2 and 0
+    n, p0, p50, p100, s50, s100 = timeline.sm_ends(s, smid, last=2)
+    assert n == 1 and p100 == pytest.approx(8.0) and s100 == pytest.approx(4.0)
+
+
+def test_slot_rates_group_ctas_by_slot():
+    s = _stamps(ctas=4, points=3, warps=4)
+    s[:, 0, 0] = 1_000
+    s[:, 1, 0] = 2_000                                 # first tile landed
+    s[:, 2, 0] = [12_000, 22_000, 32_000, 0]           # the last CTA never ended
+    smid = np.array([1, 2, 1 | (1 << 16), 2 | (1 << 16)], np.uint32)
+    tiles = np.array([11, 21, 11, 5], np.uint32)
+    rows = timeline.slot_rates(s, smid, tiles, first=1, last=2)
+    assert [r[:2] for r in rows] == [(0, 2), (1, 1)]
+    slot0, slot1 = rows
+    assert slot0[2] == pytest.approx(16.0) and slot0[3] == pytest.approx(16.0)  # tiles, end p50
+    assert slot0[4:] == (pytest.approx(1000.0), pytest.approx(1000.0), pytest.approx(1000.0))
+    assert slot1[5] == pytest.approx(3000.0)           # (32 - 2) us over 10 tiles
+    assert "ns a tile" in timeline.format_slot_rates(rows)
