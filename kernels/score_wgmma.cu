@@ -462,6 +462,7 @@ __device__ __forceinline__ void score_pair_segment(
     // schedule stays as it is.
     auto tile = [&](int it, bool second) {
         keys.begin_tile(it, tid);
+        TIMELINE_POINT(6, jbase == 0 && it == 0);
         const unsigned char* st = keys.stage(it);
         const int tile_start = (first_tile + it) * kTile;
         const float ga = keys.gscale_at(it, gs_row0), gb = keys.gscale_at(it, gs_row1);
@@ -524,6 +525,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
                          u32* __restrict__ count,                 // [T] candidate counts, cleared here, or nullptr
                          u32* __restrict__ claims)                // [2] ShareClaims' counters, or nullptr: equal shares
 {
+    TIMELINE_POINT(0, true);  // the CTA's entry (points 0, 1, 6, 7 here: scripts/probe_timeline.py)
     clear_candidate_counts(count, T);
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
@@ -633,6 +635,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     };
     if (tid == 0) share.set_total(total);
     __syncthreads();
+    TIMELINE_POINT(1, true);  // the schedule built
     int g, g_end;
     while (share.tiles(g, g_end)) {
         score_range(g, g_end);
@@ -640,5 +643,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
         share.claim();
         __syncthreads();
     }
+    TIMELINE_POINT(7, true);  // the CTA's last tile scored
+    TIMELINE_TILES(jbase);
     if (tid == 0) share.done();
 }

@@ -1,26 +1,29 @@
 #!/usr/bin/env python3
-"""Where the single-query scoring kernel's CTAs spend their time, point by point, on the GPU.
+"""Where the balanced wgmma scoring kernels' CTAs spend their time, point by point, on the GPU.
 
     python scripts/probe_timeline.py                          # decode-128K and decode-1M
-    python scripts/probe_timeline.py --cases decode-E256,decode-ragged --replays 8
+    python scripts/probe_timeline.py --cases decode-E256,mtp-2 --replays 8 --save tl.npz
 
 kernels/score_wgmma.cu marks eight points of score_wgmma_kernel with TIMELINE_POINT
 (kernels/common.cuh): the CTA's entry, its schedule built, and in its first segment the
 first tile's copies issued, the wait for the staging kernel passed, the query's copies and
 the other first tiles issued, the query landed (the barrier after it), the first tile's keys
-landed; then its last tile scored. In the usual build the points are nothing; this script
-compiles the kernel once more with INDEXER_TIMELINE defined, where lane 0 of each warp
-stores %globaltimer at each point it passes (plain stores: a probe by atomics added ~2 us
-to the points it measured, docs/performance.md v72), runs the case's scoring alone as
-`scripts/bench.py` times it (CUDA-graph replays: the staging kernel and the scoring kernel
-overlap as in an engine's graph), and prints, for each point, when the CTAs' latest warp
-passed it: p0 / p50 / p100 over the CTAs, in microseconds from the first CTA's entry, from
-the last replay; then the SMs' last ends (each CTA's SM id is stamped at its entry): the
-kernel ends with its slowest SM; then, per warp slot on the SM (ShareClaims' first claims
-are sized by it), the CTAs' tiles, ends and time a tile. --save keeps the raw arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last
-run. Cases whose scoring is not this kernel (decode-latency, mtp-2, prefill) stamp nothing;
-the stamps are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's
-decode cases) launches it: in the per-row schedule a row's CTAs would share a slot.
+landed; then its last tile scored. The pair kernel (mtp-2) marks four of them: the entry,
+the schedule built, the first tile's keys landed and the last tile scored. In the usual
+build the points are nothing; this script compiles the kernels once more with
+INDEXER_TIMELINE defined, where lane 0 of each warp stores %globaltimer at each point it
+passes (plain stores: a probe by atomics added ~2 us to the points it measured,
+docs/performance.md v72), runs the case's scoring alone as `scripts/bench.py` times it
+(CUDA-graph replays: the staging kernel and the scoring kernel overlap as in an engine's
+graph), and prints, for each point, when the CTAs' latest warp passed it: p0 / p50 / p100
+over the CTAs, in microseconds from the first CTA's entry, from the last replay; then the
+SMs' last ends (each CTA's SM id is stamped at its entry): the kernel ends with its slowest
+SM; then, per warp slot on the SM (ShareClaims' first claims are sized by it), the CTAs'
+tiles, ends and time a tile (thread 0 stamps the tiles it scored). --save keeps the raw
+arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
+Cases whose scoring is neither kernel (decode-latency, prefill) stamp nothing; the stamps
+are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's decode
+cases and mtp-2) launches them: in the per-row schedule a row's CTAs would share a slot.
 The timeline build's tile loop carries ~10 instructions more (the first-tile point's test)
 and its prologue spills more: its times, not its start's points, read long, and two
 versions' timeline builds differ in their loops too (docs/performance.md v73), so compare
@@ -38,7 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from indexer import _jit, bench  # noqa: E402
 
 SOURCE = "score_wgmma.cu"
-KERNEL = "score_wgmma_kernel<128>"  # the benchmark cases' D
+#: the kernels stamped (the benchmark cases' D): the single-query kernel at every point, the
+#: pair kernel (mtp-2) at points 0, 1, 6 and 7
+KERNELS = ("score_wgmma_kernel<128>", "score_wgmma_pairs_kernel<128>")
 #: TIMELINE_POINT indices in kernels/score_wgmma.cu, in order
 POINTS = ("entry", "schedule built", "tile 0 issued", "past the wait", "query, tiles 1-2 issued",
           "query landed", "first tile landed", "last tile scored")
@@ -165,12 +170,15 @@ def main(argv=None) -> int:
     dev = cp.cuda.Device()
     with _jit.source_versions({tag: timeline_source(_jit.read_source(SOURCE))}, like=SOURCE):
         try:
-            cuda_ops._SCORING_SOURCES["wgmma"] = tag
+            cuda_ops._SCORING_SOURCES["wgmma"] = cuda_ops._SCORING_SOURCES["pairs"] = tag
             cuda_ops.clear_plans()
-            module = _jit._module(tag, KERNEL, dev.id, int(dev.compute_capability))
-            stamps = cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps"))
-            smid = cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_smid"))
-            tiles = cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_tiles"))
+            globals_of = []  # each kernel's module's (stamps, SM ids, tiles)
+            for kernel in KERNELS:
+                module = _jit._module(tag, kernel, dev.id, int(dev.compute_capability))
+                globals_of.append((
+                    cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps")),
+                    cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_smid")),
+                    cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_tiles"))))
             saved_arrays = {}
             for case in cases:
                 sets, _ = bench.input_sets(case, cp, 0)
@@ -180,11 +188,13 @@ def main(argv=None) -> int:
                     return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws, _score_only=True)
 
                 bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # compiled, warm
-                stamps.fill(0)
-                smid.fill(0)
-                tiles.fill(0)
+                for arrays in globals_of:
+                    for a in arrays:
+                        a.fill(0)
                 ms = bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # its last replay stamps last
                 dev.synchronize()
+                # the kernel that ran: the one whose CTAs stamped their entries
+                stamps, smid, tiles = max(globals_of, key=lambda a: int((a[0][:, 0, :] > 0).sum()))
                 print(f"{case.name}: scoring alone {ms:.4f} ms (graph, timeline build)")
                 try:
                     print(format_rows(summarise(stamps.get())))

@@ -50,8 +50,16 @@ def test_points_and_shape_match_the_kernel_sources():
     assert int(consts["kTimelineCtas"]) == timeline.CTAS and int(consts["kTimelineWarps"]) == timeline.WARPS
     assert int(consts["kTimelinePoints"]) == len(timeline.POINTS)
     source = (ROOT / "kernels" / "score_wgmma.cu").read_text()
-    used = sorted(int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", source))
+    # the single-query kernel's part (up to the pair kernel's segment) and the pair kernel's
+    single, pairs = source.split("__device__ __forceinline__ void score_pair_segment(")
+    used = sorted(int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", single))
     assert used == list(range(len(timeline.POINTS)))  # each point once, none missing
+    used = sorted(int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", pairs))
+    names = ("entry", "schedule built", "first tile landed", "last tile scored")
+    assert used == [timeline.POINTS.index(name) for name in names]  # the four the docstring names
+    assert "TIMELINE_TILES(jbase)" in single and "TIMELINE_TILES(jbase)" in pairs
+    for kernel in timeline.KERNELS:  # kernels of this source, by their names
+        assert re.search(rf"\n{kernel.split('<')[0]}\(", source)
 
 
 def test_the_timeline_build_only_adds_a_define():
