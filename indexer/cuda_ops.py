@@ -519,18 +519,20 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     count = 0 if v.count is None else v.count  # none where every run streams: a null pointer (never read)
     # the balanced wgmma kernels' CTAs claim their shares from two counters, zero at rest
     # (kernels/wgmma_common.cuh: ShareClaims): the workspace's, else the call's own
-    # (none where a capture starts before the workspace holds them: equal shares then)
-    claims = 0
+    # (none where a capture starts before the workspace holds them: equal shares then); a
+    # pair for the even runs, one for the odd (the next run's scoring kernel may start before
+    # this one's last CTAs have cleared theirs: Workspace.claim_counters)
+    claims = (0, 0)
     if _CLAIMED_SHARES and (kind == "pairs" or (kind == "wgmma" and sl.balanced)):
         if workspace is None:
-            claims = cp.empty(2, dtype=cp.uint32)
-            _zero(claims)
+            own = cp.empty(4, dtype=cp.uint32)
+            _zero(own)
+            claims = (own[:2], own[2:]) if len(p.runs) > 1 else (own, own)
         else:
-            claims = workspace.claim_counters()
-            claims = 0 if claims is None else claims
+            claims = workspace.claim_counters() or claims
 
     try:
-        for r0, r1, nr, sampled, streamed, ranked, r0_32, nr_32 in p.runs:
+        for run_index, (r0, r1, nr, sampled, streamed, ranked, r0_32, nr_32) in enumerate(p.runs):
             # the run's rows of the per-row arrays: the arrays themselves when one run takes
             # every row (a slice costs ~2 us of host time, and a call makes up to eight)
             run = (lambda x: x) if nr == prob.T else (lambda x: x[r0:r1])  # noqa: B023
@@ -573,7 +575,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                 score_args = (*query, keys_fp4, key_scale, key_gscale, table, lens,
                               *sched_args, v.scores, p.ld,
                               *(() if not p.counts_keys else (0, 0) if p.row_select else (hist, count)),
-                              *((claims,) if kind in ("wgmma", "pairs") else ()))
+                              *((claims[run_index % 2],) if kind in ("wgmma", "pairs") else ()))
                 if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
                     after_previous(p.score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
                 else:

@@ -182,11 +182,14 @@ class Workspace:
         return self._zero_at_rest.get(dev, False)
 
     def claim_counters(self):  # gpu-only
-        """uint32 [2] on the current device, zero at rest: the counters from which the
-        balanced scoring kernels' CTAs claim their shares of tiles (kernels/wgmma_common.cuh:
-        ShareClaims); every launch that uses them leaves them zero. Allocated zero-filled on
-        first use (or by ``reserve``); None while the stream is capturing before then (the
-        call then gives its CTAs equal shares)."""
+        """Two uint32 [2] views on the current device, zero at rest: the counters from which
+        the balanced scoring kernels' CTAs claim their shares of tiles (kernels/wgmma_common.cuh:
+        ShareClaims), a pair for the even runs of rows of a call and one for the odd ones (a
+        scoring kernel lets the next kernel be placed before its last CTAs clear their pair,
+        and where the next is the next run's scoring kernel, a scoring-only call's, it claims
+        from the other pair); every launch that uses a pair leaves it zero. Allocated
+        zero-filled on first use (or by ``reserve``); None while the stream is capturing before
+        then (the call then gives its CTAs equal shares)."""
         cp = arrays.cupy()
         key = (int(cp.cuda.runtime.getDevice()), "claims")
         buf = self._buffers.get(key)
@@ -197,11 +200,11 @@ class Workspace:
                 buf = self._buffers.get(key)
                 if buf is None:
                     self._buffers[key] = buf = cp.zeros(_CLAIMS_BYTES // 4, dtype=cp.uint32)
-        # the view made once (every call of a balanced kernel asks: a slice costs ~2 us of
+        # the views made once (every call of a balanced kernel asks: a slice costs ~2 us of
         # host time)
         made = self._claim_views.get(key)
         if made is None or made[0] is not buf:
-            made = self._claim_views[key] = (buf, buf[:2])
+            made = self._claim_views[key] = (buf, (buf[:2], buf[2:4]))
         return made[1]
 
     def at_rest(self, device_id: int) -> bool:

@@ -285,6 +285,11 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
     }
     TIMELINE_POINT(7, true);  // the CTA's last tile scored
     TIMELINE_TILES(jbase);
+    // the select's first kernel may be placed once every CTA is here (it waits for this
+    // grid's end before it reads anything: common.cuh), not only once the last has exited:
+    // its placement under the last CTAs' ends (decode-128K -0.2%, mtp-2 -0.4% with the same
+    // in the pair kernel; docs/performance.md v74)
+    let_next_grid_start();
     if (balanced && tid == 0) share.done();
 }
 
@@ -645,5 +650,6 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
     }
     TIMELINE_POINT(7, true);  // the CTA's last tile scored
     TIMELINE_TILES(jbase);
+    let_next_grid_start();  // as the single-query kernel's
     if (tid == 0) share.done();
 }

@@ -38,8 +38,8 @@ PAIRS = {
 }
 
 
-def counters(ws):
-    return ws.claim_counters().get()
+def counters(ws):  # both pairs (the even runs' and the odd ones')
+    return np.concatenate([pair.get() for pair in ws.claim_counters()])
 
 
 def run(args, top_k, ws, cu=None):
@@ -108,6 +108,35 @@ def test_counters_stay_zero_through_graph_replays():
         step(*dev, out=out)
         np.testing.assert_array_equal(out.get(), first)
         assert not counters(ws).any()
+
+
+def test_runs_of_rows_claim_from_alternate_pairs():
+    # a small budget cuts the rows into runs; a scoring kernel lets the next kernel be placed
+    # before its last CTAs clear their counters, and in a scoring-only call the next kernel is
+    # the next run's scoring kernel, which claims from the other pair: after scoring-only
+    # calls of several runs both pairs are zero, and the calls after them answer as before
+    from indexer import cuda_ops  # imports CuPy
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(7)
+    p = single(rng, lens=[30_000, 9_000, 27_000, 0, 31_000, 18_000, 12_345], top_k=256)
+    dev = [cp.asarray(a) for a in p.arrays()]
+    ws = indexer.Workspace()
+    kw = dict(precision="fast", return_scores=True, workspace=ws, _fast_kernel="wgmma")
+    budget = 2 * 30_100 * 4 + 4096  # about two rows a run: four runs
+    idx, sc = (a.get() for a in cuda_ops.score_topk(*dev, p.top_k, workspace_budget=budget, **kw))
+    testing.check_topk(p, idx, sc, tol=testing.TOL_FAST)
+    one_run = [a.get() for a in cuda_ops.score_topk(*dev, p.top_k, **kw)]
+    np.testing.assert_array_equal(one_run[0], idx)
+    assert one_run[1].tobytes() == sc.tobytes()
+    for _ in range(5):
+        cuda_ops.score_topk(*dev, p.top_k, workspace_budget=budget, _score_only=True, **kw)
+    cp.cuda.get_current_stream().synchronize()
+    assert not counters(ws).any()
+    again = [a.get() for a in cuda_ops.score_topk(*dev, p.top_k, workspace_budget=budget, **kw)]
+    np.testing.assert_array_equal(again[0], idx)
+    assert again[1].tobytes() == sc.tobytes()
+    assert not counters(ws).any()
 
 
 def test_reserve_allocates_the_counters():
