@@ -108,6 +108,7 @@ __device__ __forceinline__ void score_segment(
     fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
     __syncthreads();
     TIMELINE_POINT(5, jbase == 0);
+    TIMELINE_POINT(10, jbase > 0);  // points 10-11: the CTA's last segment after a restart
 
     const int g = lane >> 2, c = lane & 3;
     // the row's base, broadcast so that ptxas knows it warp-uniform: made once, where from t
@@ -157,6 +158,7 @@ __device__ __forceinline__ void score_segment(
     for (int it = 0; it < num_tiles; ++it) {
         keys.begin_tile(it, tid);
         TIMELINE_POINT(6, jbase == 0 && it == 0);
+        TIMELINE_POINT(11, jbase > 0 && it == 0);
         const unsigned char* st = keys.stage(it);
         const int tile_start = (first_tile + it) * kTile;
         // No MMA stays in flight across iterations: ptxas serialises every wgmma when
@@ -176,9 +178,11 @@ __device__ __forceinline__ void score_segment(
         fence_accumulators(acc[1]);
         epilogue(tile_start + r0, gs0, gs1);
     }
+    TIMELINE_POINT(8, next_row >= 0);  // points 8-9: the end of a segment the claim runs on past
     __syncthreads();  // histogram complete; every stage read (the next segment refills them)
     if (hist != nullptr) flush_raw_histogram(hist_s, hist + (long long)t * kHistBins, tid, kThreads);
     __syncthreads();
+    TIMELINE_POINT(9, next_row >= 0);
 }
 
 // Two schedules, one kernel:

@@ -4,11 +4,13 @@
     python scripts/probe_timeline.py                          # decode-128K and decode-1M
     python scripts/probe_timeline.py --cases decode-E256,mtp-2 --replays 8 --save tl.npz
 
-kernels/score_wgmma.cu marks eight points of score_wgmma_kernel with TIMELINE_POINT
+kernels/score_wgmma.cu marks twelve points of score_wgmma_kernel with TIMELINE_POINT
 (kernels/common.cuh): the CTA's entry, its schedule built, and in its first segment the
 first tile's copies issued, the wait for the staging kernel passed, the query's copies and
 the other first tiles issued, the query landed (the barrier after it), the first tile's keys
-landed; then its last tile scored. The pair kernel (mtp-2) marks four of them: the entry,
+landed; then its last tile scored; and the four of a segment restart (a claim running on
+into the next row): the segment's tiles done, its histogram flushed, the next segment's
+query landed and its first tile's keys landed. The pair kernel (mtp-2) marks four of them: the entry,
 the schedule built, the first tile's keys landed and the last tile scored. In the usual
 build the points are nothing; this script compiles the kernels once more with
 INDEXER_TIMELINE defined, where lane 0 of each warp stores %globaltimer at each point it
@@ -19,8 +21,8 @@ graph), and prints, for each point, when the CTAs' latest warp passed it: p0 / p
 over the CTAs, in microseconds from the first CTA's entry, from the last replay; then the
 SMs' last ends (each CTA's SM id is stamped at its entry): the kernel ends with its slowest
 SM; then, per warp slot on the SM (ShareClaims' first claims are sized by it), the CTAs'
-tiles, ends and time a tile (thread 0 stamps the tiles it scored). --save keeps the raw
-arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
+tiles, ends and time a tile (thread 0 stamps the tiles it scored); then how the CTAs'
+restarts split. --save keeps the raw arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
 Cases whose scoring is neither kernel (decode-latency, prefill) stamp nothing; the stamps
 are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's decode
 cases and mtp-2) launches them: in the per-row schedule a row's CTAs would share a slot.
@@ -46,7 +48,11 @@ SOURCE = "score_wgmma.cu"
 KERNELS = ("score_wgmma_kernel<128>", "score_wgmma_pairs_kernel<128>")
 #: TIMELINE_POINT indices in kernels/score_wgmma.cu, in order
 POINTS = ("entry", "schedule built", "tile 0 issued", "past the wait", "query, tiles 1-2 issued",
-          "query landed", "first tile landed", "last tile scored")
+          "query landed", "first tile landed", "last tile scored",
+          "restart: tiles done", "restart: flushed", "restart: query landed", "restart: first tile")
+#: the points of a segment restart (a claim running on into the next row): the segment's
+#: tiles done, its histogram flushed, the next segment's query landed, its first tile landed
+RESTART = tuple(POINTS.index(f"restart: {p}") for p in ("tiles done", "flushed", "query landed", "first tile"))
 #: kernels/common.cuh: kTimelineCtas, kTimelinePoints, kTimelineWarps
 CTAS, WARPS = 1024, 4
 
@@ -61,7 +67,9 @@ def summarise(stamps, points=POINTS):
 
     stamps: uint64 [ctas, points, warps] of %globaltimer nanoseconds, 0 where a warp did not
     pass the point. Returns rows (name, CTAs that passed it, p0, p50, p100), the times in
-    microseconds from the earliest entry (point 0); NaN times where no CTA passed it."""
+    microseconds from the earliest entry (point 0); NaN times where no CTA passed it. A stamp
+    from before the earliest entry (an earlier replay's, at a point only some CTAs pass) does
+    not count."""
     s = np.asarray(stamps).astype(np.int64)
     entries = s[:, 0, :]
     if not (entries > 0).any():
@@ -69,7 +77,7 @@ def summarise(stamps, points=POINTS):
     t0 = entries[entries > 0].min()
     rows = []
     for i, name in enumerate(points):
-        per_cta = s[:, i, :]
+        per_cta = np.where(s[:, i, :] >= t0, s[:, i, :], 0)  # stamps of an earlier replay: not passed
         passed = (per_cta > 0).any(axis=1)
         if not passed.any():
             rows.append((name, 0, float("nan"), float("nan"), float("nan")))
@@ -79,7 +87,41 @@ def summarise(stamps, points=POINTS):
     return rows
 
 
-def sm_ends(stamps, smid, last=len(POINTS) - 1):
+def restart_intervals(stamps, points=RESTART):
+    """How a segment restart's time splits, in the CTAs that made one: the intervals between
+    the restart's consecutive points (tiles done -> flushed -> query landed -> first tile)
+    and in all, each p0 / p50 / p100 in microseconds over those CTAs. A CTA stamps the end of
+    every segment its claim runs on past and the start of every segment after its first, so
+    a CTA of several restarts shows its last; stamps left from an earlier replay are
+    not counted. Returns (CTAs, rows (name, p0, p50, p100)), or
+    None where no CTA made one."""
+    s = np.asarray(stamps).astype(np.int64)
+    entries = s[:, 0, :]
+    if not (entries > 0).any():
+        return None
+    t0 = entries[entries > 0].min()
+    at = s[:, list(points), :].max(axis=2)  # each CTA's latest warp at each point
+    # all four from the last replay: a CTA whose claim (made in arrival order) held a restart
+    # in an earlier replay only keeps that replay's stamps, from before the last one's entries
+    ok = (at >= t0).all(axis=1)
+    if not ok.any():
+        return None
+    at = at[ok]
+    names = ("flush", "next query", "first tile", "restart")
+    spans = [at[:, i + 1] - at[:, i] for i in range(len(points) - 1)] + [at[:, -1] - at[:, 0]]
+    return int(ok.sum()), [(n, float(x.min()) / 1e3, float(np.median(x)) / 1e3, float(x.max()) / 1e3)
+                           for n, x in zip(names, spans)]
+
+
+def format_restarts(found) -> str:
+    if found is None:
+        return "  restarts: no CTA ran on into a next segment"
+    n, rows = found
+    return f"  restarts ({n} CTAs), us p0 / p50 / p100: " + ", ".join(
+        f"{name} {p0:.2f} / {p50:.2f} / {p100:.2f}" for name, p0, p50, p100 in rows)
+
+
+def sm_ends(stamps, smid, last=POINTS.index("last tile scored")):
     """When each SM's CTAs finished: the kernel ends with its slowest SM.
 
     stamps: as `summarise` takes them; smid: uint32 [ctas], SM id + 1 in bits 0-15 (0: the
@@ -104,7 +146,7 @@ def sm_ends(stamps, smid, last=len(POINTS) - 1):
             float(np.median(spread)), float(spread.max()))
 
 
-def slot_rates(stamps, smid, tiles, first=POINTS.index("first tile landed"), last=len(POINTS) - 1):
+def slot_rates(stamps, smid, tiles, first=POINTS.index("first tile landed"), last=POINTS.index("last tile scored")):
     """Per warp slot on the SM (ShareClaims sizes a CTA's first claim by it): how many tiles
     its CTAs scored, when they ended and how long a tile took them.
 
@@ -200,6 +242,7 @@ def main(argv=None) -> int:
                     print(format_rows(summarise(stamps.get())))
                     print(format_sm_ends(sm_ends(stamps.get(), smid.get())))
                     print(format_slot_rates(slot_rates(stamps.get(), smid.get(), tiles.get())))
+                    print(format_restarts(restart_intervals(stamps.get())))
                 except ValueError as e:
                     print(f"  {e}")
                 saved_arrays.update({f"{case.name}/stamps": stamps.get(), f"{case.name}/smid": smid.get(),

@@ -115,3 +115,23 @@ def test_slot_rates_group_ctas_by_slot():
     assert slot0[4:] == (pytest.approx(1000.0), pytest.approx(1000.0), pytest.approx(1000.0))
     assert slot1[5] == pytest.approx(3000.0)           # (32 - 2) us over 10 tiles
     assert "ns a tile" in timeline.format_slot_rates(rows)
+
+
+def test_restart_intervals_split_a_restart_and_skip_ctas_without_one():
+    s = _stamps(ctas=3, points=len(timeline.POINTS), warps=4)
+    s[:, 0, 0] = 1_000
+    a, b, c, d = timeline.RESTART
+    # CTA 0 restarts: tiles done at 10 us, flushed 10.4, query landed 11.9, first tile 12.5
+    s[0, [a, b, c, d], 1] = [10_000, 10_400, 11_900, 12_500]
+    s[1, [a, b, c, d], 2] = [20_000, 20_200, 21_200, 22_000]
+    s[2, [a, b], 0] = [5_000, 5_300]                   # its claim ended there: no next segment
+    s[2, [c, d], 0] = [400, 600]                       # ... and its restart of an earlier replay
+    n, rows = timeline.restart_intervals(s)
+    assert n == 2 and [r[0] for r in rows] == ["flush", "next query", "first tile", "restart"]
+    flush, query, first, whole = rows
+    assert flush[1:] == (pytest.approx(0.2), pytest.approx(0.3), pytest.approx(0.4))
+    assert whole[1] == pytest.approx(2.0) and whole[3] == pytest.approx(2.5)
+    assert "restarts (2 CTAs)" in timeline.format_restarts((n, rows))
+    assert timeline.restart_intervals(_stamps(ctas=3, points=len(timeline.POINTS))) is None
+    assert "no CTA" in timeline.format_restarts(None)
+    assert timeline.summarise(s)[c][1] == 2            # the earlier replay's stamp not passed
