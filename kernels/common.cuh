@@ -44,8 +44,10 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 // is done, so that the rank's (or final's) CTAs are placed while it appends its candidates
 // (batch 1 -0.2..-0.3 us; once it knows its threshold, before its compares: +0.8..1.1 us, v42);
 // dense_keys_kernel (32 CTAs for prefill-8K) at its start, so that the dense kernel builds its
-// schedule on the idle SMs (prefill-8K -2.8 us, v53), and the dense kernel at its start (its
-// registers leave no room for a select CTA on its SM: measured neutral, v53).
+// schedule on the idle SMs (prefill-8K -2.8 us, v53), the dense kernel at its start (its
+// registers leave no room for a select CTA on its SM: measured neutral, v53), and the
+// balanced wgmma scoring kernels at each CTA's end (whole calls -0.2..-0.4%, v74; a next
+// run's scoring kernel placed then claims from the other pair of counters: cuda_ops).
 __device__ __forceinline__ void let_next_grid_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
