@@ -79,6 +79,7 @@ __device__ __forceinline__ void score_segment(
     keys.start_copies(tid, 0, 1, b_first);
     keys.start_scale_loads(b_first, g_first);
     TIMELINE_POINT(2, jbase == 0);  // points 2-6: the CTA's first segment (scripts/probe_timeline.py)
+    TIMELINE_POINT(12, jbase > 0);  // points 12-13 as 2 and 4, after a restart
     wait_for_previous_grid();  // q16 and w_scaled written (a no-op from the first segment on)
     TIMELINE_POINT(3, jbase == 0);
     {
@@ -94,6 +95,7 @@ __device__ __forceinline__ void score_segment(
     }
     keys.start_copies(tid, 1, kStages - 1, b_first);
     TIMELINE_POINT(4, jbase == 0);
+    TIMELINE_POINT(13, jbase > 0);
     // the next segment's first tiles towards L2, by the last warp, while the query lands
     if (next_row >= 0 && warp == 3)
         prefetch_row_start_l2<kDim>(block_table + (long long)next_row * L, L, next_n, (kStages - 1) * kTile, P, E,

@@ -4,13 +4,14 @@
     python scripts/probe_timeline.py                          # decode-128K and decode-1M
     python scripts/probe_timeline.py --cases decode-E256,mtp-2 --replays 8 --save tl.npz
 
-kernels/score_wgmma.cu marks twelve points of score_wgmma_kernel with TIMELINE_POINT
+kernels/score_wgmma.cu marks fourteen points of score_wgmma_kernel with TIMELINE_POINT
 (kernels/common.cuh): the CTA's entry, its schedule built, and in its first segment the
 first tile's copies issued, the wait for the staging kernel passed, the query's copies and
 the other first tiles issued, the query landed (the barrier after it), the first tile's keys
-landed; then its last tile scored; and the four of a segment restart (a claim running on
+landed; then its last tile scored; and the six of a segment restart (a claim running on
 into the next row): the segment's tiles done, its histogram flushed, the next segment's
-query landed and its first tile's keys landed. The pair kernel (mtp-2) marks four of them: the entry,
+tile 0 issued, its query's copies issued, its query landed and its first tile's keys
+landed. The pair kernel (mtp-2) marks four of them: the entry,
 the schedule built, the first tile's keys landed and the last tile scored. In the usual
 build the points are nothing; this script compiles the kernels once more with
 INDEXER_TIMELINE defined, where lane 0 of each warp stores %globaltimer at each point it
@@ -49,10 +50,13 @@ KERNELS = ("score_wgmma_kernel<128>", "score_wgmma_pairs_kernel<128>")
 #: TIMELINE_POINT indices in kernels/score_wgmma.cu, in order
 POINTS = ("entry", "schedule built", "tile 0 issued", "past the wait", "query, tiles 1-2 issued",
           "query landed", "first tile landed", "last tile scored",
-          "restart: tiles done", "restart: flushed", "restart: query landed", "restart: first tile")
-#: the points of a segment restart (a claim running on into the next row): the segment's
-#: tiles done, its histogram flushed, the next segment's query landed, its first tile landed
-RESTART = tuple(POINTS.index(f"restart: {p}") for p in ("tiles done", "flushed", "query landed", "first tile"))
+          "restart: tiles done", "restart: flushed", "restart: query landed", "restart: first tile",
+          "restart: tile 0 issued", "restart: query issued")
+#: the points of a segment restart (a claim running on into the next row), in order: the
+#: segment's tiles done, its histogram flushed, the next segment's tile 0 issued (its block
+#: ids loaded), its query's and tiles 1-2's copies issued, its query landed, its first tile
+RESTART = tuple(POINTS.index(f"restart: {p}") for p in ("tiles done", "flushed", "tile 0 issued", "query issued",
+                                                         "query landed", "first tile"))
 #: kernels/common.cuh: kTimelineCtas, kTimelinePoints, kTimelineWarps
 CTAS, WARPS = 1024, 4
 
@@ -89,8 +93,8 @@ def summarise(stamps, points=POINTS):
 
 def restart_intervals(stamps, points=RESTART):
     """How a segment restart's time splits, in the CTAs that made one: the intervals between
-    the restart's consecutive points (tiles done -> flushed -> query landed -> first tile)
-    and in all, each p0 / p50 / p100 in microseconds over those CTAs. A CTA stamps the end of
+    the restart's consecutive points (tiles done -> flushed -> tile 0 issued -> query issued
+    -> query landed -> first tile) and in all, each p0 / p50 / p100 in microseconds over those CTAs. A CTA stamps the end of
     every segment its claim runs on past and the start of every segment after its first, so
     a CTA of several restarts shows its last; stamps left from an earlier replay are
     not counted. Returns (CTAs, rows (name, p0, p50, p100)), or
@@ -101,13 +105,13 @@ def restart_intervals(stamps, points=RESTART):
         return None
     t0 = entries[entries > 0].min()
     at = s[:, list(points), :].max(axis=2)  # each CTA's latest warp at each point
-    # all four from the last replay: a CTA whose claim (made in arrival order) held a restart
+    # every point from the last replay: a CTA whose claim (made in arrival order) held a restart
     # in an earlier replay only keeps that replay's stamps, from before the last one's entries
     ok = (at >= t0).all(axis=1)
     if not ok.any():
         return None
     at = at[ok]
-    names = ("flush", "next query", "first tile", "restart")
+    names = ("flush", "ids, tile 0", "query issued", "query landed", "first tile", "restart")
     spans = [at[:, i + 1] - at[:, i] for i in range(len(points) - 1)] + [at[:, -1] - at[:, 0]]
     return int(ok.sum()), [(n, float(x.min()) / 1e3, float(np.median(x)) / 1e3, float(x.max()) / 1e3)
                            for n, x in zip(names, spans)]

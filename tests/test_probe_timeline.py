@@ -120,18 +120,21 @@ def test_slot_rates_group_ctas_by_slot():
 def test_restart_intervals_split_a_restart_and_skip_ctas_without_one():
     s = _stamps(ctas=3, points=len(timeline.POINTS), warps=4)
     s[:, 0, 0] = 1_000
-    a, b, c, d = timeline.RESTART
-    # CTA 0 restarts: tiles done at 10 us, flushed 10.4, query landed 11.9, first tile 12.5
-    s[0, [a, b, c, d], 1] = [10_000, 10_400, 11_900, 12_500]
-    s[1, [a, b, c, d], 2] = [20_000, 20_200, 21_200, 22_000]
-    s[2, [a, b], 0] = [5_000, 5_300]                   # its claim ended there: no next segment
-    s[2, [c, d], 0] = [400, 600]                       # ... and its restart of an earlier replay
+    pts = list(timeline.RESTART)
+    # CTA 0 restarts: tiles done at 10 us, flushed 10.4, tile 0 issued 11.0, query issued
+    # 11.2, query landed 11.9, first tile 12.5
+    s[0, pts, 1] = [10_000, 10_400, 11_000, 11_200, 11_900, 12_500]
+    s[1, pts, 2] = [20_000, 20_200, 20_500, 20_700, 21_200, 22_000]
+    s[2, pts[:2], 0] = [5_000, 5_300]                  # its claim ended there: no next segment
+    s[2, pts[2:], 0] = [300, 400, 500, 600]           # ... and its restart of an earlier replay
     n, rows = timeline.restart_intervals(s)
-    assert n == 2 and [r[0] for r in rows] == ["flush", "next query", "first tile", "restart"]
-    flush, query, first, whole = rows
+    assert n == 2 and [r[0] for r in rows] == ["flush", "ids, tile 0", "query issued", "query landed",
+                                               "first tile", "restart"]
+    flush, ids, issued, landed, first, whole = rows
     assert flush[1:] == (pytest.approx(0.2), pytest.approx(0.3), pytest.approx(0.4))
+    assert ids[2] == pytest.approx(0.45) and landed[3] == pytest.approx(0.7)
     assert whole[1] == pytest.approx(2.0) and whole[3] == pytest.approx(2.5)
     assert "restarts (2 CTAs)" in timeline.format_restarts((n, rows))
     assert timeline.restart_intervals(_stamps(ctas=3, points=len(timeline.POINTS))) is None
     assert "no CTA" in timeline.format_restarts(None)
-    assert timeline.summarise(s)[c][1] == 2            # the earlier replay's stamp not passed
+    assert timeline.summarise(s)[pts[4]][1] == 2       # the earlier replay's stamp not passed
