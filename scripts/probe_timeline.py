@@ -66,6 +66,13 @@ def timeline_source(text: str) -> str:
     return "#define INDEXER_TIMELINE 1\n" + text
 
 
+def first_entry(s):
+    """The earliest CTA entry (point 0) of int64 stamps [ctas, points, warps], the time every
+    figure counts from; None where no CTA stamped its entry."""
+    entries = s[:, 0, :]
+    return int(entries[entries > 0].min()) if (entries > 0).any() else None
+
+
 def summarise(stamps, points=POINTS):
     """Per point, when the CTAs' latest warp passed it.
 
@@ -75,10 +82,9 @@ def summarise(stamps, points=POINTS):
     from before the earliest entry (an earlier replay's, at a point only some CTAs pass) does
     not count."""
     s = np.asarray(stamps).astype(np.int64)
-    entries = s[:, 0, :]
-    if not (entries > 0).any():
+    t0 = first_entry(s)
+    if t0 is None:
         raise ValueError("no CTA stamped its entry: the case's scoring is not the timeline build's kernel")
-    t0 = entries[entries > 0].min()
     rows = []
     for i, name in enumerate(points):
         per_cta = np.where(s[:, i, :] >= t0, s[:, i, :], 0)  # stamps of an earlier replay: not passed
@@ -100,10 +106,9 @@ def restart_intervals(stamps, points=RESTART):
     not counted. Returns (CTAs, rows (name, p0, p50, p100)), or
     None where no CTA made one."""
     s = np.asarray(stamps).astype(np.int64)
-    entries = s[:, 0, :]
-    if not (entries > 0).any():
+    t0 = first_entry(s)
+    if t0 is None:
         return None
-    t0 = entries[entries > 0].min()
     at = s[:, list(points), :].max(axis=2)  # each CTA's latest warp at each point
     # every point from the last replay: a CTA whose claim (made in arrival order) held a restart
     # in an earlier replay only keeps that replay's stamps, from before the last one's entries
@@ -135,10 +140,11 @@ def sm_ends(stamps, smid, last=POINTS.index("last tile scored")):
     an SM id passed `last`."""
     s = np.asarray(stamps).astype(np.int64)
     sm = np.asarray(smid).astype(np.int64)[: s.shape[0]] & 0xFFFF
-    entries = s[:, 0, :]
-    t0 = entries[entries > 0].min()
+    t0 = first_entry(s)
     ends = s[:, last, :].max(axis=1)
     ok = (sm > 0) & (ends > 0)
+    if t0 is None:
+        return None
     if not ok.any():
         return None
     per_sm = {}
@@ -162,8 +168,9 @@ def slot_rates(stamps, smid, tiles, first=POINTS.index("first tile landed"), las
     n = s.shape[0]
     info = np.asarray(smid).astype(np.int64)[:n]
     tl = np.asarray(tiles).astype(np.int64)[:n]
-    entries = s[:, 0, :]
-    t0 = entries[entries > 0].min()
+    t0 = first_entry(s)
+    if t0 is None:
+        return []
     begin = s[:, first, :].max(axis=1)
     end = s[:, last, :].max(axis=1)
     ok = ((info & 0xFFFF) > 0) & (begin > 0) & (end > 0) & (tl > 1)
@@ -242,15 +249,16 @@ def main(argv=None) -> int:
                 # the kernel that ran: the one whose CTAs stamped their entries
                 stamps, smid, tiles = max(globals_of, key=lambda a: int((a[0][:, 0, :] > 0).sum()))
                 print(f"{case.name}: scoring alone {ms:.4f} ms (graph, timeline build)")
+                stamps, smid, tiles = stamps.get(), smid.get(), tiles.get()  # one copy each to the host
                 try:
-                    print(format_rows(summarise(stamps.get())))
-                    print(format_sm_ends(sm_ends(stamps.get(), smid.get())))
-                    print(format_slot_rates(slot_rates(stamps.get(), smid.get(), tiles.get())))
-                    print(format_restarts(restart_intervals(stamps.get())))
+                    print(format_rows(summarise(stamps)))
+                    print(format_sm_ends(sm_ends(stamps, smid)))
+                    print(format_slot_rates(slot_rates(stamps, smid, tiles)))
+                    print(format_restarts(restart_intervals(stamps)))
                 except ValueError as e:
                     print(f"  {e}")
-                saved_arrays.update({f"{case.name}/stamps": stamps.get(), f"{case.name}/smid": smid.get(),
-                                     f"{case.name}/tiles": tiles.get()})
+                saved_arrays.update({f"{case.name}/stamps": stamps, f"{case.name}/smid": smid,
+                                     f"{case.name}/tiles": tiles})
             if args.save:
                 np.savez_compressed(args.save, **saved_arrays)
         finally:
