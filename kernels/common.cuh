@@ -498,7 +498,7 @@ __device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, cons
 // evaluated: the kernels compile as without them.
 // ---------------------------------------------------------------------------
 #ifdef INDEXER_TIMELINE
-constexpr int kTimelineCtas = 1024, kTimelinePoints = 14, kTimelineWarps = 4;
+constexpr int kTimelineCtas = 1024, kTimelinePoints = 16, kTimelineWarps = 4;
 __device__ unsigned long long timeline_stamps[kTimelineCtas * kTimelinePoints * kTimelineWarps];
 __device__ unsigned int timeline_smid[kTimelineCtas];
 __device__ unsigned int timeline_tiles[kTimelineCtas];

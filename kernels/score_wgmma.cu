@@ -72,10 +72,12 @@ __device__ __forceinline__ void score_segment(
     // prep_query_kernel runs (it is launched programmatically after it): everything before the
     // wait touches nothing that kernel writes, and every kernel before it has ended (it was
     // launched normally).
+    TIMELINE_POINT(14, jbase > 0);  // points 14-15: a restart's segment entered, its block ids' loads issued
     for (int i = tid; i < kHistBins; i += kThreads) hist_s[i] = 0u;
     int b_first[kStages - 1];
     float g_first[kStages - 1];
     keys.start_ids(tid, b_first);
+    TIMELINE_POINT(15, jbase > 0);
     keys.start_copies(tid, 0, 1, b_first);
     keys.start_scale_loads(b_first, g_first);
     TIMELINE_POINT(2, jbase == 0);  // points 2-6: the CTA's first segment (scripts/probe_timeline.py)
@@ -377,7 +379,8 @@ __device__ __forceinline__ void score_pair_segment(
     unsigned char* smem, const float* __restrict__ q, const float* __restrict__ w, int H,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
     const int* __restrict__ block_table, int ta, int tb, int na, int nb, int first_tile, int num_tiles, int jbase,
-    int P, int E, int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot) {
+    int P, int E, int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot,
+    bool runs_on) {  // runs_on: the claim goes on past this piece (read by timeline points only)
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
     constexpr int kS = score_wgmma_pairs::kStages;
@@ -407,18 +410,22 @@ __device__ __forceinline__ void score_pair_segment(
     // ---- prologue: histograms, the first tiles' copies, both queries staged from fp32
     // (no staging kernel: its fp16 copy of every query would cost a write and a read of
     // the run's queries at the copy rate)
+    TIMELINE_POINT(14, jbase > 0);
     QueryStaging<kDim> staging;
     staging.load(q, w, H, ta);  // in flight while the histograms clear and the key copies start
     if (hist)  // no histograms when one CTA per row selects (prefill's short rows)
         for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
     keys.start(tid);
+    TIMELINE_POINT(12, jbase > 0);  // points 14, 12, 13, 10, 11: a piece after the CTA's first (a restart)
     staging.store(qb, w0, Smem::kPairLbo);
     if (pair) {  // a lone row: the second query's half of B keeps stale values, never read
         staging.load(q, w, H, tb);
         staging.store(qb + Smem::kQ1, w1, Smem::kPairLbo);
     }
+    TIMELINE_POINT(13, jbase > 0);
     fence_proxy_async();  // the queries, written through the generic proxy, are read by wgmma
     __syncthreads();
+    TIMELINE_POINT(10, jbase > 0);
 
     const int g = lane >> 2, c = lane & 3;
     const bool count_keys = hist != nullptr;
@@ -474,6 +481,7 @@ __device__ __forceinline__ void score_pair_segment(
     auto tile = [&](int it, bool second) {
         keys.begin_tile(it, tid);
         TIMELINE_POINT(6, jbase == 0 && it == 0);
+        TIMELINE_POINT(11, jbase > 0 && it == 0);
         const unsigned char* st = keys.stage(it);
         const int tile_start = (first_tile + it) * kTile;
         const float ga = keys.gscale_at(it, gs_row0), gb = keys.gscale_at(it, gs_row1);
@@ -505,12 +513,14 @@ __device__ __forceinline__ void score_pair_segment(
     const int full_tiles = num_tiles - (half_last ? 1 : 0);
     for (int it = 0; it < full_tiles; ++it) tile(it, true);
     if (half_last) tile(full_tiles, false);
+    TIMELINE_POINT(8, runs_on);  // points 8-9: the end of a piece the claim runs on past
     __syncthreads();  // histograms complete; every stage read
     if (count_keys) {
         flush_packed_histogram(h0, hist + (long long)ta * kHistBins, tid, kThreads);
         if (pair) flush_packed_histogram(h1, hist + (long long)tb * kHistBins, tid, kThreads);
     }
     __syncthreads();
+    TIMELINE_POINT(9, runs_on);
 }
 
 // grid (G,), 128 threads: CTA i takes a share of all pairs' tiles (claimed: ShareClaims). Row t is query
@@ -536,7 +546,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
                          u32* __restrict__ count,                 // [T] candidate counts, cleared here, or nullptr
                          u32* __restrict__ claims)                // [2] ShareClaims' counters, or nullptr: equal shares
 {
-    TIMELINE_POINT(0, true);  // the CTA's entry (points 0, 1, 6, 7 here: scripts/probe_timeline.py)
+    TIMELINE_POINT(0, true);  // the CTA's entry (points 0, 1, 6-14 but 12 here: scripts/probe_timeline.py)
     clear_candidate_counts(count, T);
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
@@ -634,7 +644,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
             }
             const int num = min(g_end - g, end - first);
             score_pair_segment<kDim>(smem, q, w, H, keys_fp4, key_scale, key_gscale, block_table, ta, tb, na, nb,
-                                     first, num, jbase, P, E, e_shift, L, scores, ld, hist, rot);
+                                     first, num, jbase, P, E, e_shift, L, scores, ld, hist, rot, g + num < g_end);
             jbase += num;
             g += num;
             if (g >= g_end) break;

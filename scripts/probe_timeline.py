@@ -4,15 +4,18 @@
     python scripts/probe_timeline.py                          # decode-128K and decode-1M
     python scripts/probe_timeline.py --cases decode-E256,mtp-2 --replays 8 --save tl.npz
 
-kernels/score_wgmma.cu marks fourteen points of score_wgmma_kernel with TIMELINE_POINT
+kernels/score_wgmma.cu marks sixteen points of score_wgmma_kernel with TIMELINE_POINT
 (kernels/common.cuh): the CTA's entry, its schedule built, and in its first segment the
 first tile's copies issued, the wait for the staging kernel passed, the query's copies and
 the other first tiles issued, the query landed (the barrier after it), the first tile's keys
-landed; then its last tile scored; and the six of a segment restart (a claim running on
-into the next row): the segment's tiles done, its histogram flushed, the next segment's
-tile 0 issued, its query's copies issued, its query landed and its first tile's keys
-landed. The pair kernel (mtp-2) marks four of them: the entry,
-the schedule built, the first tile's keys landed and the last tile scored. In the usual
+landed; then its last tile scored; and the eight of a segment restart (a claim running on
+into the next row): the segment's tiles done, its histogram flushed, the next segment
+entered, its block ids' loads issued, its tile 0 issued, its query's copies issued, its
+query landed and its first tile's keys landed. The pair kernel (mtp-2) marks the entry,
+the schedule built, the first tile's keys landed, the last tile scored and six restart
+points (a piece after the CTA's first: the piece before it done and flushed, the piece
+entered, its first tiles issued, both queries stored, the barrier after them, its first
+tile's keys landed). In the usual
 build the points are nothing; this script compiles the kernels once more with
 INDEXER_TIMELINE defined, where lane 0 of each warp stores %globaltimer at each point it
 passes (plain stores: a probe by atomics added ~2 us to the points it measured,
@@ -23,7 +26,7 @@ over the CTAs, in microseconds from the first CTA's entry, from the last replay;
 SMs' last ends (each CTA's SM id is stamped at its entry): the kernel ends with its slowest
 SM; then, per warp slot on the SM (ShareClaims' first claims are sized by it), the CTAs'
 tiles, ends and time a tile (thread 0 stamps the tiles it scored); then how the CTAs'
-restarts split. --save keeps the raw arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
+restarts split and whether the CTAs that made one end later. --save keeps the raw arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
 Cases whose scoring is neither kernel (decode-latency, prefill) stamp nothing; the stamps
 are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's decode
 cases and mtp-2) launches them: in the per-row schedule a row's CTAs would share a slot.
@@ -51,12 +54,16 @@ KERNELS = ("score_wgmma_kernel<128>", "score_wgmma_pairs_kernel<128>")
 POINTS = ("entry", "schedule built", "tile 0 issued", "past the wait", "query, tiles 1-2 issued",
           "query landed", "first tile landed", "last tile scored",
           "restart: tiles done", "restart: flushed", "restart: query landed", "restart: first tile",
-          "restart: tile 0 issued", "restart: query issued")
-#: the points of a segment restart (a claim running on into the next row), in order: the
-#: segment's tiles done, its histogram flushed, the next segment's tile 0 issued (its block
-#: ids loaded), its query's and tiles 1-2's copies issued, its query landed, its first tile
-RESTART = tuple(POINTS.index(f"restart: {p}") for p in ("tiles done", "flushed", "tile 0 issued", "query issued",
-                                                         "query landed", "first tile"))
+          "restart: tile 0 issued", "restart: query issued", "restart: entered", "restart: ids issued")
+#: the points of a segment restart (a claim running on into the next row), in the order a
+#: CTA passes them: the segment's tiles done, its histogram flushed, the next segment
+#: entered, its block ids' loads issued, its tile 0 issued, its query's (and tiles 1-2's)
+#: copies issued, its query landed, its first tile. The pair kernel passes six of them
+#: (not "ids issued"; its "tile 0 issued" is all its first tiles issued, its "query issued"
+#: both queries stored).
+RESTART = tuple(POINTS.index(f"restart: {p}") for p in ("tiles done", "flushed", "entered", "ids issued",
+                                                         "tile 0 issued", "query issued", "query landed",
+                                                         "first tile"))
 #: kernels/common.cuh: kTimelineCtas, kTimelinePoints, kTimelineWarps
 CTAS, WARPS = 1024, 4
 
@@ -99,27 +106,62 @@ def summarise(stamps, points=POINTS):
 
 def restart_intervals(stamps, points=RESTART):
     """How a segment restart's time splits, in the CTAs that made one: the intervals between
-    the restart's consecutive points (tiles done -> flushed -> tile 0 issued -> query issued
-    -> query landed -> first tile) and in all, each p0 / p50 / p100 in microseconds over those CTAs. A CTA stamps the end of
-    every segment its claim runs on past and the start of every segment after its first, so
-    a CTA of several restarts shows its last; stamps left from an earlier replay are
-    not counted. Returns (CTAs, rows (name, p0, p50, p100)), or
-    None where no CTA made one."""
+    the restart's consecutive points (of `points`, those some CTA of the last replay passed:
+    the pair kernel stamps fewer) and in all, each p0 / p50 / p100 in microseconds over those
+    CTAs, each interval named by the point it ends at. A CTA stamps the end of every segment
+    its claim runs on past and the start of every segment after its first, so a CTA of
+    several restarts shows its last; stamps left from an earlier replay are not counted.
+    Returns (CTAs, rows (name, p0, p50, p100)), or None where no CTA made one."""
     s = np.asarray(stamps).astype(np.int64)
     t0 = first_entry(s)
     if t0 is None:
         return None
     at = s[:, list(points), :].max(axis=2)  # each CTA's latest warp at each point
+    stamped = (at >= t0).any(axis=0)
+    if stamped.sum() < 2:
+        return None
+    points = [p for p, k in zip(points, stamped) if k]
+    at = at[:, stamped]
     # every point from the last replay: a CTA whose claim (made in arrival order) held a restart
     # in an earlier replay only keeps that replay's stamps, from before the last one's entries
     ok = (at >= t0).all(axis=1)
     if not ok.any():
         return None
     at = at[ok]
-    names = ("flush", "ids, tile 0", "query issued", "query landed", "first tile", "restart")
+    names = [POINTS[p].removeprefix("restart: ") for p in points[1:]] + ["restart"]
     spans = [at[:, i + 1] - at[:, i] for i in range(len(points) - 1)] + [at[:, -1] - at[:, 0]]
     return int(ok.sum()), [(n, float(x.min()) / 1e3, float(np.median(x)) / 1e3, float(x.max()) / 1e3)
                            for n, x in zip(names, spans)]
+
+
+def restart_ends(stamps, last=POINTS.index("last tile scored"), marker=POINTS.index("restart: tiles done"),
+                 latest=10):
+    """Whether the CTAs that made a restart end later: the CTAs' ends (point `last`), p50 in
+    microseconds from the earliest entry, of those with a restart (point `marker` passed in
+    the last replay) and of those without, and how many of the `latest` latest CTAs made one.
+    Returns (CTAs with, their end p50, CTAs without, their end p50, of the latest), or None
+    where no CTA ended."""
+    s = np.asarray(stamps).astype(np.int64)
+    t0 = first_entry(s)
+    if t0 is None:
+        return None
+    ends = s[:, last, :].max(axis=1)
+    ok = ends >= t0
+    if not ok.any():
+        return None
+    made = (s[:, marker, :].max(axis=1) >= t0)[ok]
+    ends = (ends[ok] - t0) / 1e3
+    p50 = lambda x: float(np.median(x)) if len(x) else float("nan")  # noqa: E731
+    order = np.argsort(ends)[::-1][:latest]
+    return int(made.sum()), p50(ends[made]), int((~made).sum()), p50(ends[~made]), int(made[order].sum())
+
+
+def format_restart_ends(found) -> str:
+    if found is None:
+        return "  restart ends: no CTA ended"
+    n_with, e_with, n_without, e_without, of_latest = found
+    return (f"  CTAs with a restart end p50 {e_with:.2f} us ({n_with} CTAs), without {e_without:.2f} "
+            f"({n_without}); {of_latest} of the latest ten made one")
 
 
 def format_restarts(found) -> str:
@@ -255,6 +297,7 @@ def main(argv=None) -> int:
                     print(format_sm_ends(sm_ends(stamps, smid)))
                     print(format_slot_rates(slot_rates(stamps, smid, tiles)))
                     print(format_restarts(restart_intervals(stamps)))
+                    print(format_restart_ends(restart_ends(stamps)))
                 except ValueError as e:
                     print(f"  {e}")
                 saved_arrays.update({f"{case.name}/stamps": stamps, f"{case.name}/smid": smid,

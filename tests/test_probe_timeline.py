@@ -55,8 +55,9 @@ def test_points_and_shape_match_the_kernel_sources():
     used = sorted(int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", single))
     assert used == list(range(len(timeline.POINTS)))  # each point once, none missing
     used = sorted(int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", pairs))
-    names = ("entry", "schedule built", "first tile landed", "last tile scored")
-    assert used == [timeline.POINTS.index(name) for name in names]  # the four the docstring names
+    names = ("entry", "schedule built", "first tile landed", "last tile scored") + tuple(
+        timeline.POINTS[p] for p in timeline.RESTART if timeline.POINTS[p] != "restart: ids issued")
+    assert used == sorted(timeline.POINTS.index(name) for name in names)  # the ones the docstring names
     assert "TIMELINE_TILES(jbase)" in single and "TIMELINE_TILES(jbase)" in pairs
     for kernel in timeline.KERNELS:  # kernels of this source, by their names
         assert re.search(rf"\n{kernel.split('<')[0]}\(", source)
@@ -121,20 +122,45 @@ def test_restart_intervals_split_a_restart_and_skip_ctas_without_one():
     s = _stamps(ctas=3, points=len(timeline.POINTS), warps=4)
     s[:, 0, 0] = 1_000
     pts = list(timeline.RESTART)
-    # CTA 0 restarts: tiles done at 10 us, flushed 10.4, tile 0 issued 11.0, query issued
-    # 11.2, query landed 11.9, first tile 12.5
-    s[0, pts, 1] = [10_000, 10_400, 11_000, 11_200, 11_900, 12_500]
-    s[1, pts, 2] = [20_000, 20_200, 20_500, 20_700, 21_200, 22_000]
+    # CTA 0 restarts: tiles done at 10 us, flushed 10.4, entered 10.5, ids issued 10.6, tile 0
+    # issued 11.0, query issued 11.2, query landed 11.9, first tile 12.5
+    s[0, pts, 1] = [10_000, 10_400, 10_500, 10_600, 11_000, 11_200, 11_900, 12_500]
+    s[1, pts, 2] = [20_000, 20_200, 20_300, 20_350, 20_500, 20_700, 21_200, 22_000]
     s[2, pts[:2], 0] = [5_000, 5_300]                  # its claim ended there: no next segment
-    s[2, pts[2:], 0] = [300, 400, 500, 600]           # ... and its restart of an earlier replay
+    s[2, pts[2:], 0] = [200, 250, 300, 400, 500, 600]  # ... and its restart of an earlier replay
     n, rows = timeline.restart_intervals(s)
-    assert n == 2 and [r[0] for r in rows] == ["flush", "ids, tile 0", "query issued", "query landed",
-                                               "first tile", "restart"]
-    flush, ids, issued, landed, first, whole = rows
-    assert flush[1:] == (pytest.approx(0.2), pytest.approx(0.3), pytest.approx(0.4))
-    assert ids[2] == pytest.approx(0.45) and landed[3] == pytest.approx(0.7)
+    assert n == 2 and [r[0] for r in rows] == ["flushed", "entered", "ids issued", "tile 0 issued",
+                                               "query issued", "query landed", "first tile", "restart"]
+    flushed, entered, ids, tile0, issued, landed, first, whole = rows
+    assert flushed[1:] == (pytest.approx(0.2), pytest.approx(0.3), pytest.approx(0.4))
+    assert ids[2] == pytest.approx(0.075) and tile0[2] == pytest.approx(0.275) and landed[3] == pytest.approx(0.7)
     assert whole[1] == pytest.approx(2.0) and whole[3] == pytest.approx(2.5)
     assert "restarts (2 CTAs)" in timeline.format_restarts((n, rows))
     assert timeline.restart_intervals(_stamps(ctas=3, points=len(timeline.POINTS))) is None
     assert "no CTA" in timeline.format_restarts(None)
-    assert timeline.summarise(s)[pts[4]][1] == 2       # the earlier replay's stamp not passed
+    assert timeline.summarise(s)[pts[6]][1] == 2       # the earlier replay's stamp not passed
+
+
+def test_restart_intervals_skip_the_points_a_kernel_does_not_stamp():
+    s = _stamps(ctas=2, points=len(timeline.POINTS), warps=4)
+    s[:, 0, 0] = 1_000
+    pts = [p for p in timeline.RESTART if timeline.POINTS[p] != "restart: ids issued"]  # the pair kernel's
+    s[0, pts, 0] = [10_000, 10_400, 10_500, 11_000, 11_200, 11_900, 12_500]
+    n, rows = timeline.restart_intervals(s)
+    assert n == 1 and [r[0] for r in rows] == ["flushed", "entered", "tile 0 issued", "query issued",
+                                               "query landed", "first tile", "restart"]
+    assert rows[2][2] == pytest.approx(0.5) and rows[-1][2] == pytest.approx(2.5)
+
+
+def test_restart_ends_compare_the_ctas_with_a_restart_to_the_others():
+    s = _stamps(ctas=12, points=len(timeline.POINTS), warps=4)
+    s[:, 0, 0] = 1_000
+    last, marker = timeline.POINTS.index("last tile scored"), timeline.POINTS.index("restart: tiles done")
+    s[:, last, 0] = 1_000 + 1_000 * np.arange(1, 13)   # ends 1..12 us
+    s[[10, 11], marker, 3] = 500_000                   # the two latest made a restart
+    s[0, marker, 0] = 500                              # an earlier replay's: not this one's
+    n_with, e_with, n_without, e_without, of_latest = timeline.restart_ends(s)
+    assert (n_with, n_without, of_latest) == (2, 10, 2)
+    assert e_with == pytest.approx(11.5) and e_without == pytest.approx(5.5)
+    assert "2 of the latest ten" in timeline.format_restart_ends((n_with, e_with, n_without, e_without, of_latest))
+    assert timeline.restart_ends(_stamps(ctas=2, points=len(timeline.POINTS))) is None
