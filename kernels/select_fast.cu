@@ -248,13 +248,13 @@ __device__ __forceinline__ u32 threshold_bin_of(const u32 (&mine)[kPer], int top
     const u32 incl = warp_inclusive_scan(sum);  // over the warp's lanes (lane 0: the highest bins)
     if (lane == 31) scratch[warp] = incl;
     __syncthreads();
-    u32 above = incl - sum, total = 0u;  // entries in the bins above mine; in all bins
-#pragma unroll
-    for (int v = 0; v < kWarps; ++v) {
-        const u32 t = scratch[v];
-        above += v < warp ? t : 0u;
-        total += t;
-    }
+    // the warps' totals scanned by every warp, a total a lane (one load a thread where each
+    // thread summing all kWarps of them took 32 loads at 1,024 threads: ~0.8 us of the
+    // streamed select's threshold; docs/performance.md v75)
+    const u32 t = lane < kWarps ? scratch[lane] : 0u;
+    const u32 t_incl = warp_inclusive_scan(t);
+    const u32 total = __shfl_sync(FULL_MASK, t_incl, 31);  // entries in all bins
+    u32 above = incl - sum + __shfl_sync(FULL_MASK, t_incl - t, warp);  // entries in the bins above mine
     if (total <= (u32)top_k) return 0u;  // the same in every thread
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -594,8 +594,10 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
     __shared__ u32 scratch[32];
     __shared__ u32 s_min, s_max, s_bin, s_taken;
     const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    TIMELINE_POINT(0, true);
     const int n = visible_len(valid_lens, row, max_len);  // an input: loaded before the wait
     wait_for_previous_grid();  // the scores and the histogram come from the kernel before
+    TIMELINE_POINT(1, true);
     const float* r = scores + (long long)row * ld;
     u32* hist_row = hist + (long long)row * kBins;
     // chunk ch's quad h of this thread: entries ch * kChunk + (h * kThreads + tid) * 4 + 0..3,
@@ -622,6 +624,7 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
     const u32 mine[kBinsPer] = {hb.y, hb.x};  // highest first
     const u32 thr = threshold_bin_of<kThreads, kBinsPer>(mine, top_k, scratch, &s_bin);  // its barriers: the above seen
     reinterpret_cast<uint2*>(hist_row)[kBins / 2 - 1 - tid] = make_uint2(0u, 0u);  // every thread's bins read
+    TIMELINE_POINT(2, true);
     const int* bt_row = block_table + (long long)row * L;
     int* oi = out_idx + (long long)row * top_k;
     float* os = out_scores ? out_scores + (long long)row * top_k : nullptr;
@@ -659,21 +662,34 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
             u32 base = 0u;
             if (lane == 31) base = atomicAdd(&s_taken, warp_taken);
             u32 p = __shfl_sync(FULL_MASK, base, 31) + incl - taken;
+            // my candidates in order, one trip each (a lane takes ~0.2 a chunk): its entry
+            // picked from v by a tree of selects on j's bits, where a trip for every one of
+            // the kPer entries, each under its own bit, cost ~150 instructions a warp and
+            // chunk (docs/performance.md v75)
+            for (u32 t = takes; t != 0u; t &= t - 1u) {
+                const int j = __ffs(t) - 1;
+                float x[kPer];
 #pragma unroll
-            for (int j = 0; j < kPer; ++j) {
-                if ((takes >> j) & 1u) {
-                    const u32 key = score_to_key_not_nan(v[j]);  // a candidate: never NaN
-                    kmin = min(kmin, key);
-                    kmax = max(kmax, key);
-                    if (p < (u32)kRankMax) c[p] = make_candidate(key, ch * kChunk + offset(j));
-                    ++p;
+                for (int i = 0; i < kPer; ++i) x[i] = v[i];
+#pragma unroll
+                for (int half = kPer / 2, bit = 1; half >= 1; half /= 2, bit *= 2) {
+                    // level by level: x[i] = the entry of the j's with low bits i, lowest first
+#pragma unroll
+                    for (int i = 0; i < half; ++i) x[i] = (j & bit) ? x[2 * i + 1] : x[2 * i];
                 }
+                const u32 key = score_to_key_not_nan(x[0]);  // a candidate: never NaN
+                kmin = min(kmin, key);
+                kmax = max(kmax, key);
+                if (p < (u32)kRankMax) c[p] = make_candidate(key, ch * kChunk + offset(j));
+                ++p;
             }
         }
     }
     cp_async_wait<0>();  // nothing in flight into the ring (the groups past the row are empty)
     __syncthreads();     // every candidate in c; every read of the ring done
+    TIMELINE_POINT(3, true);
     const u32 cnt = s_taken;
+    TIMELINE_TILES(cnt);
     if (cnt > (u32)kRankMax) {  // the same in every thread
         select_row_radix<kThreads, kRankMax>(r, n, top_k, bt_row, E, num_blocks, physical, oi, os, c);
         return;
@@ -685,6 +701,7 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
     __syncthreads();
     rank_in_fine_bins<kThreads>(c, cnt, kmin, kmax, (u32)tid, (u32)kThreads, by_bin, bin_pos, scratch, &s_min, &s_max,
                                 top_k, bt_row, E, num_blocks, physical, oi, os);
+    TIMELINE_POINT(4, true);
 }
 
 // One CTA per row, for runs whose candidates are not ranked (topk_rank_kernel takes the
