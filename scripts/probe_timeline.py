@@ -26,7 +26,11 @@ over the CTAs, in microseconds from the first CTA's entry, from the last replay;
 SMs' last ends (each CTA's SM id is stamped at its entry): the kernel ends with its slowest
 SM; then, per warp slot on the SM (ShareClaims' first claims are sized by it), the CTAs'
 tiles, ends and time a tile (thread 0 stamps the tiles it scored); then how the CTAs'
-restarts split and whether the CTAs that made one end later. --save keeps the raw arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
+restarts split and whether the CTAs that made one end later. --whole times the whole call
+(scoring and select) and stamps the streamed select too (mtp-2's and decode-128K's, one CTA a
+row: its entry, the wait passed, the threshold found, the row streamed, the candidates
+ranked), from the scoring's first entry, with its phases and the ranking's time by the
+rows' candidate counts. --save keeps the raw arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
 Cases whose scoring is neither kernel (decode-latency, prefill) stamp nothing; the stamps
 are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's decode
 cases and mtp-2) launches them: in the per-row schedule a row's CTAs would share a slot.
@@ -44,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from indexer import _jit, bench  # noqa: E402
+from indexer import _jit, bench, geometry  # noqa: E402
 
 SOURCE = "score_wgmma.cu"
 #: the kernels stamped (the benchmark cases' D): the single-query kernel at every point, the
@@ -66,6 +70,11 @@ RESTART = tuple(POINTS.index(f"restart: {p}") for p in ("tiles done", "flushed",
                                                          "first tile"))
 #: kernels/common.cuh: kTimelineCtas, kTimelinePoints, kTimelineWarps
 CTAS, WARPS = 1024, 4
+#: --whole: the streamed select (kernels/select_fast.cu, one CTA a row after the scoring in
+#: mtp-2 and decode-128K) and its TIMELINE_POINTs, in order; its TIMELINE_TILES stamps
+#: each row's candidate count
+SELECT_SOURCE = "select_fast.cu"
+SELECT_POINTS = ("entry", "past the wait", "threshold found", "row streamed", "ranked")
 
 
 def timeline_source(text: str) -> str:
@@ -80,16 +89,16 @@ def first_entry(s):
     return int(entries[entries > 0].min()) if (entries > 0).any() else None
 
 
-def summarise(stamps, points=POINTS):
+def summarise(stamps, points=POINTS, t0=None):
     """Per point, when the CTAs' latest warp passed it.
 
     stamps: uint64 [ctas, points, warps] of %globaltimer nanoseconds, 0 where a warp did not
     pass the point. Returns rows (name, CTAs that passed it, p0, p50, p100), the times in
-    microseconds from the earliest entry (point 0); NaN times where no CTA passed it. A stamp
-    from before the earliest entry (an earlier replay's, at a point only some CTAs pass) does
-    not count."""
+    microseconds from t0, by default the earliest entry (point 0); NaN times where no CTA
+    passed it. A stamp from before t0 (an earlier replay's, at a point only some CTAs pass)
+    does not count."""
     s = np.asarray(stamps).astype(np.int64)
-    t0 = first_entry(s)
+    t0 = first_entry(s) if t0 is None else int(t0)
     if t0 is None:
         raise ValueError("no CTA stamped its entry: the case's scoring is not the timeline build's kernel")
     rows = []
@@ -99,9 +108,41 @@ def summarise(stamps, points=POINTS):
         if not passed.any():
             rows.append((name, 0, float("nan"), float("nan"), float("nan")))
             continue
-        latest = (per_cta[passed].max(axis=1) - t0) / 1e3
+        latest = (per_cta[passed].max(axis=1) - t0) / 1e3  # int64 until here: %globaltimer has 61 bits
         rows.append((name, int(passed.sum()), float(latest.min()), float(np.median(latest)), float(latest.max())))
     return rows
+
+
+def select_phases(select_stamps, counts, t0):
+    """The streamed select's phases, for --whole: per consecutive pair of SELECT_POINTS, the
+    interval p50 / p100 in microseconds over the rows' CTAs that passed both in this replay,
+    and the ranking's p50 for rows of at most and of more candidates than the CTA's 1,024
+    threads. select_stamps: [ctas, points, warps] as `summarise` takes them; counts: each
+    row's candidates (its CTA's TIMELINE_TILES); t0: the scoring's earliest entry. Returns
+    (rows (name, p50, p100), (rank p50 at <= 1,024, rank p50 above)), or None where no CTA
+    ranked."""
+    s = np.asarray(select_stamps).astype(np.int64)
+    at = s[:, : len(SELECT_POINTS), :].max(axis=2)
+    ok = (at >= t0).all(axis=1)
+    if not ok.any():
+        return None
+    at, cnt = at[ok], np.asarray(counts).astype(np.int64)[: s.shape[0]][ok]
+    rows = []
+    for i in range(1, len(SELECT_POINTS)):
+        d = (at[:, i] - at[:, i - 1]) / 1e3
+        rows.append((f"{SELECT_POINTS[i - 1]} -> {SELECT_POINTS[i]}", float(np.median(d)), float(d.max())))
+    rank = (at[:, -1] - at[:, -2]) / 1e3
+    few, many = rank[cnt <= 1024], rank[cnt > 1024]
+    return rows, (float(np.median(few)) if len(few) else float("nan"),
+                  float(np.median(many)) if len(many) else float("nan"))
+
+
+def format_select_phases(found) -> str:
+    if found is None:
+        return "  the select: no streamed-select CTA ranked in this replay (its select is another kernel)"
+    rows, (few, many) = found
+    return ("  the select's phases, us p50 / p100: " + ", ".join(f"{n} {a:.2f} / {b:.2f}" for n, a, b in rows)
+            + f"; ranking p50 at <= 1,024 candidates {few:.2f}, above {many:.2f}")
 
 
 def restart_intervals(stamps, points=RESTART):
@@ -252,6 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="decode-128K,decode-1M", help="benchmark cases (scripts/bench.py --cases)")
     ap.add_argument("--replays", type=int, default=4, help="graph replays before the one whose stamps are read")
     ap.add_argument("--save", default=None, help="write each case's stamps, SM ids and tiles to this .npz")
+    ap.add_argument("--whole", action="store_true",
+                    help="time the whole call (scoring and select), the streamed select stamped too")
     args = ap.parse_args(argv)
     try:
         cases = bench.select_cases(args.cases)
@@ -260,37 +303,44 @@ def main(argv=None) -> int:
     cp = bench.require_gpu()
     from indexer import Workspace, cuda_ops  # noqa: PLC0415  (GPU only)
 
-    tag = f"{SOURCE}@timeline"
-    saved = dict(cuda_ops._SCORING_SOURCES)
+    tag, select_tag = f"{SOURCE}@timeline", f"{SELECT_SOURCE}@timeline"
+    saved, saved_select = dict(cuda_ops._SCORING_SOURCES), cuda_ops._SELECT_SOURCE
     dev = cp.cuda.Device()
-    with _jit.source_versions({tag: timeline_source(_jit.read_source(SOURCE))}, like=SOURCE):
+    with _jit.source_versions({tag: timeline_source(_jit.read_source(SOURCE))}, like=SOURCE), \
+            _jit.source_versions({select_tag: timeline_source(_jit.read_source(SELECT_SOURCE))}, like=SELECT_SOURCE):
         try:
             cuda_ops._SCORING_SOURCES["wgmma"] = cuda_ops._SCORING_SOURCES["pairs"] = tag
+            if args.whole:
+                cuda_ops._SELECT_SOURCE = select_tag
             cuda_ops.clear_plans()
-            globals_of = []  # each kernel's module's (stamps, SM ids, tiles)
-            for kernel in KERNELS:
-                module = _jit._module(tag, kernel, dev.id, int(dev.compute_capability))
-                globals_of.append((
-                    cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps")),
-                    cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_smid")),
-                    cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_tiles"))))
+
+            def stamped(source_tag, kernel):  # a kernel's module's (stamps, SM ids, tiles)
+                module = _jit._module(source_tag, kernel, dev.id, int(dev.compute_capability))
+                return (cp.ndarray((CTAS, len(POINTS), WARPS), cp.uint64, module.get_global("timeline_stamps")),
+                        cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_smid")),
+                        cp.ndarray((CTAS,), cp.uint32, module.get_global("timeline_tiles")))
+            globals_of = [stamped(tag, kernel) for kernel in KERNELS]
+            select_globals = (stamped(select_tag, f"topk_row_stream_kernel<{geometry.ROW_STREAM_THREADS}>")
+                              if args.whole else ())
             saved_arrays = {}
             for case in cases:
                 sets, _ = bench.input_sets(case, cp, 0)
                 ws = Workspace()
 
                 def call(x, case=case, ws=ws):
-                    return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws, _score_only=True)
+                    return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws,
+                                           _score_only=not args.whole)
 
                 bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # compiled, warm
-                for arrays in globals_of:
+                for arrays in globals_of + [select_globals]:
                     for a in arrays:
                         a.fill(0)
                 ms = bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # its last replay stamps last
                 dev.synchronize()
                 # the kernel that ran: the one whose CTAs stamped their entries
                 stamps, smid, tiles = max(globals_of, key=lambda a: int((a[0][:, 0, :] > 0).sum()))
-                print(f"{case.name}: scoring alone {ms:.4f} ms (graph, timeline build)")
+                print(f"{case.name}: {'the whole call' if args.whole else 'scoring alone'} {ms:.4f} ms "
+                      "(graph, timeline build)")
                 stamps, smid, tiles = stamps.get(), smid.get(), tiles.get()  # one copy each to the host
                 try:
                     print(format_rows(summarise(stamps)))
@@ -298,6 +348,14 @@ def main(argv=None) -> int:
                     print(format_slot_rates(slot_rates(stamps, smid, tiles)))
                     print(format_restarts(restart_intervals(stamps)))
                     print(format_restart_ends(restart_ends(stamps)))
+                    if args.whole:
+                        select_stamps, counts = select_globals[0].get(), select_globals[2].get()
+                        t0 = first_entry(np.asarray(stamps).astype(np.int64))
+                        print("  the streamed select, from the scoring's first entry:")
+                        print(format_rows(summarise(select_stamps, SELECT_POINTS, t0=t0)))
+                        print(format_select_phases(select_phases(select_stamps, counts, t0)))
+                        saved_arrays.update({f"{case.name}/select_stamps": select_stamps,
+                                             f"{case.name}/select_counts": counts})
                 except ValueError as e:
                     print(f"  {e}")
                 saved_arrays.update({f"{case.name}/stamps": stamps, f"{case.name}/smid": smid,
@@ -307,6 +365,7 @@ def main(argv=None) -> int:
         finally:
             cuda_ops._SCORING_SOURCES.clear()
             cuda_ops._SCORING_SOURCES.update(saved)
+            cuda_ops._SELECT_SOURCE = saved_select
             cuda_ops.clear_plans()
     return 0
 

@@ -164,3 +164,34 @@ def test_restart_ends_compare_the_ctas_with_a_restart_to_the_others():
     assert e_with == pytest.approx(11.5) and e_without == pytest.approx(5.5)
     assert "2 of the latest ten" in timeline.format_restart_ends((n_with, e_with, n_without, e_without, of_latest))
     assert timeline.restart_ends(_stamps(ctas=2, points=len(timeline.POINTS))) is None
+
+
+def test_select_points_match_the_streamed_select():
+    source = (ROOT / "kernels" / "select_fast.cu").read_text()
+    body = source.split("topk_row_stream_kernel(const float*")[1].split("\n}\n")[0]
+    used = [int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", body)]
+    assert used == list(range(len(timeline.SELECT_POINTS)))  # each once, in order
+    assert "TIMELINE_TILES(cnt)" in body
+    assert len(re.findall(r"TIMELINE_POINT\(", source)) == len(used)  # no other kernel of the file stamps
+
+
+def test_select_phases_split_the_rows_and_rank_by_candidates():
+    s = _stamps(ctas=4, points=len(timeline.POINTS), warps=4)
+    t0 = 1_000_000
+    # rows 0-2: entry, wait, threshold, streamed, ranked; row 3 from an earlier replay
+    s[0, :5, 0] = t0 + np.array([100_000, 100_500, 103_500, 110_500, 114_500])
+    s[1, :5, 2] = t0 + np.array([100_200, 100_600, 103_000, 111_000, 113_000])
+    s[2, :5, 1] = t0 + np.array([100_100, 100_400, 103_400, 110_400, 116_400])
+    s[3, :5, 0] = 500
+    counts = np.array([1200, 900, 1500, 7], np.uint32)
+    rows, (few, many) = timeline.select_phases(s, counts, t0)
+    assert [r[0] for r in rows] == ["entry -> past the wait", "past the wait -> threshold found",
+                                    "threshold found -> row streamed", "row streamed -> ranked"]
+    assert rows[0][1:] == (pytest.approx(0.4), pytest.approx(0.5))
+    assert rows[3][1:] == (pytest.approx(4.0), pytest.approx(6.0))
+    assert few == pytest.approx(2.0) and many == pytest.approx(5.0)  # row 1 alone; rows 0 and 2
+    assert "ranking p50" in timeline.format_select_phases((rows, (few, many)))
+    assert timeline.select_phases(_stamps(ctas=2, points=len(timeline.POINTS)), counts[:2], t0) is None
+    assert "another kernel" in timeline.format_select_phases(None)
+    rows = timeline.summarise(s, timeline.SELECT_POINTS, t0=t0)
+    assert rows[0][1] == 3 and rows[4][2] == pytest.approx(113.0) and rows[4][4] == pytest.approx(116.4)
