@@ -546,7 +546,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
                          u32* __restrict__ count,                 // [T] candidate counts, cleared here, or nullptr
                          u32* __restrict__ claims)                // [2] ShareClaims' counters, or nullptr: equal shares
 {
-    TIMELINE_POINT(0, true);  // the CTA's entry (points 0, 1, 6-14 but 12 here: scripts/probe_timeline.py)
+    TIMELINE_POINT(0, true);  // the CTA's entry (points 0, 1 and 6-14 here: scripts/probe_timeline.py)
     clear_candidate_counts(count, T);
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
