@@ -52,7 +52,7 @@ from indexer import _jit, bench, geometry  # noqa: E402
 
 SOURCE = "score_wgmma.cu"
 #: the kernels stamped (the benchmark cases' D): the single-query kernel at every point, the
-#: pair kernel (mtp-2) at points 0, 1, 6 and 7
+#: pair kernel (mtp-2) at points 0, 1 and 6-14 (all but "restart: ids issued")
 KERNELS = ("score_wgmma_kernel<128>", "score_wgmma_pairs_kernel<128>")
 #: TIMELINE_POINT indices in kernels/score_wgmma.cu, in order
 POINTS = ("entry", "schedule built", "tile 0 issued", "past the wait", "query, tiles 1-2 issued",
