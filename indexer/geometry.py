@@ -84,9 +84,12 @@ def rank_ctas_per_row(top_k: int, rows: int = 1, dev: "Device | None" = None) ->
 
 #: threads of topk_row_stream_kernel (kernels/select_fast.cu), one CTA a row, and its
 #: dynamic shared memory (row_stream_smem: four 32 KB chunks of the row in flight); its
-#: static shared memory is the RANK_MAX candidates' 8 bytes each and ~1 KB more
+#: static shared memory is the RANK_MAX candidates' 8 bytes each, the counts of the
+#: ranking's RANK_BINS fine key bins and ~1 KB more
 ROW_STREAM_THREADS = 1024
 ROW_STREAM_SMEM = 4 * 8 * ROW_STREAM_THREADS * 4
+#: fine key bins of a row's candidates in the ranking (kernels/select_fast.cu: kRankBins)
+RANK_BINS = 1024
 
 
 def row_stream_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
@@ -99,7 +102,7 @@ def row_stream_select(rows: int, top_k: int, dev: "Device | None" = None) -> boo
     candidates, ~1-2 x top_k, fit the CTA's RANK_MAX slots), and the CTA's shared memory
     within the device's."""
     dev = dev or H200
-    fits = ROW_STREAM_SMEM + 8 * RANK_MAX + 2048 <= dev.max_smem_per_block
+    fits = ROW_STREAM_SMEM + 8 * RANK_MAX + 4 * RANK_BINS + 2048 <= dev.max_smem_per_block
     return 4 * rows >= 3 * dev.sm_count and 4 * top_k <= RANK_MAX and fits
 
 

@@ -236,8 +236,11 @@ __device__ __forceinline__ RowBins load_bins(const u32* __restrict__ h) {
 // shuffles, and every thread adds the warp totals before its own from shared memory: one
 // barrier where a block-wide scan takes three (the filter, a few microseconds of
 // latency-bound CTAs, runs this in every CTA of a row).
+// s_top (the streamed select): also the highest non-empty bin into *s_top (left as it was
+// when every bin is empty), seen by every thread on return: then both barriers always run.
 template <int kThreads, int kPer>
-__device__ __forceinline__ u32 threshold_bin_of(const u32 (&mine)[kPer], int top_k, u32* scratch, u32* s_bin) {
+__device__ __forceinline__ u32 threshold_bin_of(const u32 (&mine)[kPer], int top_k, u32* scratch, u32* s_bin,
+                                                u32* s_top = nullptr) {
     using namespace select_fast;
     static_assert(kPer * kThreads == kBins && kThreads / 32 <= 32, "whole bins a thread, a scratch slot a warp");
     constexpr int kWarps = kThreads / 32;
@@ -255,14 +258,15 @@ __device__ __forceinline__ u32 threshold_bin_of(const u32 (&mine)[kPer], int top
     const u32 t_incl = warp_inclusive_scan(t);
     const u32 total = __shfl_sync(FULL_MASK, t_incl, 31);  // entries in all bins
     u32 above = incl - sum + __shfl_sync(FULL_MASK, t_incl - t, warp);  // entries in the bins above mine
-    if (total <= (u32)top_k) return 0u;  // the same in every thread
+    if (s_top == nullptr && total <= (u32)top_k) return 0u;  // the same in every thread
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
         if (above < (u32)top_k && (u32)top_k <= above + mine[j]) *s_bin = (u32)(kBins - 1 - (kPer * tid + j));
+        if (s_top != nullptr && above == 0u && mine[j] != 0u) *s_top = (u32)(kBins - 1 - (kPer * tid + j));  // one bin
         above += mine[j];
     }
     __syncthreads();
-    return *s_bin;
+    return total <= (u32)top_k ? 0u : *s_bin;
 }
 
 // threshold_bin_of for the filter's 256 threads, from load_bins' two 16-byte loads
@@ -369,22 +373,68 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     }
 }
 
+// The width of the fine key bins over keys [lo, hi]: bins (key >> shift) - (lo >> shift),
+// at most kRankBins of them (the top one clamped: rank_bin_of).
+__device__ __forceinline__ int rank_bin_shift(u32 lo, u32 hi) {
+    return max(0, (32 - __clz((int)(hi - lo))) - 10);  // (hi - lo) >> shift < kRankBins
+}
+
+__device__ __forceinline__ u32 rank_bin_of(u32 key, u32 lo, int shift) {
+    return min((key >> shift) - (lo >> shift), (u32)(select_fast::kRankBins - 1));
+}
+
+// The ranks of a row's cnt candidates c[0, cnt) (shared memory, distinct keys, every key in
+// [lo, ...)) among themselves, from their fine key bins' counts in bin_pos[0, kRankBins)
+// (rank_bin_of(key, lo, shift)): a scan from the highest bin down, a scatter of buffer
+// positions into by_bin, and each candidate at positions me0, me0 + stride, ... compared
+// with those of its own bin, written to its output slot when it ranks below top_k. Called
+// by every thread of the CTA after a barrier that follows the counts and c.
+template <int kThreads>
+__device__ __forceinline__ void rank_in_counted_bins(const u64* c, u32 cnt, u32 lo, int shift, u32 me0, u32 stride,
+                                                     unsigned short* by_bin, u32* bin_pos, u32* scratch, int top_k,
+                                                     const int* __restrict__ bt_row, int E, int num_blocks,
+                                                     int physical, int* __restrict__ oi, float* __restrict__ os) {
+    using namespace select_fast;
+    constexpr int kPer = kRankBins / kThreads;
+    static_assert(kPer * kThreads == kRankBins, "whole bins a thread");
+    const int tid = threadIdx.x;
+    {
+        u32 own[kPer], total;
+        u32 pos = descending_bins<kThreads, kRankBins>(bin_pos, own, scratch, &total);  // ends with a barrier
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+            bin_pos[kRankBins - 1 - (kPer * tid + j)] = pos;
+            pos += own[j];
+        }
+    }
+    __syncthreads();
+    for (u32 i = tid; i < cnt; i += kThreads)
+        by_bin[atomicAdd(&bin_pos[rank_bin_of(candidate_key(c[i]), lo, shift)], 1u)] = (unsigned short)i;
+    __syncthreads();
+    // ---- ranks: bin b holds by_bin[bin_pos[b + 1] .. bin_pos[b]) (from 0 for the top bin)
+    for (u32 me = me0; me < cnt; me += stride) {
+        const u64 mine = c[me];
+        const u32 b = rank_bin_of(candidate_key(mine), lo, shift);
+        const u32 first = b + 1u < (u32)kRankBins ? bin_pos[b + 1] : 0u, last = bin_pos[b];
+        u32 rank = first;  // every candidate of a higher bin orders before it
+        for (u32 j = first; j < last; ++j) rank += c[by_bin[j]] > mine;
+        if (rank < (u32)top_k) write_slot(rank, mine, true, bt_row, E, num_blocks, physical, oi, os);
+    }
+}
+
 // The ranks of a row's cnt candidates c[0, cnt) (shared memory, distinct keys) among
 // themselves, by fine key bins (topk_rank_kernel's layout: the keys' span [kmin, kmax]
-// cut into at most kRankBins power-of-two-wide bins, a count, a scan from the highest bin
-// down, a scatter of buffer positions into by_bin), each candidate at positions me0,
-// me0 + stride, ... written to its output slot when it ranks below top_k. Called by every
-// thread of the CTA with its own kmin / kmax of the candidates it placed in c, after a
-// barrier that follows: bin_pos[0, kRankBins) zero, *s_min = ~0, *s_max = 0, and c filled.
+// cut into at most kRankBins power-of-two-wide bins, a count, then rank_in_counted_bins),
+// each candidate at positions me0, me0 + stride, ... written to its output slot when it
+// ranks below top_k. Called by every thread of the CTA with its own kmin / kmax of the
+// candidates it placed in c, after a barrier that follows: bin_pos[0, kRankBins) zero,
+// *s_min = ~0, *s_max = 0, and c filled.
 template <int kThreads>
 __device__ __forceinline__ void rank_in_fine_bins(const u64* c, u32 cnt, u32 kmin, u32 kmax, u32 me0, u32 stride,
                                                   unsigned short* by_bin, u32* bin_pos, u32* scratch, u32* s_min,
                                                   u32* s_max, int top_k, const int* __restrict__ bt_row, int E,
                                                   int num_blocks, int physical, int* __restrict__ oi,
                                                   float* __restrict__ os) {
-    using namespace select_fast;
-    constexpr int kPer = kRankBins / kThreads;
-    static_assert(kPer * kThreads == kRankBins, "whole bins a thread");
     const int tid = threadIdx.x;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -397,32 +447,11 @@ __device__ __forceinline__ void rank_in_fine_bins(const u64* c, u32 cnt, u32 kmi
     }
     __syncthreads();
     const u32 lo = *s_min;
-    const int shift = max(0, (32 - __clz((int)(*s_max - lo))) - 10);  // span >> shift < kRankBins
-    auto bin_of = [&](u64 x) { return min((candidate_key(x) >> shift) - (lo >> shift), (u32)(kRankBins - 1)); };
-    // ---- count, scan (from the highest bin down), scatter
-    for (u32 i = tid; i < cnt; i += kThreads) atomicAdd(&bin_pos[bin_of(c[i])], 1u);
+    const int shift = rank_bin_shift(lo, *s_max);
+    for (u32 i = tid; i < cnt; i += kThreads) atomicAdd(&bin_pos[rank_bin_of(candidate_key(c[i]), lo, shift)], 1u);
     __syncthreads();
-    {
-        u32 own[kPer], total;
-        u32 pos = descending_bins<kThreads, kRankBins>(bin_pos, own, scratch, &total);  // ends with a barrier
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-            bin_pos[kRankBins - 1 - (kPer * tid + j)] = pos;
-            pos += own[j];
-        }
-    }
-    __syncthreads();
-    for (u32 i = tid; i < cnt; i += kThreads) by_bin[atomicAdd(&bin_pos[bin_of(c[i])], 1u)] = (unsigned short)i;
-    __syncthreads();
-    // ---- ranks: bin b holds by_bin[bin_pos[b + 1] .. bin_pos[b]) (from 0 for the top bin)
-    for (u32 me = me0; me < cnt; me += stride) {
-        const u64 mine = c[me];
-        const u32 b = bin_of(mine);
-        const u32 first = b + 1u < (u32)kRankBins ? bin_pos[b + 1] : 0u, last = bin_pos[b];
-        u32 rank = first;  // every candidate of a higher bin orders before it
-        for (u32 j = first; j < last; ++j) rank += c[by_bin[j]] > mine;
-        if (rank < (u32)top_k) write_slot(rank, mine, true, bt_row, E, num_blocks, physical, oi, os);
-    }
+    rank_in_counted_bins<kThreads>(c, cnt, lo, shift, me0, stride, by_bin, bin_pos, scratch, top_k, bt_row, E,
+                                   num_blocks, physical, oi, os);
 }
 
 
@@ -554,8 +583,9 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
 // kPer entries a thread, kStages - 1 chunks in flight ahead of the one compared, each
 // thread copying (cp.async) exactly the entries it reads, into slots of its own: no
 // barrier a chunk, no registers held by the copies; every entry of a bin >= b* is gathered
-// into shared memory, and the CTA ranks what it gathered within fine key bins
-// (rank_in_fine_bins). No candidate buffer, count or second launch in global memory, and
+// into shared memory and counted in its fine key bin as it is (their span, from b*'s start
+// to the top non-empty bin's end, is known from the histogram), and the CTA ranks what it
+// gathered within those bins (rank_in_counted_bins). No candidate buffer, count or second launch in global memory, and
 // the filter's per-CTA chain (the histogram's scan, the count's atomic) runs once a row,
 // not once a 4,096-entry chunk. A row with more than kRankMax candidates (a plateau of
 // ties at the k-th key) is selected from its scores by the radix select. Clears the row's
@@ -585,17 +615,27 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
     constexpr int kChunk = kThreads * kPer;
     constexpr int kQuads = kPer / 4;
     static_assert(kBinsPer == 2 && kRankBins == kThreads, "two histogram bins and one fine bin a thread");
-    static_assert(kRankMax * 2 + kRankBins * 4 <= row_stream_smem<kThreads>(), "the layout fits the ring");
+    static_assert(kRankMax * 2 <= row_stream_smem<kThreads>(), "by_bin fits the ring");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float4* ring = reinterpret_cast<float4*>(smem_raw);  // [kStages][kQuads][kThreads]
     unsigned short* by_bin = reinterpret_cast<unsigned short*>(smem_raw);  // after the stream
-    u32* bin_pos = reinterpret_cast<u32*>(smem_raw + kRankMax * 2);        // after the stream
     __shared__ u64 c[kRankMax];  // the row's candidates, in arrival order
+    // the candidates' fine key bins (rank_bin_of), counted as they are gathered: their span
+    // is known before the stream (from b*'s start to the top non-empty bin's end), so the
+    // ranking needs no min / max reduction and no counting pass after it
+    __shared__ u32 bin_pos[kRankBins];
     __shared__ u32 scratch[32];
-    __shared__ u32 s_min, s_max, s_bin, s_taken;
+    __shared__ u32 s_top, s_bin, s_taken;
     const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
     TIMELINE_POINT(0, true);
     const int n = visible_len(valid_lens, row, max_len);  // an input: loaded before the wait
+    // this CTA's own state, set while the kernel before ends (threshold_bin_of's barriers
+    // make it seen)
+    if (tid == 0) {
+        s_taken = 0u;
+        s_top = 0u;
+    }
+    bin_pos[tid] = 0u;  // kRankBins == kThreads
     wait_for_previous_grid();  // the scores and the histogram come from the kernel before
     TIMELINE_POINT(1, true);
     const float* r = scores + (long long)row * ld;
@@ -616,13 +656,9 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
 #pragma unroll
     for (int ch = 0; ch < kStages - 1; ++ch) issue(ch);  // in flight with the bins
     const uint2 hb = reinterpret_cast<const uint2*>(hist_row)[kBins / 2 - 1 - tid];  // bins 2046 - 2 tid, + 1
-    if (tid == 0) {
-        s_taken = 0u;
-        s_min = ~0u;
-        s_max = 0u;
-    }
     const u32 mine[kBinsPer] = {hb.y, hb.x};  // highest first
-    const u32 thr = threshold_bin_of<kThreads, kBinsPer>(mine, top_k, scratch, &s_bin);  // its barriers: the above seen
+    // its barriers: the above seen, s_top set
+    const u32 thr = threshold_bin_of<kThreads, kBinsPer>(mine, top_k, scratch, &s_bin, &s_top);
     reinterpret_cast<uint2*>(hist_row)[kBins / 2 - 1 - tid] = make_uint2(0u, 0u);  // every thread's bins read
     TIMELINE_POINT(2, true);
     const int* bt_row = block_table + (long long)row * L;
@@ -631,7 +667,10 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
     // the candidates, keys in a bin >= thr, compared as scores (score_bound_of_key): one
     // compare an entry where a key takes several instructions
     const float fthr = score_bound_of_key(thr << kBinShift);
-    u32 kmin = ~0u, kmax = 0u;  // of the candidates this thread gathers
+    // every candidate's key in [lo, hi] (one above hi, -0 counted as +0, lands in the top
+    // fine bin, which is clamped: the bins stay in key order)
+    const u32 lo = thr << kBinShift, hi = ((s_top + 1u) << kBinShift) - 1u;
+    const int shift = rank_bin_shift(lo, hi);
     for (int ch = 0; ch * kChunk < n; ++ch) {  // the same trip count in every thread
         // into the slots this thread read at chunk ch - 1 (its own reads, done in order)
         issue(ch + kStages - 1);
@@ -678,8 +717,7 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
                     for (int i = 0; i < half; ++i) x[i] = (j & bit) ? x[2 * i + 1] : x[2 * i];
                 }
                 const u32 key = score_to_key_not_nan(x[0]);  // a candidate: never NaN
-                kmin = min(kmin, key);
-                kmax = max(kmax, key);
+                atomicAdd(&bin_pos[rank_bin_of(key, lo, shift)], 1u);
                 if (p < (u32)kRankMax) c[p] = make_candidate(key, ch * kChunk + offset(j));
                 ++p;
             }
@@ -697,10 +735,8 @@ topk_row_stream_kernel(const float* __restrict__ scores, long long ld, const int
     const u32 m = cnt < (u32)top_k ? cnt : (u32)top_k;
     for (int i = (int)m + tid; i < top_k; i += kThreads) write_slot(i, 0ull, false, bt_row, E, num_blocks, physical, oi, os);
     if (cnt == 0u) return;  // the same in every thread
-    bin_pos[tid] = 0u;  // the ring's bytes, free now
-    __syncthreads();
-    rank_in_fine_bins<kThreads>(c, cnt, kmin, kmax, (u32)tid, (u32)kThreads, by_bin, bin_pos, scratch, &s_min, &s_max,
-                                top_k, bt_row, E, num_blocks, physical, oi, os);
+    rank_in_counted_bins<kThreads>(c, cnt, lo, shift, (u32)tid, (u32)kThreads, by_bin, bin_pos, scratch, top_k, bt_row,
+                                   E, num_blocks, physical, oi, os);
     TIMELINE_POINT(4, true);
 }
 

@@ -180,6 +180,14 @@ def test_runs_of_an_sms_worth_of_rows_stream_each_row_through_one_cta():
     assert not geometry.row_stream_select(128, 512, small)
 
 
+def test_select_constants_are_the_kernels():
+    src = (Path(__file__).resolve().parent.parent / "kernels" / "select_fast.cu").read_text()
+    assert int(re.search(r"constexpr int kRankMax = (\d+);", src).group(1)) == geometry.RANK_MAX
+    assert int(re.search(r"constexpr int kRankBins = (\d+);", src).group(1)) == geometry.RANK_BINS
+    # the streamed select: one fine bin a thread
+    assert geometry.RANK_BINS == geometry.ROW_STREAM_THREADS
+
+
 def test_only_the_fewest_rows_rank_every_pair_over_every_sm():
     # batch 1 (decode-latency) compares all pairs of its ~1,500 candidates on every SM;
     # decode-1M's runs of 32 rows keep the key-bin layout (cnt^2 a row would cost more)
