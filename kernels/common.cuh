@@ -489,7 +489,8 @@ __device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, cons
 // ---------------------------------------------------------------------------
 // Timeline points (scripts/probe_timeline.py). In a build with INDEXER_TIMELINE defined,
 // TIMELINE_POINT(i, cond) has lane 0 of each warp where cond holds store %globaltimer into
-// timeline_stamps[CTA][i][warp]: plain stores, one a warp (a probe by atomics added ~2 us
+// timeline_stamps[CTA][i][warp] (CTA: blockIdx.x + gridDim.x * blockIdx.y, the first
+// kTimelineCtas of a grid): plain stores, one a warp (a probe by atomics added ~2 us
 // to the very points it measured, docs/performance.md v72); at point 0 (the entry) warp 0
 // also stores its SM's id + 1, and in bits 16-23 its warp slot on the SM (%warpid / 4, the
 // slot ShareClaims sizes its first claim by), into timeline_smid[CTA] (0: no entry), for the
@@ -498,26 +499,29 @@ __device__ __forceinline__ void write_winner(int i, u32 m, const u64* cand, cons
 // evaluated: the kernels compile as without them.
 // ---------------------------------------------------------------------------
 #ifdef INDEXER_TIMELINE
-constexpr int kTimelineCtas = 1024, kTimelinePoints = 16, kTimelineWarps = 4;
+constexpr int kTimelineCtas = 4096, kTimelinePoints = 16, kTimelineWarps = 4;
 __device__ unsigned long long timeline_stamps[kTimelineCtas * kTimelinePoints * kTimelineWarps];
 __device__ unsigned int timeline_smid[kTimelineCtas];
 __device__ unsigned int timeline_tiles[kTimelineCtas];
+__device__ __forceinline__ unsigned int timeline_cta() { return blockIdx.x + gridDim.x * blockIdx.y; }
 __device__ __forceinline__ void timeline_point(int i, bool cond) {
     const int warp = threadIdx.x >> 5;
-    if (cond && (threadIdx.x & 31) == 0 && blockIdx.x < kTimelineCtas && warp < kTimelineWarps) {
+    const unsigned int cta = timeline_cta();
+    if (cond && (threadIdx.x & 31) == 0 && cta < kTimelineCtas && warp < kTimelineWarps) {
         unsigned long long now;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        timeline_stamps[(blockIdx.x * kTimelinePoints + i) * kTimelineWarps + warp] = now;
+        timeline_stamps[(cta * kTimelinePoints + i) * kTimelineWarps + warp] = now;
         if (i == 0 && warp == 0) {
             unsigned int sm, w;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
             asm volatile("mov.u32 %0, %%warpid;" : "=r"(w));
-            timeline_smid[blockIdx.x] = (sm + 1u) | ((w >> 2) << 16);
+            timeline_smid[cta] = (sm + 1u) | ((w >> 2) << 16);
         }
     }
 }
 __device__ __forceinline__ void timeline_tiles_of(int n) {
-    if (threadIdx.x == 0 && blockIdx.x < kTimelineCtas) timeline_tiles[blockIdx.x] = (unsigned int)n;
+    const unsigned int cta = timeline_cta();
+    if (threadIdx.x == 0 && cta < kTimelineCtas) timeline_tiles[cta] = (unsigned int)n;
 }
 #define TIMELINE_POINT(i, cond) timeline_point((i), (cond))
 #define TIMELINE_TILES(n) timeline_tiles_of(n)

@@ -300,6 +300,7 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
                    const u32* __restrict__ hist, int top_k, u32* __restrict__ count, u64* __restrict__ cand, int cap)
 {
     const int row = blockIdx.y;
+    TIMELINE_POINT(0, true);  // points 0-4 (scripts/probe_timeline.py --whole): entry
     // The row's length, an input of the call, is loaded before the wait (common.cuh): where
     // this CTA was placed while the kernel before was ending, its chunk's loads go out as
     // soon as the wait ends, one round trip earlier. The wait sits on each side of the early
@@ -312,6 +313,7 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
         return;
     }
     wait_for_previous_grid();  // the scores and the threshold come from the kernels before
+    TIMELINE_POINT(1, true);  // past the wait
     using namespace select_fast;
     static_assert(kThreads == 256, "threshold_bin splits the 2048 bins over 256 threads");
     __shared__ u32 s_taken, s_base, s_bin;
@@ -330,6 +332,7 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
         const RowBins bins = load_bins<kThreads>(hist + (long long)row * kBins);  // in flight with the scores
         thr = threshold_bin<kThreads>(bins, top_k, scratch, &s_bin);
     }
+    TIMELINE_POINT(2, true);  // the threshold found
     // candidates compared as scores against the threshold key's bound (score_bound_of_key:
     // one compare an entry where a key takes several; NaN never passes)
     const float bound = score_bound_of_key(kSampled ? thr : thr << kBinShift);
@@ -351,6 +354,7 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
     __syncthreads();
     if (threadIdx.x == 0 && s_taken) s_base = atomicAdd(&count[row], s_taken);
     __syncthreads();
+    TIMELINE_POINT(3, true);  // the CTA's candidates counted into the row's
     // the next kernel's CTAs may be placed now, while this grid appends its candidates (they
     // wait for this grid's end before they read any): its placement under this tail
     let_next_grid_start();
@@ -371,6 +375,7 @@ topk_filter_kernel(const float* __restrict__ scores, long long ld, const int* __
             ++p;
         }
     }
+    TIMELINE_POINT(4, true);  // this warp's candidates appended (warps with none stop at 3)
 }
 
 // The width of the fine key bins over keys [lo, hi]: bins (key >> shift) - (lo >> shift),
@@ -488,7 +493,9 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
                  const int* __restrict__ block_table, int L, int E, int num_blocks, int physical,
                  int* __restrict__ out_idx, float* __restrict__ out_scores)
 {
+    TIMELINE_POINT(0, true);  // points 0-3 (scripts/probe_timeline.py --whole): entry
     wait_for_previous_grid();  // first: the scores and counts come from the kernel before (common.cuh)
+    TIMELINE_POINT(1, true);  // past the wait
     using namespace select_fast;
     __shared__ u64 c[kRankMax];                    // the row's candidates in buffer order
     __shared__ unsigned short by_bin[kRankMax];    // their positions in c, highest bin first
@@ -551,6 +558,7 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
             }
         }
     }
+    TIMELINE_POINT(2, true);  // this warp's candidates loaded (stored to shared memory)
     if constexpr (kAllPairs) {
         // zero keys up to a whole 128 (no candidate has key 0, so none orders before any):
         // the compare loop below then runs without bounds tests, four loads in flight a lane
@@ -570,10 +578,12 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
             const u32 rank = __reduce_add_sync(FULL_MASK, (b0 + b1) + (b2 + b3));
             if (lane == 0 && rank < (u32)top_k) write_slot(rank, mine, true, bt_row, E, num_blocks, physical, oi, os);
         }
+        TIMELINE_POINT(3, true);  // ranked
         return;
     }
     rank_in_fine_bins<kThreads>(c, cnt, kmin, kmax, blockIdx.y * kThreads + tid, gridDim.y * kThreads, by_bin, bin_pos,
                                 scratch, &s_min, &s_max, top_k, bt_row, E, num_blocks, physical, oi, os);
+    TIMELINE_POINT(3, true);  // ranked
 }
 
 // grid (rows,), kThreads (1,024) threads, row_stream_smem() bytes of dynamic shared memory:
@@ -585,8 +595,8 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
 // barrier a chunk, no registers held by the copies; every entry of a bin >= b* is gathered
 // into shared memory and counted in its fine key bin as it is (their span, from b*'s start
 // to the top non-empty bin's end, is known from the histogram), and the CTA ranks what it
-// gathered within those bins (rank_in_counted_bins). No candidate buffer, count or second launch in global memory, and
-// the filter's per-CTA chain (the histogram's scan, the count's atomic) runs once a row,
+// gathered within those bins (rank_in_counted_bins). No candidate buffer, count or second
+// launch in global memory, and the filter's per-CTA chain (the histogram's scan, the count's atomic) runs once a row,
 // not once a 4,096-entry chunk. A row with more than kRankMax candidates (a plateau of
 // ties at the k-th key) is selected from its scores by the radix select. Clears the row's
 // histogram (zero at rest) once every thread has read its bins.

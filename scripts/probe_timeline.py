@@ -30,10 +30,15 @@ restarts split and whether the CTAs that made one end later. --whole times the w
 (scoring and select) and stamps the streamed select too (mtp-2's and decode-128K's, one CTA a
 row: its entry, the wait passed, the threshold found, the row streamed, the candidates
 ranked), from the scoring's first entry, with its phases and the ranking's time by the
-rows' candidate counts. --save keeps the raw arrays. A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
+rows' candidate counts; where a run's select is the filter and rank kernels instead
+(decode-1M's, decode-E256's and decode-ragged's runs), theirs: the filter's CTAs (a
+4,096-entry chunk each) at their entry, the wait passed, the threshold found, their
+candidates counted into the row's, appended; the rank kernel's at their entry, the wait
+passed, the candidates loaded, ranked; each with its phases. --save keeps the raw arrays.
+A case of several runs of rows (decode-1M: two of 32 rows) shows its last run.
 Cases whose scoring is neither kernel (decode-latency, prefill) stamp nothing; the stamps
-are indexed by blockIdx.x, as the balanced schedule (grid (G,), the benchmark's decode
-cases and mtp-2) launches them: in the per-row schedule a row's CTAs would share a slot.
+are indexed by the CTA's place in its grid (blockIdx.x + gridDim.x * blockIdx.y, the first
+4,096).
 The timeline build's tile loop carries ~10 instructions more (the first-tile point's test)
 and its prologue spills more: its times, not its start's points, read long, and two
 versions' timeline builds differ in their loops too (docs/performance.md v73), so compare
@@ -69,12 +74,18 @@ RESTART = tuple(POINTS.index(f"restart: {p}") for p in ("tiles done", "flushed",
                                                          "tile 0 issued", "query issued", "query landed",
                                                          "first tile"))
 #: kernels/common.cuh: kTimelineCtas, kTimelinePoints, kTimelineWarps
-CTAS, WARPS = 1024, 4
+CTAS, WARPS = 4096, 4
 #: --whole: the streamed select (kernels/select_fast.cu, one CTA a row after the scoring in
 #: mtp-2 and decode-128K) and its TIMELINE_POINTs, in order; its TIMELINE_TILES stamps
 #: each row's candidate count
 SELECT_SOURCE = "select_fast.cu"
 SELECT_POINTS = ("entry", "past the wait", "threshold found", "row streamed", "ranked")
+#: --whole: the filter and rank kernels (kernels/select_fast.cu; runs that neither stream
+#: nor sample), their TIMELINE_POINTs in order, and the instances a call may take
+FILTER_POINTS = ("entry", "past the wait", "threshold found", "counted", "appended")
+RANK_POINTS = ("entry", "past the wait", "candidates loaded", "ranked")
+FILTER_KERNELS = ("topk_filter_kernel<256, 16>", "topk_filter_kernel<256, 4>")
+RANK_KERNELS = ("topk_rank_kernel<256, false>", "topk_rank_kernel<256, true>")
 
 
 def timeline_source(text: str) -> str:
@@ -135,6 +146,26 @@ def select_phases(select_stamps, counts, t0):
     few, many = rank[cnt <= 1024], rank[cnt > 1024]
     return rows, (float(np.median(few)) if len(few) else float("nan"),
                   float(np.median(many)) if len(many) else float("nan"))
+
+
+def phases(stamps, points, t0):
+    """Each step between consecutive points of a kernel's CTAs: per pair, the CTAs whose
+    latest warp passed both in this replay (stamps >= t0), and the step's p50 / p100 in
+    microseconds over them. stamps: [ctas, points, warps] as `summarise` takes them.
+    Returns rows (name, CTAs, p50, p100); NaN where no CTA passed both."""
+    s = np.asarray(stamps).astype(np.int64)
+    at = s[:, : len(points), :].max(axis=2)
+    rows = []
+    for i in range(1, len(points)):
+        ok = (at[:, i - 1] >= t0) & (at[:, i] >= t0)
+        d = (at[ok, i] - at[ok, i - 1]) / 1e3
+        rows.append((f"{points[i - 1]} -> {points[i]}", int(ok.sum()),
+                     float(np.median(d)) if ok.any() else float("nan"), float(d.max()) if ok.any() else float("nan")))
+    return rows
+
+
+def format_phases(rows) -> str:
+    return "  phases, us p50 / p100 (CTAs): " + ", ".join(f"{n} {a:.2f} / {b:.2f} ({c})" for n, c, a, b in rows)
 
 
 def format_select_phases(found) -> str:
@@ -322,6 +353,9 @@ def main(argv=None) -> int:
             globals_of = [stamped(tag, kernel) for kernel in KERNELS]
             select_globals = (stamped(select_tag, f"topk_row_stream_kernel<{geometry.ROW_STREAM_THREADS}>")
                               if args.whole else ())
+            # the filter and rank kernels' instances (compiled here if the calls take none)
+            filter_globals = [stamped(select_tag, k) for k in FILTER_KERNELS] if args.whole else []
+            rank_globals = [stamped(select_tag, k) for k in RANK_KERNELS] if args.whole else []
             saved_arrays = {}
             for case in cases:
                 sets, _ = bench.input_sets(case, cp, 0)
@@ -332,7 +366,7 @@ def main(argv=None) -> int:
                                            _score_only=not args.whole)
 
                 bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # compiled, warm
-                for arrays in globals_of + [select_globals]:
+                for arrays in globals_of + [select_globals] + filter_globals + rank_globals:
                     for a in arrays:
                         a.fill(0)
                 ms = bench.time_graph(cp, call, sets[:1], repeats=args.replays)  # its last replay stamps last
@@ -356,6 +390,16 @@ def main(argv=None) -> int:
                         print(format_select_phases(select_phases(select_stamps, counts, t0)))
                         saved_arrays.update({f"{case.name}/select_stamps": select_stamps,
                                              f"{case.name}/select_counts": counts})
+                        for label, kernels, points in (("filter", filter_globals, FILTER_POINTS),
+                                                       ("rank", rank_globals, RANK_POINTS)):
+                            # the instance that ran: the one whose CTAs stamped their entries
+                            arrays = max(kernels, key=lambda a: int((a[0][:, 0, :] > 0).sum()))[0].get()
+                            if not (arrays[:, 0, :] >= t0).any():
+                                continue
+                            print(f"  the {label} kernel, from the scoring's first entry:")
+                            print(format_rows(summarise(arrays, points, t0=t0)))
+                            print(format_phases(phases(arrays, points, t0)))
+                            saved_arrays[f"{case.name}/{label}_stamps"] = arrays
                 except ValueError as e:
                     print(f"  {e}")
                 saved_arrays.update({f"{case.name}/stamps": stamps, f"{case.name}/smid": smid,

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from indexer import _jit
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("probe_timeline", ROOT / "scripts" / "probe_timeline.py")
 timeline = importlib.util.module_from_spec(_spec)
@@ -172,7 +174,37 @@ def test_select_points_match_the_streamed_select():
     used = [int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", body)]
     assert used == list(range(len(timeline.SELECT_POINTS)))  # each once, in order
     assert "TIMELINE_TILES(cnt)" in body
-    assert len(re.findall(r"TIMELINE_POINT\(", source)) == len(used)  # no other kernel of the file stamps
+    # the filter and rank kernels stamp theirs (the next test); no other kernel of the file does
+    assert len(re.findall(r"TIMELINE_POINT\(", source)) == len(used) + len(timeline.FILTER_POINTS) + len(
+        timeline.RANK_POINTS) + 1  # the rank kernel's "ranked" at each of its two ends
+
+
+def test_filter_and_rank_points_match_their_kernels():
+    source = (ROOT / "kernels" / "select_fast.cu").read_text()
+    for kernel, points, ends in (("topk_filter_kernel(const float*", timeline.FILTER_POINTS, 1),
+                                 ("topk_rank_kernel(const float*", timeline.RANK_POINTS, 2)):
+        body = source.split(kernel)[1].split("\n}\n")[0]
+        used = [int(i) for i in re.findall(r"TIMELINE_POINT\((\d+),", body)]
+        # each point in order; the last at each of the kernel's ends (the rank's two routes)
+        assert used == list(range(len(points))) + [len(points) - 1] * (ends - 1)
+        assert "TIMELINE_POINT(0, true)" in body.split("wait_for_previous_grid")[0]  # the entry before the wait
+    instances = [name for _, name in _jit.instances()]
+    assert all(name in instances for name in timeline.FILTER_KERNELS + timeline.RANK_KERNELS)
+
+
+def test_phases_take_each_step_over_the_ctas_that_passed_both_points():
+    s = _stamps(ctas=4, points=16, warps=4)
+    t0 = 1_000_000
+    s[0, :3, 0] = t0 + np.array([0, 1_000, 4_000])
+    s[1, :3, 3] = t0 + np.array([200, 1_600, 3_600])
+    s[2, :2, 1] = t0 + np.array([100, 2_100])  # stopped at point 1 (an early return)
+    s[3, :3, 0] = [5, 6, 7]                    # an earlier replay's
+    rows = timeline.phases(s, ("a", "b", "c", "d"), t0)
+    assert [(r[0], r[1]) for r in rows] == [("a -> b", 3), ("b -> c", 2), ("c -> d", 0)]
+    assert rows[0][2:] == (pytest.approx(1.4), pytest.approx(2.0))
+    assert rows[1][2:] == (pytest.approx(2.5), pytest.approx(3.0))
+    assert all(np.isnan(v) for v in rows[2][2:])
+    assert "a -> b 1.40 / 2.00 (3)" in timeline.format_phases(rows)
 
 
 def test_select_phases_split_the_rows_and_rank_by_candidates():
