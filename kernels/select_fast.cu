@@ -596,10 +596,11 @@ topk_rank_kernel(const float* __restrict__ scores, long long ld,
 // into shared memory and counted in its fine key bin as it is (their span, from b*'s start
 // to the top non-empty bin's end, is known from the histogram), and the CTA ranks what it
 // gathered within those bins (rank_in_counted_bins). No candidate buffer, count or second
-// launch in global memory, and the filter's per-CTA chain (the histogram's scan, the count's atomic) runs once a row,
-// not once a 4,096-entry chunk. A row with more than kRankMax candidates (a plateau of
-// ties at the k-th key) is selected from its scores by the radix select. Clears the row's
-// histogram (zero at rest) once every thread has read its bins.
+// launch in global memory, and the filter's per-CTA chain (the histogram's scan, the
+// count's atomic) runs once a row, not once a 4,096-entry chunk. A row with more than
+// kRankMax candidates (a plateau of ties at the k-th key) is selected from its scores by
+// the radix select. Clears the row's histogram (zero at rest) once every thread has read
+// its bins.
 namespace row_stream {
 constexpr int kPer = 8;      // entries a thread a chunk: two 16-byte copies
 constexpr int kStages = 4;   // chunks in the ring: kStages - 1 in flight while one is compared

@@ -137,11 +137,8 @@ def select_phases(select_stamps, counts, t0):
     ok = (at >= t0).all(axis=1)
     if not ok.any():
         return None
+    rows = [(name, p50, p100) for name, _, p50, p100 in phases(s[ok], SELECT_POINTS, t0)]
     at, cnt = at[ok], np.asarray(counts).astype(np.int64)[: s.shape[0]][ok]
-    rows = []
-    for i in range(1, len(SELECT_POINTS)):
-        d = (at[:, i] - at[:, i - 1]) / 1e3
-        rows.append((f"{SELECT_POINTS[i - 1]} -> {SELECT_POINTS[i]}", float(np.median(d)), float(d.max())))
     rank = (at[:, -1] - at[:, -2]) / 1e3
     few, many = rank[cnt <= 1024], rank[cnt > 1024]
     return rows, (float(np.median(few)) if len(few) else float("nan"),
