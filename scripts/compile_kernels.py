@@ -9,6 +9,11 @@ with ctypes, so CI catches a kernel that does not compile on a machine without a
     python scripts/compile_kernels.py --arch sm_80 -v # another target, print resource use
     python scripts/compile_kernels.py --only score_wgmma_kernel --define INDEXER_TIMELINE  # a probe build
 
+With every instance (no --only), the shared-memory layouts are checked too: the sizes
+indexer.geometry computes for the launches, asserted at compile time against the kernels'
+own layout structs (a size short of the kernel's layout would let it write past its shared
+memory; nothing at run time checks).
+
 libnvrtc is taken from $INDEXER_NVRTC, the ``nvidia-cuda-nvrtc`` wheel, CuPy's CUDA path or
 /usr/local/cuda. Exit status 1 if any instance fails, with NVRTC's log.
 """
@@ -26,7 +31,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from indexer import _jit  # noqa: E402
+from indexer import _jit, geometry  # noqa: E402
+
+
+def layout_checks() -> dict[str, list[str]]:
+    """{source: [C++ constant expressions that must hold]}: each launch's shared-memory size
+    (indexer.geometry) against the kernel's layout struct, and the query images' sizes."""
+    dims = (32, 64, 96, 128)
+    return {
+        "score_wgmma.cu": [f"WgmmaSmem<{d}>::kBytes == {geometry.wgmma_smem_bytes(d)}" for d in dims]
+        + [f"WgmmaPairSmem<{d}>::kBytes == {geometry.wgmma_pairs_smem_bytes(d)}" for d in dims],
+        "score_ks.cu": [f"KsSmem<128>::kBytes == {geometry.ks_smem_bytes(128)}",
+                        f"KsSmem<128>::kQImage == {geometry.KS_QUERY_BYTES}"],
+        "score_dense.cu": [f"DenseSmem::kBytes == {geometry.dense_smem_bytes(128)}"],
+        "score_ws.cu": [f"WsSmem::kBytes == {geometry.ws_smem_bytes(128)}"],
+    }
 
 
 def find_nvrtc() -> str:
@@ -77,7 +96,8 @@ class Nvrtc:
         self.check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
                    "nvrtcCreateProgram")
         try:
-            self.check(self.lib.nvrtcAddNameExpression(prog, name_expression.encode()), "nvrtcAddNameExpression")
+            if name_expression is not None:  # None: a compile for its static assertions alone
+                self.check(self.lib.nvrtcAddNameExpression(prog, name_expression.encode()), "nvrtcAddNameExpression")
             opts = [o.encode() for o in options]
             arr = (ctypes.c_char_p * len(opts))(*opts)
             status = self.lib.nvrtcCompileProgram(prog, len(opts), arr)
@@ -137,6 +157,14 @@ def main(argv=None) -> int:
             print("    " + log.replace("\n", "\n    "))
         failures += not ok
     print(f"{len(todo) - failures} compiled, {failures} failed")
+    if args.only is None:  # every instance: the layouts too
+        for source, conditions in layout_checks().items():
+            text = _jit.read_source(source) + "".join(f'\nstatic_assert({c}, "{c}");' for c in conditions)
+            ok, log, _ = nvrtc.compile(text, source, None, options)
+            print(f"{'ok  ' if ok else 'FAIL'} {source:18s} layout: {len(conditions)} sizes as geometry.py's")
+            if not ok:
+                print("    " + log.replace("\n", "\n    "))
+            failures += not ok
     return 1 if failures else 0
 
 
