@@ -31,7 +31,6 @@ def row(rng, n, E, H=64, D=128):
     return s.astype(np.float32)
 
 def groups_of(s, layout):
-    n = s.size
     t = s.reshape(-1, 128)
     if layout == "split":
         g = np.concatenate([t[:, :64].reshape(-1, 4, 16), t[:, 64:].reshape(-1, 4, 16)], axis=2)  # (tiles,4,32)
