@@ -8,7 +8,7 @@ import pytest
 from indexer import bench
 from tests.gpu import requires_gpu
 
-pytestmark = [requires_gpu, pytest.mark.gpu]
+pytestmark = [requires_gpu, pytest.mark.gpu, pytest.mark.exclusive]
 
 
 def _max_clock_khz(cp):

@@ -164,6 +164,7 @@ def items_a_share(cu, lens, ctas, rows_an_item=3, unit=64):
     return most
 
 
+@pytest.mark.exclusive  # holds the call's device time to a bound
 def test_a_share_spanning_more_items_than_its_counting_threads_counts_every_row():
     """A causal sequence beside a sequence of padding rows (length 0): the padding's items
     lie between the causal ones in the dense kernel's order, so a CTA's share spans more
