@@ -24,6 +24,10 @@ TOL_FAST = 2.0**-11
 
 # a dot this far below zero (relative to sum |q k|) is negative in every precision
 _ZERO_MARGIN = 2.0**-7
+# the GPU paths flush float32 subnormals (CuPy compiles with -ftz=true): a score within the
+# least normal float of zero may come out as 0 (a tiny negative as -0, which ties +0), so two
+# scores that close are not told apart by any check below
+_FLUSH = 2.0**-126
 
 ARRAY_NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
 
@@ -192,7 +196,7 @@ def _check_row(p, t, idx, sc, tol, exact_row):
         assert np.all(np.isneginf(sc[m:])), f"row {t}: padding scores must be -inf"
     if m == 0:
         return
-    err = tol * mag
+    err = tol * mag + _FLUSH
     lo = score[chosen] - err[chosen]
     hi = score[chosen] + err[chosen]
     unsel = np.ones(n, dtype=bool)

@@ -391,3 +391,36 @@ def test_rejects_wrong_scores_array(prob, how):
            "extra_column": np.concatenate([sc, np.full((3, 1), -np.inf, np.float32)], axis=1),
            "short": sc[:, :-1]}[how]
     rejects(prob, idx, bad, match=r"scores")
+
+
+# ----------------------------------------------------------------------------------------
+# scores the GPU paths flush: within the least normal float of zero, they tie with +0
+
+
+def test_flushed_tiny_negatives_tie_with_zero():
+    # block 0: scores ~-1e-39 (global scale 2^-126, tiny weights), which -ftz stores as -0;
+    # block 1: certain zeros. The reference takes the zeros first; a GPU answer that ties the
+    # flushed -0 with +0 takes the lowest indices: both meet the contract. An entry of a
+    # clearly negative score over a zero does not.
+    rng = np.random.default_rng(11)
+    E, D, H = 16, 64, 8
+    keys = np.abs(rng.standard_normal((3, E, D))).astype(np.float32)
+    keys[0] *= -1  # dots > 0 against the negative queries: negative scores
+    keys[2] *= -1
+    codes, scales, gs = testing.quantize_blocks(keys)
+    gs = gs.copy()
+    gs[0] = np.float32(2.0**-126)
+    q = (-np.abs(rng.standard_normal((1, H, D))) - 0.1).astype(np.float32)
+    w = (-1e-8 * (1 + np.abs(rng.standard_normal((1, H))))).astype(np.float32)
+    p = testing.Problem(q, w, codes, scales, gs, np.array([[0, 1, 2]], np.int32), np.array([3 * E]), 20)
+    score = testing.exact_scores(p)[0][0]
+    assert np.all((score[:E] < 0) & (score[:E] > -(2.0**-126))) and np.all(score[E:2 * E] == 0)
+    assert np.all(score[2 * E:] < -1e-30)
+    want, want_sc = reference.score_topk(*p.arrays(), p.top_k, return_scores=True)
+    testing.check_topk(p, want, want_sc.astype(np.float32))
+    flushed = np.arange(20, dtype=np.int32)[None]  # -0 ties +0: the 20 lowest indices
+    testing.check_topk(p, flushed, np.zeros((1, 20), np.float32), tol=testing.TOL_FAST)
+    bad = want.copy()
+    bad[0, -1] = 2 * E  # a normal negative over a zero
+    with pytest.raises(AssertionError, match="beats a selected one"):
+        testing.check_topk(p, bad, tol=testing.TOL_FAST)
