@@ -132,13 +132,34 @@ def exact_scores(p: Problem):
     return out
 
 
-def _key_identity(p: Problem, t, n):
-    """One bytes object per entry of row t: equal keys give exactly equal scores."""
+_KEY_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd: each step a bijection of 64-bit words
+
+
+def _key_groups(p: Problem, t, n):
+    """Entries of row t with identical stored keys (codes, scales and global scale), which
+    score exactly equal in every precision: (group (n,) int64, rank (n,) int64), where
+    ``group[s]`` numbers s's key and ``rank[s]`` counts the entries of that key before s."""
     E = p.keys_fp4.shape[1]
     s = np.arange(n)
     b, e = p.block_table[t][s // E], s % E
     rows = np.concatenate([p.keys_fp4[b, e], p.key_scale[b, e], p.key_gscale[b].view(np.uint8).reshape(-1, 4)], axis=1)
-    return [r.tobytes() for r in rows]
+    rows = np.pad(rows, ((0, 0), (0, -rows.shape[1] % 8)))
+    # one 64-bit hash a key, grouped; kept only if every key equals its group's first
+    words = rows.view(np.uint64)
+    h = np.zeros(n, dtype=np.uint64)
+    for j in range(words.shape[1]):
+        h = (h ^ words[:, j]) * _KEY_HASH_MULT
+        h ^= h >> np.uint64(29)
+    first, group = np.unique(h, return_index=True, return_inverse=True)[1:]
+    group = group.ravel().astype(np.int64)
+    if not np.array_equal(rows, rows[first[group]]):  # a hash collision: group the bytes themselves
+        _, group = np.unique(rows.view(np.dtype((np.void, rows.shape[1]))).ravel(), return_inverse=True)
+        group = group.ravel().astype(np.int64)
+    order = np.argsort(group, kind="stable")  # by key, then by index
+    starts = np.searchsorted(group[order], group[order], side="left")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n) - starts
+    return group, rank
 
 
 def check_topk(p: Problem, indices, scores=None, *, tol=TOL_EXACT, exact=None, physical=False):
@@ -212,17 +233,21 @@ def _check_row(p, t, idx, sc, tol, exact_row):
     later_above = lo[1:] > np.minimum.accumulate(hi)[:-1]
     assert not later_above.any(), f"row {t}: output not sorted within the error bounds at position {int(np.argmax(later_above)) + 1}"
     # exact ties: identical keys, and plateaus of certain zeros, go to the lower index
-    ident = _key_identity(p, t, n)
-    first_of = {}
-    for s in range(n):
-        first_of.setdefault(ident[s], []).append(s)
+    # (a key's entries share a score, NaN or not: a NaN key's are never chosen)
+    group, rank = _key_groups(p, t, n)
+    g_sel = group[chosen]
+    taken = np.bincount(g_sel, minlength=int(group.max()) + 1)  # entries chosen of each key
+    late = rank[chosen] >= taken[g_sel]  # chosen, though an entry of its key before it was not
+    if late.any():
+        s = int(chosen[np.argmax(late)])
+        members = np.flatnonzero(group == group[s])
+        sel = np.sort(chosen[g_sel == group[s]])
+        raise AssertionError(f"row {t}: identical keys {members[:6].tolist()}: selected {sel[:6].tolist()}, "
+                             f"expected the lowest indices")
+    by_key = np.lexsort((rank[chosen], g_sel))  # the chosen, by key and then index
+    out_of_order = (g_sel[by_key][1:] == g_sel[by_key][:-1]) & (by_key[1:] < by_key[:-1])
+    assert not out_of_order.any(), f"row {t}: identical keys out of index order"
     pos = {int(s): j for j, s in enumerate(chosen)}
-    for members in first_of.values():
-        if len(members) < 2 or not selectable[members[0]]:
-            continue
-        sel = [s for s in members if s in pos]
-        assert sel == members[: len(sel)], f"row {t}: identical keys {members[:6]}: selected {sel[:6]}, expected the lowest indices"
-        assert all(pos[a] < pos[b] for a, b in zip(sel, sel[1:])), f"row {t}: identical keys out of index order"
     zeros_sel = [s for s in chosen if certain_zero[s]]
     zeros_all = np.flatnonzero(certain_zero)
     assert zeros_sel == sorted(zeros_sel), f"row {t}: zero-score plateau not in index order"

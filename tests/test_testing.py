@@ -281,6 +281,22 @@ def test_rejects_tied_copies_out_of_index_order(rng):
     rejects(p, bad, match=r"row 0: identical keys out of index order")
 
 
+@pytest.mark.parametrize("mult", [None, 0])  # 0: every key hashes alike, so the bytes group them
+def test_key_groups_exact_even_when_hashes_collide(rng, monkeypatch, mult):
+    if mult is not None:
+        monkeypatch.setattr(testing, "_KEY_HASH_MULT", np.uint64(mult))
+    p, group = _with_copies(rng, 4)
+    g, rank = testing._key_groups(p, 0, 64)
+    assert np.unique(g).size == 64 - 4  # the five copies are one key, every other entry its own
+    assert len(set(g[group].tolist())) == 1 and rank[group].tolist() == [0, 1, 2, 3, 4]
+    others = np.setdiff1d(np.arange(64), group)
+    assert not np.isin(g[others], g[group]).any() and np.all(rank[others] == 0)
+    idx, _ = ref(p)
+    bad = idx.copy()
+    bad[0, int(np.flatnonzero(bad[0] == group[1])[0])] = group[4]
+    rejects(p, bad, match=r"row 0: identical keys .* expected the lowest indices")
+
+
 @pytest.fixture
 def plateau(rng):
     """Positive keys, negative queries, positive weights: every score is exactly 0 except for
