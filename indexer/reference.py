@@ -28,12 +28,19 @@ def row_keys(keys_fp4, key_scale, key_gscale, block_table_row, n, start=0):
 
 def row_scores(q_t, w_t, keys_fp4, key_scale, key_gscale, block_table_row, n, chunk=16384):
     """float64 scores (n,) of one query: ``sum_h w[h] * max(0, q[h] . k[s])``; NaN propagates."""
+    return _scores(q_t, w_t, lambda start, stop: row_keys(keys_fp4, key_scale, key_gscale, block_table_row, stop, start),
+                   n, chunk)
+
+
+def _scores(q_t, w_t, keys_of, n, chunk=16384):
+    """``row_scores`` for keys given by ``keys_of(start, stop)``: decoded float32 keys of
+    entries start .. stop-1, (stop - start, D)."""
     q64 = q_t.astype(np.float64)
     w64 = w_t.astype(np.float64)
     out = np.empty(n, dtype=np.float64)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        k = row_keys(keys_fp4, key_scale, key_gscale, block_table_row, stop, start).astype(np.float64)
+        k = keys_of(start, stop).astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
             dots = q64 @ k.T  # (H, chunk)
             relu = np.where(dots < 0, 0.0, dots)  # keeps NaN, unlike np.maximum's sibling fmax
@@ -74,16 +81,33 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     T = q.shape[0]
     indices = np.full((T, top_k), -1, dtype=np.int32)
     scores = np.full((T, top_k), -np.inf, dtype=np.float32)
-    for t in range(T):
-        n = int(valid_lens[t])
-        if n == 0:
-            continue
-        s = row_scores(q[t], w[t], keys_fp4, key_scale, key_gscale, block_table[t], n)
-        indices[t], sc = select_top_k(s, top_k)
-        scores[t] = sc.astype(np.float32)
+    for first, stop in _runs_of_equal_rows(block_table):
+        # rows of one block table (the tokens of a sequence) decode their keys once, for the
+        # longest of them; a lone row decodes a chunk at a time
+        shared = None
+        if stop - first > 1:
+            shared = row_keys(keys_fp4, key_scale, key_gscale, block_table[first], int(valid_lens[first:stop].max()))
+        for t in range(first, stop):
+            n = int(valid_lens[t])
+            if n == 0:
+                continue
+            if shared is not None:
+                s = _scores(q[t], w[t], lambda a, b: shared[a:b], n)
+            else:
+                s = row_scores(q[t], w[t], keys_fp4, key_scale, key_gscale, block_table[t], n)
+            indices[t], sc = select_top_k(s, top_k)
+            scores[t] = sc.astype(np.float32)
     if physical:
         indices = to_physical(indices, block_table, keys_fp4.shape[1])
     return (indices, scores) if return_scores else indices
+
+
+def _runs_of_equal_rows(block_table):
+    """(first, stop) of each run of consecutive equal rows of ``block_table`` (T, L)."""
+    T = block_table.shape[0]
+    differs = np.any(block_table[1:] != block_table[:-1], axis=1) if T > 1 else np.zeros(0, dtype=bool)
+    bounds = np.concatenate([[0], np.flatnonzero(differs) + 1, [T]])
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k,

@@ -117,19 +117,26 @@ def exact_scores(p: Problem):
     exact path's error bound, so every precision computes exactly 0 for it.
     """
     out = []
-    for t in range(p.q.shape[0]):
-        n = int(p.valid_lens[t])
-        k = reference.row_keys(p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[t], n).astype(np.float64)
-        q = p.q[t].astype(np.float64)
-        w = p.w[t].astype(np.float64)
-        with np.errstate(invalid="ignore", over="ignore"):
-            dots = q @ k.T
-            absdots = np.abs(q) @ np.abs(k).T
-            scores = w @ np.where(dots < 0, 0.0, dots)
-            mag = np.abs(w) @ absdots
-            certain_zero = np.all(dots < -_ZERO_MARGIN * absdots - 1e-300, axis=0) & np.isfinite(scores)
-        out.append((scores, mag, certain_zero))
+    for first, stop in reference._runs_of_equal_rows(p.block_table):
+        # the rows of one block table (a sequence's tokens) decode their keys once
+        keys = reference.row_keys(p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[first],
+                                  int(p.valid_lens[first:stop].max())).astype(np.float64)
+        for t in range(first, stop):
+            out.append(_exact_row(p, t, keys[: int(p.valid_lens[t])]))
     return out
+
+
+def _exact_row(p: Problem, t, k):
+    """``exact_scores`` of row t, whose decoded keys are ``k`` (n, D) float64."""
+    q = p.q[t].astype(np.float64)
+    w = p.w[t].astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        dots = q @ k.T
+        absdots = np.abs(q) @ np.abs(k).T
+        scores = w @ np.where(dots < 0, 0.0, dots)
+        mag = np.abs(w) @ absdots
+        certain_zero = np.all(dots < -_ZERO_MARGIN * absdots - 1e-300, axis=0) & np.isfinite(scores)
+    return scores, mag, certain_zero
 
 
 _KEY_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd: each step a bijection of 64-bit words

@@ -200,6 +200,29 @@ def test_row_scores_chunking(rng):
         np.testing.assert_allclose(got, rows[0], rtol=1e-12, atol=1e-300)
 
 
+def test_rows_sharing_a_table_match_brute_and_lone_rows(rng):
+    # runs of equal block-table rows (a sequence's tokens) decode their keys once, for the
+    # longest row of the run: the same bits as each row alone, and the brute force
+    p = make_problem(rng, T=7, H=3, D=32, E=8, lens=[20, 0, 37, 5, 37, 12, 9], top_k=10)
+    bt = p["block_table"]
+    bt[0:2] = bt[2]  # rows 0-2: row 2's table (37 entries visible; ids past them garbage)
+    bt[3] = bt[4]
+    bt[5:7] = bt[4]  # rows 3-6: row 4's (also 37), a different permutation
+    assert reference._runs_of_equal_rows(bt) == [(0, 3), (3, 7)]
+    idx, sc, _ = assert_matches_brute(p)
+    for t in range(7):
+        one = {k: (v[t:t + 1] if k not in ("keys_fp4", "key_scale", "key_gscale", "top_k") else v) for k, v in p.items()}
+        i1, s1 = reference.score_topk(*args_of(one), return_scores=True)
+        np.testing.assert_array_equal(i1[0], idx[t])
+        np.testing.assert_array_equal(s1[0].view(np.uint32), sc[t].view(np.uint32))
+
+
+def test_runs_of_equal_rows():
+    bt = np.array([[1, 2], [1, 2], [1, 3], [1, 2], [1, 2], [1, 2]], np.int32)
+    assert reference._runs_of_equal_rows(bt) == [(0, 2), (2, 3), (3, 6)]
+    assert reference._runs_of_equal_rows(bt[:1]) == [(0, 1)]
+
+
 def test_row_keys_matches_brute_decode(rng):
     p = make_problem(rng, T=1, H=1, D=64, E=4, lens=[11], top_k=1)
     keys = reference.row_keys(p["keys_fp4"], p["key_scale"], p["key_gscale"], p["block_table"][0], 11, start=3)
