@@ -200,6 +200,51 @@ def format_line(case_name: str, path: str, line: dict, torch_ms: float | None) -
             f"{line['gbs']:8.0f} {line['extra_mb']:9.1f} {speed:>8s}")
 
 
+# README's labels of the cases, for ``markdown_table``
+README_LABELS = {
+    "decode-1M": "decode-1M (B 64, 262,144 entries, k 1024)",
+    "decode-128K": "decode-128K (B 128, 32,768, k 512)",
+    "decode-latency": "decode-latency (B 1, 262,144, k 1024)",
+    "decode-ragged": "decode-ragged (B 64, lengths up to 262,144)",
+    "decode-E256": "decode-E256 (256-entry blocks)",
+    "mtp-2": "mtp-2 (B 64 x 2, 65,536)",
+    "prefill-8K": "prefill-8K (8,192 causal queries, k 512)",
+    "prefill-chunk": "prefill-chunk (4,096 queries, 262,144 + causal)",
+}
+TABLE_HEADER = ("| case | fast (graph) | x floor | scoring alone | eager call | exact (graph) | torch-composed "
+                "| fast vs torch |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+
+
+def _ms(ms: float | None) -> str:
+    """Milliseconds as the README writes them: 3 significant digits."""
+    return "" if ms is None else f"{float(f'{ms:.3g}'):g} ms"
+
+
+def markdown_table(results: dict, exact_from: dict | None = None) -> str:
+    """README's performance table from ``run``'s results (its JSON): a row a case, in its
+    order. ``exact_from``: the results of another run to take the exact column from, where
+    this one did not measure it (the exact path is slow to time). Empty cells where a path
+    is missing."""
+    def path(row, name):
+        line = row["paths"].get(name)
+        return line["ms"] if line else None
+
+    older = {row["case"]: row for row in (exact_from or {}).get("cases", [])}
+    lines = [TABLE_HEADER]
+    for row in results["cases"]:
+        fast = row["paths"].get("fast (graph)")
+        exact = path(row, "exact (graph)")
+        if exact is None and row["case"] in older:
+            exact = path(older[row["case"]], "exact (graph)")
+        torch_ms = path(row, "torch-composed")
+        cells = [README_LABELS.get(row["case"], row["case"]),
+                 _ms(fast["ms"]) if fast else "", f"{fast['x_floor']:.2f}" if fast else "",
+                 _ms(path(row, "fast-score (graph)")), _ms(path(row, "fast")), _ms(exact), _ms(torch_ms),
+                 f"{torch_ms / fast['ms']:.0f}x" if fast and torch_ms else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- device side
 
 

@@ -4,6 +4,7 @@ lines and the run's orchestration with the device side replaced by fakes."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -288,3 +289,40 @@ def test_main_arguments(monkeypatch, tmp_path):
     cases, paths, repeats = seen["args"]
     assert [c.name for c in cases] == bench.DEFAULT_CASES.split(",")
     assert (",".join(paths), repeats, seen["kwargs"]) == (bench.DEFAULT_PATHS, 20, {"json_path": None})
+
+
+def _row(case, **ms):
+    """A case's results as run() records them: path -> milliseconds (x floor: ms / 0.1)."""
+    names = {"graph": "fast (graph)", "score": "fast-score (graph)", "eager": "fast",
+             "exact": "exact (graph)", "torch": "torch-composed"}
+    return dict(case=case, paths={names[k]: dict(ms=v, x_floor=v / 0.1) for k, v in ms.items()})
+
+
+def test_markdown_table_rows_as_readme_writes_them():
+    new = dict(cases=[_row("decode-1M", graph=0.6342, score=0.6436, eager=0.7912, torch=55.41),
+                      _row("decode-latency", graph=0.02441, score=0.01924, eager=0.0851, torch=1.2209),
+                      _row("my-case", graph=29.63, torch=579.4)])
+    old = dict(cases=[_row("decode-1M", exact=11.31), _row("my-case", exact=741.2)])
+    lines = bench.markdown_table(new, old).splitlines()
+    assert lines[0].startswith("| case | fast (graph) | x floor |") and set(lines[1]) <= set("|- ")
+    assert lines[2] == ("| decode-1M (B 64, 262,144 entries, k 1024) | 0.634 ms | 6.34 | 0.644 ms | 0.791 ms "
+                        "| 11.3 ms | 55.4 ms | 87x |")
+    assert lines[3] == ("| decode-latency (B 1, 262,144, k 1024) | 0.0244 ms | 0.24 | 0.0192 ms | 0.0851 ms "
+                        "|  | 1.22 ms | 50x |")  # no exact run of it: an empty cell
+    assert lines[4] == "| my-case | 29.6 ms | 296.30 |  |  | 741 ms | 579 ms | 20x |"
+    # this run's exact column wins over the older run's
+    new["cases"][0]["paths"]["exact (graph)"] = dict(ms=10.04, x_floor=100.4)
+    assert "| 10 ms |" in bench.markdown_table(new, old).splitlines()[2]
+
+
+def test_bench_table_script(tmp_path):
+    new = dict(device="H200", date="2026-12-04", copy_bw=4.13e12, tensor_rate=749e12,
+               cases=[_row("mtp-2", graph=0.2822, score=0.2631, eager=0.345, torch=18.6)])
+    old = dict(cases=[_row("mtp-2", exact=5.81)])
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_table.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "new.json"), "--exact-from",
+                          str(tmp_path / "old.json")], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "<!-- H200 2026-12-04: copy 4.13 TB/s, fp16 tensor 749 TFLOP/s -->"
+    assert out[3] == "| mtp-2 (B 64 x 2, 65,536) | 0.282 ms | 2.82 | 0.263 ms | 0.345 ms | 5.81 ms | 18.6 ms | 66x |"
