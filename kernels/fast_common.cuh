@@ -16,6 +16,16 @@
 #pragma once
 #include "common.cuh"
 
+// Whether `cvt.rn.f16x2.e4m3x2` assembles for this target: sm_90 from PTX ISA 7.8, sm_89 only
+// from PTX ISA 8.1 (CUDA 12.1; NVRTC 12.0's ptxas refuses it on sm_89). Elsewhere the
+// conversions take their logic-op forms.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900 || (__CUDA_ARCH__ >= 890 && \
+    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 1))))
+#define INDEXER_CVT_E4M3X2 1
+#else
+#define INDEXER_CVT_E4M3X2 0
+#endif
+
 namespace score_mma {
 constexpr int kWarps = 4;
 constexpr int kMBlocks = 2;                        // 16-entry row blocks per warp and pass
@@ -77,12 +87,12 @@ __device__ __forceinline__ void e2m1x8_to_f16x2(u32 x, u32* out) {
     out[3] = (r1 & 0x80008000u) | ((r1 >> 3) & 0x0e000e00u);
 }
 
-// The same eight codes through the hardware E4M3 conversion (sm_89 and later), each value
+// The same eight codes through the hardware E4M3 conversion (INDEXER_CVT_E4M3X2), each value
 // times 2^-6: nibble s|ee|m becomes the E4M3 byte s|0ee|m00, whose value is the E2M1 value
 // times 2^-6 exactly (E4M3 subnormals cover code 1). Five logic ops and four conversions
 // instead of fourteen logic ops; same output order as e2m1x8_to_f16x2.
 __device__ __forceinline__ void e2m1x8_to_f16x2_cvt(u32 x, u32* out) {
-#if __CUDA_ARCH__ >= 890
+#if INDEXER_CVT_E4M3X2
     const u32 lo = ((x << 4) & 0x80808080u) | ((x << 2) & 0x1c1c1c1cu);  // low nibbles of B0..B3
     const u32 hi = (x & 0x80808080u) | ((x >> 2) & 0x1c1c1c1cu);         // high nibbles
     asm("{ .reg .b16 l0, h0, l1, h1;\n"
@@ -107,7 +117,7 @@ __device__ __forceinline__ void e2m1x8_to_f16x2_cvt(u32 x, u32* out) {
 template <u32 kMul = 0x54005400u>
 __device__ __forceinline__ u32 scales_to_f16x2(u32 pair) {
     u32 h;
-#if __CUDA_ARCH__ >= 890
+#if INDEXER_CVT_E4M3X2
     asm("{ .reg .b16 lo; cvt.u16.u32 lo, %1; cvt.rn.f16x2.e4m3x2 %0, lo; }" : "=r"(h) : "r"(pair));
 #else
     const float s0 = e4m3_to_float(pair & 255u), s1 = e4m3_to_float((pair >> 8) & 255u);

@@ -49,9 +49,12 @@ def layout_checks() -> dict[str, list[str]]:
 
 
 def find_nvrtc() -> str:
+    asked = os.environ.get("INDEXER_NVRTC")
+    if asked:  # exactly this one (CI checks a given NVRTC version: no quiet fallback to another)
+        if not os.path.isfile(asked):
+            raise SystemExit(f"INDEXER_NVRTC: no such file: {asked}")
+        return asked
     candidates = []
-    if os.environ.get("INDEXER_NVRTC"):
-        candidates.append(os.environ["INDEXER_NVRTC"])
     try:
         import nvidia  # the nvidia-cuda-nvrtc wheel  # noqa: PLC0415
 

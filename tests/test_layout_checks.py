@@ -25,3 +25,18 @@ def test_every_smem_size_of_geometry_is_checked_against_its_kernel():
     for source in checks:
         assert (ROOT / "kernels" / source).is_file()
 
+
+
+def test_an_nvrtc_asked_for_is_taken_or_refused(tmp_path, monkeypatch):
+    # CI compiles every kernel with a given NVRTC version (.ci/run): a wrong path must fail,
+    # not quietly compile with another NVRTC found elsewhere
+    missing = tmp_path / "libnvrtc.so.12"
+    monkeypatch.setenv("INDEXER_NVRTC", str(missing))
+    try:
+        compile_kernels.find_nvrtc()
+    except SystemExit as e:
+        assert "INDEXER_NVRTC" in str(e) and str(missing) in str(e)
+    else:
+        raise AssertionError("a missing INDEXER_NVRTC was not refused")
+    missing.write_bytes(b"")
+    assert compile_kernels.find_nvrtc() == str(missing)
