@@ -16,6 +16,9 @@ import numpy as np
 __all__ = [
     "cupy",
     "gpu_available",
+    "MIN_COMPUTE_CAPABILITY",
+    "compute_capability",
+    "gpu_supported",
     "is_cupy",
     "is_device_array",
     "check_kinds",
@@ -45,6 +48,29 @@ def cupy():
 def gpu_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""
     return cupy() is not None
+
+
+#: the oldest GPUs the CUDA kernels run on: compute capability 8.0 (sm_80, Ampere), the first
+#: with the asynchronous copies, the m16n8k16 tensor-core shape and the warp reductions the
+#: kernels use. Older ones (a T4 is 7.5) take the NumPy backend under backend='auto'.
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
+def compute_capability(device_id=None):
+    """(major, minor) of CUDA device ``device_id`` (CuPy's current device when None), or None
+    without CuPy or a GPU."""
+    cp = cupy()
+    if cp is None:
+        return None
+    n = int(cp.cuda.Device(device_id).compute_capability)  # "75", "90", "100"
+    return n // 10, n % 10
+
+
+def gpu_supported(device_id=None) -> bool:
+    """True when CuPy sees a GPU (``device_id``, or its current device) that the CUDA kernels
+    run on (``MIN_COMPUTE_CAPABILITY`` or newer)."""
+    cc = compute_capability(device_id)
+    return cc is not None and cc >= MIN_COMPUTE_CAPABILITY
 
 
 def is_cupy(x) -> bool:

@@ -121,7 +121,7 @@ def main():
 
 def _resolve_backend(backend: str) -> str:
     if backend == "auto":
-        return "cuda" if arrays.gpu_available() else "numpy"
+        return "cuda" if arrays.gpu_supported() else "numpy"
     return backend
 
 
@@ -164,7 +164,7 @@ def _use_device(device, backend="cuda", torch_too=False):
 
 @main.command()
 @click.option("--backend", type=click.Choice(ops.BACKENDS), default="auto", show_default=True,
-              help="'auto' runs on the GPU when CuPy finds one, else on NumPy.")
+              help="'auto' runs on the GPU when CuPy finds one the kernels run on (sm_80 or newer), else on NumPy.")
 @click.option("--precision", type=click.Choice(ops.PRECISIONS), default="fast", show_default=True,
               help="GPU path: 'fast' (tensor cores, error <= 2**-11 of each score's magnitude) or 'exact' "
                    "(FP32, <= 1e-6). The NumPy backend is always exact.")
@@ -270,7 +270,7 @@ def demo(ctx, backend, precision, seed, T, N, top_k, show, device, as_json):
 @click.option("--out", "out", default=None, metavar="FILE",
               help="write 'indices' (and 'scores' with --scores) to FILE (.npz, .safetensors or .npy).")
 @click.option("--backend", type=click.Choice(ops.BACKENDS), default="auto", show_default=True,
-              help="'auto' runs on the GPU when CuPy finds one, else on NumPy.")
+              help="'auto' runs on the GPU when CuPy finds one the kernels run on (sm_80 or newer), else on NumPy.")
 @click.option("--precision", type=click.Choice(ops.PRECISIONS), default="fast", show_default=True,
               help="GPU path: 'fast' (tensor cores) or 'exact' (FP32); NumPy is always exact.")
 @click.option("--physical", is_flag=True, help="return pool slots block * E + slot instead of logical entries.")
@@ -430,7 +430,8 @@ def _gpu_state() -> dict:
             props = cp.cuda.runtime.getDeviceProperties(i)
             name = props["name"]
             devices.append({"id": i, "name": name.decode() if isinstance(name, bytes) else str(name),
-                            "compute_capability": f"{props['major']}.{props['minor']}"})
+                            "compute_capability": f"{props['major']}.{props['minor']}",
+                            "supported": (props["major"], props["minor"]) >= arrays.MIN_COMPUTE_CAPABILITY})
         return {"count": len(devices), "devices": devices, "state": "ok"}
     except Exception as exc:  # noqa: BLE001  (a broken driver must not break 'info')
         return {"count": 0, "devices": [], "state": f"no GPU ({_one_line(exc)})"}
@@ -472,7 +473,9 @@ def info(as_json):
         return
     rows = [(name, v) for name, v in versions.items()]
     if gpu["devices"]:
-        rows += [(f"gpu {d['id']}", f"{d['name']} (compute capability {d['compute_capability']})")
+        oldest = ".".join(map(str, arrays.MIN_COMPUTE_CAPABILITY))
+        rows += [(f"gpu {d['id']}", f"{d['name']} (compute capability {d['compute_capability']}"
+                  + (")" if d["supported"] else f": the CUDA kernels need {oldest}; backend 'auto' takes NumPy)"))
                  for d in gpu["devices"]]
     else:
         rows.append(("gpu", gpu["state"]))
@@ -627,7 +630,7 @@ def _plot_problem(ax, input_path, kind, query, top_k, backend):
 @click.option("--top-k", "top_k", type=int, default=None,
               help="entries kept per query (default: the array 'top_k' of INPUT).")
 @click.option("--backend", type=click.Choice(ops.BACKENDS), default="auto", show_default=True,
-              help="where the selection is computed: 'auto' runs on the GPU when CuPy finds one, else on NumPy.")
+              help="where the selection is computed: 'auto' runs on the GPU when CuPy finds one the kernels run on (sm_80 or newer), else on NumPy.")
 @click.option("--json", "as_json", is_flag=True, help="print what was written as JSON.")
 def plot(input_path, out, kind, query, top_k, backend, as_json):
     """Plot a selection map, a score histogram or benchmark results to an image.

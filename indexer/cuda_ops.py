@@ -29,6 +29,19 @@ def device_facts(device_id: int) -> geometry.Device:
     )
 
 
+def check_device(dev, device_id):
+    """RuntimeError, naming the backend, where GPU ``device_id`` (facts ``dev``) is older than
+    the kernels run on (``arrays.MIN_COMPUTE_CAPABILITY``): said once, before any compile."""
+    major, minor = arrays.MIN_COMPUTE_CAPABILITY
+    cc = dev.compute_capability
+    if cc < 10 * major + minor:
+        name = cp.cuda.runtime.getDeviceProperties(device_id)["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        raise RuntimeError(f"backend 'cuda': GPU {device_id} ({name}) has compute capability {cc // 10}.{cc % 10}, "
+                           f"and the CUDA kernels need {major}.{minor} or newer (sm_80 and later); "
+                           "backend='numpy' scores the arrays on the host (device arrays are copied there)")
+
+
 def _kernel(source, launch_name, device_id, smem=0):
     kern = _jit.get_kernel(source, launch_name, device_id)
     if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
@@ -290,6 +303,7 @@ class _LaunchPlan:
 def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, fast_kernel, select, cu_seqlens):
     """A new ``_LaunchPlan`` for ``_launch``'s arguments of the same names (its kernels
     compiled or looked up here); raises ValueError where a forced kernel cannot take them."""
+    check_device(dev, device_id)  # an older GPU is refused before anything compiles
     i32 = np.int32
     p = _LaunchPlan()
     p.exact = exact = precision == "exact"

@@ -18,7 +18,9 @@ def _pick_backend(backend: str, inputs) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        return "cuda" if any(arrays.is_device_array(x) for x in inputs) or arrays.gpu_available() else "numpy"
+        # device arrays are scored where they live (the CUDA path refuses a GPU its kernels
+        # cannot run on, by name); host arrays go to the GPU only where the kernels run
+        return "cuda" if any(arrays.is_device_array(x) for x in inputs) or arrays.gpu_supported() else "numpy"
     if backend == "cuda" and not arrays.gpu_available():
         raise RuntimeError("backend='cuda': CuPy with a usable CUDA GPU is required (pip install 'indexer[cuda13]')")
     return backend
@@ -55,7 +57,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     valid_lens : int32 (T,)          entries visible to each query, 0 <= n <= L*E
     top_k : int                      1 <= top_k <= indexer.MAX_TOP_K
     backend : 'auto' | 'numpy' | 'cuda'
-        'auto' runs on the GPU when CuPy sees one (or the inputs live there), else NumPy.
+        'auto' runs on the GPU when CuPy sees one of compute capability 8.0 or newer
+        (or the inputs live on a GPU), else NumPy. An older GPU is refused by name.
     precision : 'fast' | 'exact'
         'fast' (the GPU default) runs the dot products on fp16 tensor cores with exact keys
         and fp16-rounded queries (per-entry error <= 2**-11 of the score's magnitude);

@@ -57,6 +57,43 @@ def test_gpu_available_is_a_bool_and_cached():
     assert arrays.cupy() is arrays.cupy()
 
 
+def _fake_cupy(capability_of):
+    """A stand-in for the CuPy module whose devices report ``capability_of[id]`` ("75", "90")."""
+    import types
+
+    class Device:
+        def __init__(self, device_id=None):
+            self.compute_capability = capability_of[0 if device_id is None else device_id]
+
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device))
+
+
+def test_compute_capability_and_the_oldest_gpu_the_kernels_take(monkeypatch):
+    monkeypatch.setattr(arrays, "cupy", lambda: None)
+    assert arrays.compute_capability() is None and not arrays.gpu_supported()
+    monkeypatch.setattr(arrays, "cupy", lambda: _fake_cupy({0: "75", 1: "80", 2: "90", 3: "100", 4: "120"}))
+    assert [arrays.compute_capability(i) for i in range(5)] == [(7, 5), (8, 0), (9, 0), (10, 0), (12, 0)]
+    assert arrays.compute_capability() == (7, 5)  # the current device
+    assert [arrays.gpu_supported(i) for i in range(5)] == [False, True, True, True, True]
+    assert not arrays.gpu_supported()
+
+
+def test_auto_backend_keeps_host_arrays_off_a_gpu_the_kernels_cannot_run_on(monkeypatch):
+    # a T4 (compute capability 7.5): CuPy sees it, the kernels need sm_80; the NumPy backend
+    # scores host arrays there (an explicit backend='cuda' is refused by name on the GPU path)
+    from indexer import ops
+
+    host = (np.ones((1, 2, 32), np.float32), np.ones((1, 2), np.float32))
+    monkeypatch.setattr(arrays, "cupy", lambda: _fake_cupy({0: "75"}))
+    assert arrays.gpu_available()
+    assert ops._pick_backend("auto", host) == "numpy"
+    assert ops._pick_backend("cuda", host) == "cuda"
+    monkeypatch.setattr(arrays, "cupy", lambda: _fake_cupy({0: "90"}))
+    assert ops._pick_backend("auto", host) == "cuda"
+    monkeypatch.setattr(arrays, "cupy", lambda: None)
+    assert ops._pick_backend("auto", host) == "numpy"
+
+
 @pytest.mark.skipif(arrays.gpu_available(), reason="checks the message shown where no GPU is usable")
 def test_to_cupy_without_gpu_says_what_is_missing():
     with pytest.raises(RuntimeError, match="CuPy and a CUDA GPU"):

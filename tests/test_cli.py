@@ -416,17 +416,21 @@ def test_info_survives_broken_helpers(run, monkeypatch):
 
 
 def test_info_lists_gpus(run, monkeypatch):
-    props = {0: {"name": b"NVIDIA H200", "major": 9, "minor": 0}, 1: {"name": "Other", "major": 8, "minor": 6}}
-    runtime = types.SimpleNamespace(getDeviceCount=lambda: 2, getDeviceProperties=lambda i: props[i])
+    props = {0: {"name": b"NVIDIA H200", "major": 9, "minor": 0}, 1: {"name": "Other", "major": 8, "minor": 6},
+             2: {"name": "Tesla T4", "major": 7, "minor": 5}}
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 3, getDeviceProperties=lambda i: props[i])
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
     monkeypatch.setattr(arrays, "cupy", lambda: fake)
     r = run("info")
     lines = {line.split("  ")[0]: line.split("  ", 1)[1].strip() for line in r.stdout.splitlines()}
     assert lines["gpu 0"] == "NVIDIA H200 (compute capability 9.0)"
     assert lines["gpu 1"] == "Other (compute capability 8.6)"
+    # a GPU older than the kernels run on says so, and what 'auto' does there
+    assert lines["gpu 2"] == "Tesla T4 (compute capability 7.5: the CUDA kernels need 8.0; backend 'auto' takes NumPy)"
     assert "gpu" not in lines
     obj = json.loads(run("info", "--json").stdout)
-    assert obj["gpu"]["count"] == 2 and obj["gpu"]["devices"][0]["compute_capability"] == "9.0"
+    assert obj["gpu"]["count"] == 3 and obj["gpu"]["devices"][0]["compute_capability"] == "9.0"
+    assert [d["supported"] for d in obj["gpu"]["devices"]] == [True, True, False]
 
 
 def test_info_cupy_versions(monkeypatch):
