@@ -11,6 +11,7 @@ traceback instead. ``demo`` exits with 1 when its result does not match the refe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -335,7 +336,10 @@ def _score_in_chunks(problem, k, chunk, **kwargs):
     T = int(q.shape[0]) if getattr(q, "ndim", 0) >= 1 else 0
     starts = list(range(0, max(T, 1), chunk))
     parts = []
-    with click.progressbar(starts, label="scoring", file=sys.stderr, hidden=len(starts) < 2) as bar:
+    # a bar only where there are chunks to count (click's own hidden= needs click 8.2)
+    bar_or_not = (click.progressbar(starts, label="scoring", file=sys.stderr) if len(starts) > 1
+                  else contextlib.nullcontext(starts))
+    with bar_or_not as bar:
         for r0 in bar:
             r1 = r0 + chunk
             out = ops.score_topk(q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1],

@@ -12,7 +12,7 @@ import pickle
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_runner import separate_runner
 
 import indexer
 from indexer import KeyPool, cli, io, nvfp4, testing
@@ -212,9 +212,9 @@ CLI = [cli_missing_file, cli_truncated, cli_pickle, cli_missing_array, cli_pool_
 @pytest.mark.parametrize("make_args", CLI, ids=[f.__name__ for f in CLI])
 def test_cli_catalogue(tmp_path, make_args, monkeypatch):
     monkeypatch.setattr(pickle, "loads", lambda *a, **k: pytest.fail("unpickled user data"))
-    result = CliRunner().invoke(cli.main, make_args(tmp_path))
+    result = separate_runner().invoke(cli.main, make_args(tmp_path))
     assert result.exit_code != 0
-    err = result.stderr if hasattr(result, "stderr") else result.output
+    err = result.stderr
     lines = [line for line in err.strip().splitlines() if line]
     assert len(lines) == 1 and lines[0].startswith("error:"), err
     assert "Traceback" not in err

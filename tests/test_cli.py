@@ -6,7 +6,7 @@ import types
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from cli_runner import separate_runner
 
 import indexer
 from indexer import arrays, cli, io, reference, testing
@@ -19,7 +19,7 @@ COMMANDS = ("demo", "score", "pack", "info", "bench", "plot")
 def run(monkeypatch):
     """Invoke the CLI; stdout and stderr come back separately."""
     monkeypatch.delenv("INDEXER_DEBUG", raising=False)
-    runner = CliRunner()
+    runner = separate_runner()
 
     def invoke(*args, **kwargs):
         return runner.invoke(cli.main, [str(a) for a in args], **kwargs)
@@ -31,6 +31,7 @@ def run(monkeypatch):
 def no_gpu(monkeypatch):
     """Make 'auto' pick NumPy even where a GPU exists: these tests are CPU-only."""
     monkeypatch.setattr(arrays, "gpu_available", lambda: False)
+    monkeypatch.setattr(arrays, "gpu_supported", lambda device_id=None: False)
 
 
 def assert_error(result, *fragments):
@@ -527,7 +528,7 @@ def test_score_in_chunks_equals_one_call(tmp_path):
     path = tmp_path / "many.npz"
     io.write_arrays(path, dict(zip(testing.ARRAY_NAMES, p.arrays())))
     out = tmp_path / "out.npz"
-    result = CliRunner().invoke(cli.main, ["score", str(path), "--top-k", "6", "--chunk", "3", "--backend", "numpy",
+    result = separate_runner().invoke(cli.main, ["score", str(path), "--top-k", "6", "--chunk", "3", "--backend", "numpy",
                                            "--out", str(out), "--scores"])
     assert result.exit_code == 0, result.output
     got = io.read_arrays(out)
@@ -542,7 +543,7 @@ def test_pack_and_plot_speak_json(tmp_path):
     rng = np.random.default_rng(78)
     keys = tmp_path / "keys.npz"
     io.write_arrays(keys, {"0": rng.standard_normal((40, 32)).astype(np.float32)})
-    result = CliRunner().invoke(cli.main, ["pack", str(keys), "--out", str(tmp_path / "pool.npz"), "--json"])
+    result = separate_runner().invoke(cli.main, ["pack", str(keys), "--out", str(tmp_path / "pool.npz"), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["sequences"] == 1 and summary["keys"] == 40 and summary["head_dim"] == 32
@@ -550,7 +551,7 @@ def test_pack_and_plot_speak_json(tmp_path):
     p = testing.random_problem(rng, T=2, H=4, D=32, E=16, L=2, top_k=4)
     prob = tmp_path / "p.npz"
     io.write_arrays(prob, dict(zip(testing.ARRAY_NAMES, p.arrays())))
-    result = CliRunner().invoke(cli.main, ["plot", str(prob), "--out", str(tmp_path / "s.png"), "--top-k", "4",
+    result = separate_runner().invoke(cli.main, ["plot", str(prob), "--out", str(tmp_path / "s.png"), "--top-k", "4",
                                            "--backend", "numpy", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == {"out": str(tmp_path / "s.png"), "kind": "selection"}

@@ -6,12 +6,12 @@ import sys
 
 import numpy as np
 import pytest
+from cli_runner import separate_runner
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")  # headless: no display in tests
 
 import matplotlib.pyplot as plt  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
 
 from indexer import arrays, causal_lens, cli, io, plot, reference, score_topk_ragged, testing  # noqa: E402
 from indexer.pool import KeyPool  # noqa: E402
@@ -297,7 +297,8 @@ def run(monkeypatch):
     """Invoke the CLI on the CPU; stdout and stderr come back separately."""
     monkeypatch.delenv("INDEXER_DEBUG", raising=False)
     monkeypatch.setattr(arrays, "gpu_available", lambda: False)  # 'auto' picks NumPy
-    runner = CliRunner()
+    monkeypatch.setattr(arrays, "gpu_supported", lambda device_id=None: False)
+    runner = separate_runner()
 
     def invoke(*args):
         return runner.invoke(cli.main, [str(a) for a in args])
