@@ -40,8 +40,12 @@ implementation, before anything runs.
 
 import torch
 
-from . import ops, validate as _validate
-from .workspace import Workspace
+if not hasattr(torch.library, "register_fake"):  # the fake implementations below need it (PyTorch 2.4)
+    raise ImportError(f"indexer.torch_ops: needs PyTorch 2.4 or later (torch.library.register_fake), "
+                      f"found {torch.__version__}")
+
+from . import ops, validate as _validate  # noqa: E402
+from .workspace import Workspace  # noqa: E402
 
 __all__ = ["score_topk", "score_topk_ragged", "workspace"]
 

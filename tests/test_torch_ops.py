@@ -25,6 +25,20 @@ def test_importing_the_package_registers_no_operator():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_an_older_pytorch_is_refused_by_name_at_import():
+    # PyTorch before 2.4 has no torch.library.register_fake: said in one line, not an
+    # AttributeError from the middle of the registration
+    code = ("import torch, torch.library\n"
+            "del torch.library.register_fake\n"
+            "try:\n"
+            "    import indexer.torch_ops\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.startswith("indexer.torch_ops: needs PyTorch 2.4 or later (torch.library.register_fake), found "), out
+    assert torch.__version__ in out
+
+
 @pytest.mark.parametrize("physical", [False, True])
 def test_operator_gives_the_reference_answer(physical):
     rng = np.random.default_rng(70)
