@@ -12,7 +12,7 @@ pytestmark = [requires_gpu, pytest.mark.gpu]
 
 
 def kernels():
-    if not arrays.gpu_available():
+    if not arrays.gpu_supported():
         return ["mma"]
     from indexer import cuda_ops
 

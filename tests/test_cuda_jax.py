@@ -23,7 +23,7 @@ def _jax_gpu():
 
 
 pytestmark = [requires_gpu, pytest.mark.gpu,
-              pytest.mark.skipif(not arrays.gpu_available() or _jax_gpu() is None, reason="needs JAX with a GPU")]
+              pytest.mark.skipif(not arrays.gpu_supported() or _jax_gpu() is None, reason="needs JAX with a GPU")]
 
 
 def test_jax_arrays_in_match_cupy_and_the_reference():
