@@ -66,6 +66,11 @@ def find_nvrtc() -> str:
     for root in (os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root:
             candidates += sorted(glob.glob(os.path.join(root, "lib64", "libnvrtc.so*")))
+    try:  # last: the one this process has loaded already (CuPy's, once it compiled a kernel)
+        with open("/proc/self/maps") as maps:
+            candidates += sorted({line.split()[-1] for line in maps if "/libnvrtc.so" in line})
+    except OSError:
+        pass
     for c in candidates:
         if "alt" in os.path.basename(c) or "builtins" in os.path.basename(c):
             continue
@@ -118,6 +123,33 @@ class Nvrtc:
                 self.check(self.lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
                 Path(cubin_path).write_bytes(cubin.raw)
             return True, log, cubin_size.value
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+    def ptx(self, source: str, name: str, name_expression: str, options) -> tuple[str, str]:
+        """Compile to PTX (for a virtual target such as ``-arch=compute_80``): (the PTX, the
+        instance's lowered name). RuntimeError with NVRTC's log if it does not compile."""
+        prog = ctypes.c_void_p()
+        self.check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
+                   "nvrtcCreateProgram")
+        try:
+            self.check(self.lib.nvrtcAddNameExpression(prog, name_expression.encode()), "nvrtcAddNameExpression")
+            opts = [o.encode() for o in options]
+            if self.lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) != 0:
+                size = ctypes.c_size_t()
+                self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+                log = ctypes.create_string_buffer(size.value)
+                self.lib.nvrtcGetProgramLog(prog, log)
+                raise RuntimeError(f"{name_expression}: {log.value.decode(errors='replace').strip()}")
+            size = ctypes.c_size_t()
+            self.check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
+            text = ctypes.create_string_buffer(size.value)
+            self.check(self.lib.nvrtcGetPTX(prog, text), "nvrtcGetPTX")
+            lowered = ctypes.c_char_p()
+            self.check(self.lib.nvrtcGetLoweredName(prog, name_expression.encode(), ctypes.byref(lowered)),
+                       "nvrtcGetLoweredName")
+            return text.value.decode(), lowered.value.decode()
         finally:
             self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 

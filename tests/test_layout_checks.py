@@ -6,7 +6,9 @@ import importlib.util
 import re
 from pathlib import Path
 
-from indexer import geometry
+import pytest
+
+from indexer import _jit, geometry
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("compile_kernels", ROOT / "scripts" / "compile_kernels.py")
@@ -40,3 +42,27 @@ def test_an_nvrtc_asked_for_is_taken_or_refused(tmp_path, monkeypatch):
         raise AssertionError("a missing INDEXER_NVRTC was not refused")
     missing.write_bytes(b"")
     assert compile_kernels.find_nvrtc() == str(missing)
+
+
+def _nvrtc_or_skip():
+    try:
+        return compile_kernels.Nvrtc(compile_kernels.find_nvrtc())
+    except SystemExit:
+        pytest.skip("no NVRTC here (pip install 'nvidia-cuda-nvrtc==13.0.*')")
+
+
+@pytest.mark.parametrize("target, hardware", [("compute_80", False), ("compute_89", True), ("compute_90", True)])
+def test_the_e4m3_conversion_is_the_hardware_one_where_it_assembles(target, hardware):
+    # INDEXER_CVT_E4M3X2 (kernels/fast_common.cuh): sm_90, and sm_89 from NVRTC 12.1 (CI's and
+    # the device's are 13.0), take cvt.rn.f16x2.e4m3x2; sm_80 the logic-op form. The PTX of the
+    # mma.sync kernel for each virtual target (what tests/test_cuda_sm80_build.py runs for 8.0)
+    nvrtc = _nvrtc_or_skip()
+    if target == "compute_89" and nvrtc.version() < (12, 1):
+        hardware = False
+    name = "score_mma_kernel<128, 8>"
+    ptx, lowered = nvrtc.ptx(_jit.read_source("score_mma.cu"), "score_mma.cu", name,
+                             ["-std=c++17", f"-arch={target}", "-ftz=true"])
+    assert f".target sm_{target[-2:]}" in ptx and lowered.startswith("_Z16score_mma_kernel") and lowered in ptx
+    assert ("cvt.rn.f16x2.e4m3x2" in ptx) == hardware
+    with pytest.raises(RuntimeError, match="score_mma_kernel<128, 8>"):  # NVRTC's log, named
+        nvrtc.ptx("#error no such kernel\n", "x.cu", name, ["-arch=compute_80"])
