@@ -202,6 +202,10 @@ _SCORING_SOURCES = {"fp32": "score_fp32.cu", "mma": "score_mma.cu", "wgmma": "sc
 #: whether the balanced wgmma kernels' CTAs claim their shares of tiles (else equal shares:
 #: for A/Bs; docs/performance.md v71)
 _CLAIMED_SHARES = True
+#: whether the single-query wgmma kernel takes each segment's query as one bulk copy of the
+#: image wgmma_prep_kernel writes (else by 1,024 16-byte copies of prep_query_kernel's rows
+#: and its weights halved in shared memory: score_wgmma_kernel<D, true>); for A/Bs
+_QUERY_IMAGE = True
 #: the select kernels' source (a name, so that scripts/ab_kernels.py can swap in another version)
 _SELECT_SOURCE = "select_fast.cu"
 
@@ -316,8 +320,12 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # heads of the fp16 query that prep_query_kernel stages for the kernel as rows (0: the
     # kernel reads the fp32 query itself, or, keys-stationary, ks_prep_kernel writes the
     # kernel's query images instead)
-    p.heads = heads = 64 if kind == "wgmma" else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0
-    query_bytes = heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
+    # (or, single-query wgmma with _QUERY_IMAGE, wgmma_prep_kernel writes them as one image a row)
+    p.wgmma_image = kind == "wgmma" and _QUERY_IMAGE
+    p.heads = heads = (64 if kind == "wgmma" and not p.wgmma_image
+                       else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0)
+    query_bytes = (heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
+                   + (geometry.wgmma_query_image_bytes(prob.D) if p.wgmma_image else 0))
     # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
     p.row_select = row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
     p.rows = rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
@@ -381,7 +389,9 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     p.part_bytes = {
         "q16": rows * heads * (prob.D + 8) * 2,    # fast path: the staged query of a run
         "w_scaled": rows * heads * 4,
-        "qimg": rows * geometry.KS_QUERY_BYTES if kind == "ks" else 0,  # the keys-stationary kernel's query images
+        # the keys-stationary kernel's query images, or the single-query wgmma kernel's
+        "qimg": (rows * geometry.KS_QUERY_BYTES if kind == "ks"
+                 else rows * geometry.wgmma_query_image_bytes(prob.D) if p.wgmma_image else 0),
         # the dense kernel's fp16 key image of each sequence
         "kimg": geometry.dense_image_bytes(cu_seqlens.shape[0] - 1, prob.max_len) if kind == "dense" else 0,
         "scores": rows * sl.ld * 4,                  # float32 scores of a run of rows
@@ -394,7 +404,9 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     }
     p.ld = np.int64(sl.ld)
 
-    p.score_k = _kernel(_SCORING_SOURCES[kind], sl.name, device_id, sl.smem)
+    # (score_wgmma_kernel<D> takes the query images; <D, true> the staged rows)
+    name = sl.name if kind != "wgmma" or p.wgmma_image else f"{sl.name[:-1]}, true>"
+    p.score_k = _kernel(_SCORING_SOURCES[kind], name, device_id, sl.smem)
     if exact:
         p.shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
@@ -405,6 +417,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
             p.units = i32(geometry.dense_units(prob.max_len))
         if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
             p.prep_k = _kernel(_SCORING_SOURCES[kind], f"ks_prep_kernel<{prob.D}>", device_id)
+        if p.wgmma_image:  # the same for the single-query wgmma kernel (its own image layout)
+            p.prep_k = _kernel(_SCORING_SOURCES[kind], f"wgmma_prep_kernel<{prob.D}>", device_id)
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             p.prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
@@ -563,6 +577,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             elif kind == "ks":  # the same staging, written as the kernel's query images
                 p.prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, lens, p.max_len, v.qimg))
                 query = (v.qimg,)
+            elif p.wgmma_image:  # the same staging as the single-query wgmma kernel's images
+                p.prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, v.qimg))
+                query = (v.qimg, 0)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
                 query = (run(q), run(w), p.H)
             if kind == "dense":  # the run's sequences' key images, then the GEMM over them (not the pool)

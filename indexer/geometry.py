@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -229,10 +229,18 @@ def _ring_stage_bytes(D: int) -> int:
 
 def wgmma_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_kernel<D>`` (kernels/score_wgmma.cu: WgmmaSmem; the
-    histogram's HIST_BINS counts are followed by 16 bytes for its spare bin)."""
+    ring's barriers and the query image's, and the histogram's HIST_BINS counts followed by
+    16 bytes for its spare bin)."""
     stage = _ring_stage_bytes(D)
-    return ((D // 8) * 1024 + 64 * 4 + _WGMMA_STAGES * stage + _WGMMA_STAGES * TILE_ENTRIES * 4
-            + _WGMMA_STAGES * 8 + HIST_BINS * 4 + 16 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4 + 16)
+    return (wgmma_query_image_bytes(D) + _WGMMA_STAGES * stage + _WGMMA_STAGES * TILE_ENTRIES * 4
+            + (_WGMMA_STAGES + 1) * 8 + HIST_BINS * 4 + 16 + (MAX_BALANCED_ROWS + 1) * 4 + 32 * 4 + 16)
+
+
+def wgmma_query_image_bytes(D: int) -> int:
+    """Bytes of one query's image for ``score_wgmma_kernel<D>`` (kernels/score_wgmma.cu:
+    PrepToWgmmaImage, written by ``wgmma_prep_kernel<D>``): its B operand in the core-matrix
+    layout, then its 64 halved weights; one bulk copy brings it into shared memory."""
+    return (D // 8) * 1024 + 64 * 4
 
 
 @functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch

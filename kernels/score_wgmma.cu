@@ -21,7 +21,8 @@ struct WgmmaSmem {
     static constexpr int kRing = kW + 64 * 4;                        // BulkRing stages (128-aligned)
     static constexpr int kMeta = kRing + score_wgmma::kStages * BulkRing<kDim>::kStageBytes;
     static constexpr int kBars = kMeta + score_wgmma::kStages * score_wgmma::kTile * 4;
-    static constexpr int kHist = kBars + score_wgmma::kStages * 8;
+    static constexpr int kQBar = kBars + score_wgmma::kStages * 8;  // u64: the query image landed
+    static constexpr int kHist = kQBar + 8;
     // u32[kHistBins + 1]: bin kHistBins counts what the histogram leaves out (never read)
     static constexpr int kSched = kHist + score_mma::kHistBins * 4 + 16;  // int[kMaxBalancedRows + 1]
     static constexpr int kScratch = kSched + (score_wgmma::kMaxBalancedRows + 1) * 4;  // u32[32]
@@ -29,17 +30,53 @@ struct WgmmaSmem {
     static constexpr int kBytes = kRot + 16;
 };
 
+// The query image of score_wgmma_kernel (kStagedRows = false): what its shared memory holds
+// of a query from byte 0, so that one bulk copy a segment brings it: B in the core-matrix
+// layout (WgmmaSmem::kQBytes), then the 64 weights halved for the epilogue's 2 ReLU(x), in
+// head order (WgmmaSmem::kW). prep_query_row's values (the same bits as the staged rows and
+// the kernel's own halving), written by wgmma_prep_kernel.
+template <int kDim>
+struct PrepToWgmmaImage {
+    static constexpr int kBytes = WgmmaSmem<kDim>::kW + score_wgmma::kHeads * 4;  // a multiple of 16
+    static constexpr int kPairs = kDim / 2;  // no padding slots
+    unsigned char* __restrict__ qimg;        // [T][kBytes]
+    __device__ __forceinline__ void pair(int t, int h, int pr, u32 v) const {
+        using namespace score_wgmma;
+        *reinterpret_cast<u32*>(qimg + (long long)t * kBytes + (pr / 4) * kLbo + (h / 8) * kCoreBytes + (h % 8) * 16 +
+                                (pr % 4) * 4) = v;
+    }
+    __device__ __forceinline__ void weight(int t, int h, float v) const {
+        reinterpret_cast<float*>(qimg + (long long)t * kBytes + WgmmaSmem<kDim>::kW)[h] = 0.5f * v;
+    }
+};
+
+// q [T, H, kDim] and w [T, H] float32 -> qimg [T][PrepToWgmmaImage<kDim>::kBytes]: the query
+// staging of prep_query_kernel (the same fp16 values), written as score_wgmma_kernel's
+// shared-memory image. grid (T, 64 / 16), 256 threads.
+template <int kDim>
+__global__ void __launch_bounds__(256) wgmma_prep_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
+                                                         unsigned char* __restrict__ qimg) {
+    // the scoring kernel after this one, launched programmatically in graphs, may be placed
+    // now: it schedules its tiles and starts its key copies, then waits for this grid
+    let_next_grid_start();
+    prep_query_row<kDim, score_wgmma::kHeads / 8>(q, w, H, PrepToWgmmaImage<kDim>{qimg});
+}
+
 // Score one segment of one row: tiles first_tile .. first_tile + num_tiles - 1 of row t
 // (num_tiles > 0). Ring slots continue from jbase (the tiles this CTA scored before).
+// The query: kStagedRows, from prep_query_kernel's rows (q16 [T, 64, kDim + 8], w_scaled
+// [T, 64]) by 1,024 16-byte copies; else from wgmma_prep_kernel's image (q16 taken as qimg
+// [T][PrepToWgmmaImage<kDim>::kBytes], w_scaled unused) by one bulk copy, whose barrier
+// completes phase `seg` & 1 (seg: the CTA's segments before this one).
 // next_row: the row of the CTA's next segment where it is known (the same claim), else -1:
 // its first tiles' keys are asked of L2 here (prefetch_row_start_l2).
-template <int kDim>
+template <int kDim, bool kStagedRows>
 __device__ __forceinline__ void score_segment(
     unsigned char* smem, const unsigned short* __restrict__ q16, const float* __restrict__ w_scaled,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
     const int* __restrict__ block_table, int t, int n, int first_tile, int num_tiles, int jbase, int P, int E,
     int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot, int next_row,
-    int next_n) {
+    int next_n, int seg) {
     using namespace score_wgmma;
     using Smem = WgmmaSmem<kDim>;
     constexpr int kKSteps = kDim / 16;
@@ -84,7 +121,7 @@ __device__ __forceinline__ void score_segment(
     TIMELINE_POINT(12, jbase > 0);  // points 12-13 as 2 and 4, after a restart
     wait_for_previous_grid();  // q16 and w_scaled written (a no-op from the first segment on)
     TIMELINE_POINT(3, jbase == 0);
-    {
+    if constexpr (kStagedRows) {
         const unsigned short* qsrc = q16 + (long long)t * kHeads * kRowHalves;
         for (int i = tid; i < kHeads * (kDim / 8); i += kThreads) {
             const int h = i / (kDim / 8), kc = i % (kDim / 8);
@@ -94,6 +131,13 @@ __device__ __forceinline__ void score_segment(
         // (and the first tiles' copies in keys.start) for a global round trip
         if (tid < kHeads / 4) cp_async_16(wsm + 4 * tid, w_scaled + (long long)t * kHeads + 4 * tid, true);
         cp_async_commit();
+    } else if (tid == 0) {  // the query image, B and weights, by one bulk copy
+        constexpr u32 kImage = PrepToWgmmaImage<kDim>::kBytes;
+        const u32 qbar = smem_u32(smem + Smem::kQBar);
+        // the last segment's reads of B and the weights are behind the barriers at its end
+        fence_proxy_async();
+        mbar_arrive_expect_tx(qbar, kImage);
+        bulk_copy_g2s(smem_u32(qb), reinterpret_cast<const unsigned char*>(q16) + (long long)t * kImage, kImage, qbar);
     }
     keys.start_copies(tid, 1, kStages - 1, b_first);
     TIMELINE_POINT(4, jbase == 0);
@@ -103,13 +147,17 @@ __device__ __forceinline__ void score_segment(
         prefetch_row_start_l2<kDim>(block_table + (long long)next_row * L, L, next_n, (kStages - 1) * kTile, P, E,
                                     e_shift, keys_fp4, key_scale, key_gscale, lane);
     keys.store_start_scales(tid, g_first);
-    cp_async_wait<0>();
-    if (tid < kHeads / 4) {  // my four weights halved, for the epilogue's 2 ReLU(x) (weighted_head_partials)
-        float4* my_w = reinterpret_cast<float4*>(wsm + 4 * tid);
-        const float4 v = *my_w;
-        *my_w = make_float4(0.5f * v.x, 0.5f * v.y, 0.5f * v.z, 0.5f * v.w);
+    if constexpr (kStagedRows) {
+        cp_async_wait<0>();
+        if (tid < kHeads / 4) {  // my four weights halved, for the epilogue's 2 ReLU(x) (weighted_head_partials)
+            float4* my_w = reinterpret_cast<float4*>(wsm + 4 * tid);
+            const float4 v = *my_w;
+            *my_w = make_float4(0.5f * v.x, 0.5f * v.y, 0.5f * v.z, 0.5f * v.w);
+        }
+        fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
+    } else {
+        mbar_wait(smem_u32(smem + Smem::kQBar), (u32)seg & 1u);  // the image landed (async proxy, as wgmma)
     }
-    fence_proxy_async();  // the query, written through the generic proxy, is read by wgmma
     __syncthreads();
     TIMELINE_POINT(5, jbase == 0);
     TIMELINE_POINT(10, jbase > 0);  // points 10-11: the CTA's last segment after a restart
@@ -198,10 +246,11 @@ __device__ __forceinline__ void score_segment(
 //   * per row (grid (T, chunks)): CTA (t, y) scores tiles y * tiles_per_cta .. of row t.
 // E must be a power of two with E * D/16 a multiple of 16 (bulk copies of whole block runs);
 // key_scale 16-byte aligned. The launcher checks both.
-template <int kDim>
+template <int kDim, bool kStagedRows = false>
 __global__ void __launch_bounds__(128, 3)
-score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8] from prep_query_kernel<kDim, 8>
-                   const float* __restrict__ w_scaled,      // [T, 64]
+score_wgmma_kernel(const unsigned short* __restrict__ q16,  // kStagedRows: [T, 64, kDim + 8] from prep_query_kernel<kDim, 8>;
+                                                            // else the images [T][PrepToWgmmaImage<kDim>::kBytes] from wgmma_prep_kernel
+                   const float* __restrict__ w_scaled,      // kStagedRows: [T, 64]; else unused
                    const u8* __restrict__ keys_fp4,         // [P, E, D/2]
                    const u8* __restrict__ key_scale,        // [P, E, D/16]
                    const float* __restrict__ key_gscale,    // [P]
@@ -226,6 +275,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
 
     u64* bars = reinterpret_cast<u64*>(smem + Smem::kBars);
     if (tid < kStages) mbar_init(bars + tid, ring_arrivals(e_shift));
+    if (tid == kStages) mbar_init(reinterpret_cast<u64*>(smem + Smem::kQBar), 1);  // the query image's (one arrival a segment)
     if (tid == 0) *reinterpret_cast<int*>(smem + Smem::kRot) = issue_rotation();
     mbar_init_fence();
 
@@ -264,7 +314,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
         __syncthreads();
         take_claim();
     }
-    int jbase = 0;
+    int jbase = 0, seg = 0;  // tiles and segments this CTA scored before
     const int rot = *reinterpret_cast<const int*>(smem + Smem::kRot);  // after the barriers above
     TIMELINE_POINT(1, true);  // the schedule built, the first claim read
     while (seg_num > 0) {  // a segment (a row's part) at a time
@@ -274,9 +324,9 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // [T, 64, kDim + 8]
             next = t;
             do { ++next; } while (start[next + 1] <= g + seg_num);
         }
-        score_segment<kDim>(smem, q16, w_scaled, keys_fp4, key_scale, key_gscale, block_table, t, visible(t),
-                            seg_first, seg_num, jbase, P, E, e_shift, L, scores, ld, hist, rot, next,
-                            next >= 0 ? visible(next) : 0);
+        score_segment<kDim, kStagedRows>(smem, q16, w_scaled, keys_fp4, key_scale, key_gscale, block_table, t,
+                                         visible(t), seg_first, seg_num, jbase, P, E, e_shift, L, scores, ld, hist,
+                                         rot, next, next >= 0 ? visible(next) : 0, seg++);
         jbase += seg_num;
         g += seg_num;
         if (!balanced) break;

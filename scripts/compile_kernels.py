@@ -40,7 +40,8 @@ def layout_checks() -> dict[str, list[str]]:
     dims = (32, 64, 96, 128)
     return {
         "score_wgmma.cu": [f"WgmmaSmem<{d}>::kBytes == {geometry.wgmma_smem_bytes(d)}" for d in dims]
-        + [f"WgmmaPairSmem<{d}>::kBytes == {geometry.wgmma_pairs_smem_bytes(d)}" for d in dims],
+        + [f"WgmmaPairSmem<{d}>::kBytes == {geometry.wgmma_pairs_smem_bytes(d)}" for d in dims]
+        + [f"PrepToWgmmaImage<{d}>::kBytes == {geometry.wgmma_query_image_bytes(d)}" for d in dims],
         "score_ks.cu": [f"KsSmem<128>::kBytes == {geometry.ks_smem_bytes(128)}",
                         f"KsSmem<128>::kQImage == {geometry.KS_QUERY_BYTES}"],
         "score_dense.cu": [f"DenseSmem::kBytes == {geometry.dense_smem_bytes(128)}"],

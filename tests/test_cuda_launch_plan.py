@@ -5,7 +5,7 @@ gets its own plan, and every call's answer is the reference's."""
 import numpy as np
 import pytest
 
-from indexer import arrays, testing
+from indexer import arrays, geometry, testing
 from tests.gpu import requires_gpu
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -179,6 +179,10 @@ def test_run_views_are_typed_aligned_and_disjoint_parts_of_one_allocation():
             assert v.scores.shape == (pl.rows, pl.sl.ld)
             if pl.heads:
                 assert v.q16.shape == (pl.rows, pl.heads, pl.D + 8) and v.w_scaled.shape == (pl.rows, pl.heads)
+            # the single-query wgmma kernel's query images (one bulk copy a segment), no staged rows
+            assert pl.wgmma_image == (pl.kind == "wgmma")
+            if pl.wgmma_image:
+                assert not pl.heads and v.qimg.size == pl.rows * geometry.wgmma_query_image_bytes(pl.D)
 
 
 def test_zero_clears_exactly_the_array_it_is_given():

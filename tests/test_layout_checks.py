@@ -23,10 +23,16 @@ def test_every_smem_size_of_geometry_is_checked_against_its_kernel():
     assert len(sizes) >= 5
     for name in sizes:
         assert getattr(geometry, name)(128) in values, name
-    assert geometry.KS_QUERY_BYTES in values
+    assert geometry.wgmma_query_image_bytes(128) in values and geometry.KS_QUERY_BYTES in values
     for source in checks:
         assert (ROOT / "kernels" / source).is_file()
 
+
+def test_the_query_image_is_b_and_the_weights_in_whole_16_byte_pieces():
+    for d in (32, 64, 96, 128):
+        img = geometry.wgmma_query_image_bytes(d)
+        assert img == (d // 8) * 1024 + 64 * 4 and img % 16 == 0
+        assert img < 64 * (d + 8) * 2 + 64 * 4  # smaller than the staged rows and weights it replaces
 
 
 def test_an_nvrtc_asked_for_is_taken_or_refused(tmp_path, monkeypatch):
