@@ -120,10 +120,11 @@ def _mma_instances():
 INSTANCES = {
     "score_fp32.cu": _heads_instances(),
     "score_mma.cu": _mma_instances(),
-    # score_wgmma_kernel<d> takes wgmma_prep_kernel's query images, <d, true> prep_query_kernel's rows
-    "score_wgmma.cu": [f"{k}<{d}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel", "wgmma_prep_kernel",
-                                                                          "score_wgmma_pairs_kernel")]
-    + [f"score_wgmma_kernel<{d}, true>" for d in (32, 64, 96, 128)],
+    # score_wgmma_kernel<d> and score_wgmma_pairs_kernel<d> take wgmma_prep_kernel<d>'s and
+    # <d, false>'s query images; <d, true> prep_query_kernel's rows and the fp32 query (A/Bs)
+    "score_wgmma.cu": [f"{k}<{d}{a}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel", "wgmma_prep_kernel",
+                                                                             "score_wgmma_pairs_kernel")
+                       for a in ("", ", true" if k != "wgmma_prep_kernel" else ", false")],
     "score_ws.cu": ["score_ws_kernel<128>"],
     "score_ks.cu": ["score_ks_kernel<128>", "ks_prep_kernel<128>"],
     "score_dense.cu": ["score_dense_kernel<128>", "dense_keys_kernel<128>"],

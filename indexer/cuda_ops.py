@@ -202,12 +202,18 @@ _SCORING_SOURCES = {"fp32": "score_fp32.cu", "mma": "score_mma.cu", "wgmma": "sc
 #: whether the balanced wgmma kernels' CTAs claim their shares of tiles (else equal shares:
 #: for A/Bs; docs/performance.md v71)
 _CLAIMED_SHARES = True
-#: whether the single-query wgmma kernel takes each segment's query as one bulk copy of the
-#: image wgmma_prep_kernel writes (else by 1,024 16-byte copies of prep_query_kernel's rows
-#: and its weights halved in shared memory: score_wgmma_kernel<D, true>); for A/Bs
+#: whether the wgmma kernels take each segment's queries as bulk copies of the images
+#: wgmma_prep_kernel writes: the single-query kernel one copy (else 1,024 16-byte copies of
+#: prep_query_kernel's rows, its weights halved in shared memory: score_wgmma_kernel<D,
+#: true>), the pair kernel a copy a K chunk and query (else both queries staged from fp32 by
+#: the kernel, one after the other: score_wgmma_pairs_kernel<D, true>); for A/Bs
 _QUERY_IMAGE = True
 #: the select kernels' source (a name, so that scripts/ab_kernels.py can swap in another version)
 _SELECT_SOURCE = "select_fast.cu"
+
+
+#: the scoring kernels score_topk's _fast_kernel may force ('auto': the rules of _scoring_kernel)
+_FAST_KERNELS = ("auto", "mma", "wgmma", "wgmma-single", "pairs", "ws", "ks", "dense")
 
 
 def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens):
@@ -217,9 +223,13 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     stationary: every row of a sequence streamed past its key groups decoded once; see
     geometry.ks_preferred), 'dense' (a sequence's keys decoded once to an fp16 image, three
     rows at a time multiplied against it; see geometry.dense_preferred) or 'mma' (mma.sync:
-    other shapes and GPUs). ``fast_kernel`` ('auto', 'mma', 'wgmma', 'wgmma-single', 'ws',
-    'ks', 'dense') forces a choice, for tests and benchmarks; raises ValueError for an array
-    whose alignment or layout the forced kernel cannot take."""
+    other shapes and GPUs). ``fast_kernel`` ('auto', 'mma', 'wgmma', 'wgmma-single', 'pairs',
+    'ws', 'ks', 'dense') forces a choice, for tests and benchmarks ('wgmma' takes the pair
+    kernel for rows of sequences, as 'auto' does where no grouped kernel is preferred);
+    raises ValueError for another name, or an array whose alignment or layout the forced
+    kernel cannot take."""
+    if fast_kernel not in _FAST_KERNELS:
+        raise ValueError(f"fast_kernel: expected one of {', '.join(map(repr, _FAST_KERNELS))}, got {fast_kernel!r}")
     if precision == "exact":
         return "fp32"
     if fast_kernel in ("dense", "ks"):  # the grouped kernels forced: the shapes and offsets they take
@@ -243,7 +253,7 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     use_ws = fast_kernel == "ws" or (
         fast_kernel == "auto" and cu_seqlens is None and aligned and q_aligned
         and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E))
-    use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single") or (
+    use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single", "pairs") or (
         fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E) and aligned)
     if use_wgmma:
         _check_alignment("key_scale", key_scale, 16)
@@ -252,6 +262,11 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
         return "ws"
     if not use_wgmma:
         return "mma"
+    if fast_kernel == "pairs":  # forced: it stages the fp32 query by 16-byte loads
+        if cu_seqlens is None:
+            raise ValueError("fast_kernel: 'pairs' scores the rows of sequences (cu_seqlens)")
+        _check_alignment("q", q, 16)
+        return "pairs"
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
@@ -320,8 +335,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # heads of the fp16 query that prep_query_kernel stages for the kernel as rows (0: the
     # kernel reads the fp32 query itself, or, keys-stationary, ks_prep_kernel writes the
     # kernel's query images instead)
-    # (or, single-query wgmma with _QUERY_IMAGE, wgmma_prep_kernel writes them as one image a row)
-    p.wgmma_image = kind == "wgmma" and _QUERY_IMAGE
+    # (or, the wgmma kernels with _QUERY_IMAGE, wgmma_prep_kernel writes them as an image a row)
+    p.wgmma_image = kind in ("wgmma", "pairs") and _QUERY_IMAGE
     p.heads = heads = (64 if kind == "wgmma" and not p.wgmma_image
                        else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0)
     query_bytes = (heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
@@ -405,7 +420,7 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     p.ld = np.int64(sl.ld)
 
     # (score_wgmma_kernel<D> takes the query images; <D, true> the staged rows)
-    name = sl.name if kind != "wgmma" or p.wgmma_image else f"{sl.name[:-1]}, true>"
+    name = sl.name if kind not in ("wgmma", "pairs") or p.wgmma_image else f"{sl.name[:-1]}, true>"
     p.score_k = _kernel(_SCORING_SOURCES[kind], name, device_id, sl.smem)
     if exact:
         p.shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
@@ -417,8 +432,9 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
             p.units = i32(geometry.dense_units(prob.max_len))
         if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
             p.prep_k = _kernel(_SCORING_SOURCES[kind], f"ks_prep_kernel<{prob.D}>", device_id)
-        if p.wgmma_image:  # the same for the single-query wgmma kernel (its own image layout)
-            p.prep_k = _kernel(_SCORING_SOURCES[kind], f"wgmma_prep_kernel<{prob.D}>", device_id)
+        if p.wgmma_image:  # the same for the wgmma kernels (weights halved for the single-query one)
+            p.prep_k = _kernel(_SCORING_SOURCES[kind],
+                               f"wgmma_prep_kernel<{prob.D}{'' if kind == 'wgmma' else ', false'}>", device_id)
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             p.prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
@@ -577,9 +593,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             elif kind == "ks":  # the same staging, written as the kernel's query images
                 p.prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, lens, p.max_len, v.qimg))
                 query = (v.qimg,)
-            elif p.wgmma_image:  # the same staging as the single-query wgmma kernel's images
+            elif p.wgmma_image:  # the same staging as the wgmma kernels' query images
                 p.prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, v.qimg))
-                query = (v.qimg, 0)
+                query = (v.qimg, 0) if kind == "wgmma" else (v.qimg, 0, p.H)
             else:  # staged by the scoring kernel itself ("ws", "pairs")
                 query = (run(q), run(w), p.H)
             if kind == "dense":  # the run's sequences' key images, then the GEMM over them (not the pool)
@@ -607,7 +623,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                               *sched_args, v.scores, p.ld,
                               *(() if not p.counts_keys else (0, 0) if p.row_select else (hist, count)),
                               *((claims[run_index % 2],) if kind in ("wgmma", "pairs") else ()))
-                if kind == "wgmma":  # starts under the staging kernel (score_wgmma.cu)
+                if kind == "wgmma" or p.wgmma_image:  # starts under the staging kernel (score_wgmma.cu)
                     after_previous(p.score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
                 else:
                     p.score_k(grid, sl.block, score_args, shared_mem=sl.smem)

@@ -419,10 +419,11 @@ _PAIR_SCHEDULE_SLOTS = 1024
 
 def wgmma_pairs_smem_bytes(D: int) -> int:
     """Shared memory of ``score_wgmma_pairs_kernel<D>`` (kernels/score_wgmma.cu: WgmmaPairSmem;
-    its last 16 bytes hold the share the CTA claimed last)."""
+    the ring's barriers and the query images'; its last 16 bytes hold the share the CTA
+    claimed last)."""
     stage = _ring_stage_bytes(D)
     return ((D // 8) * (2 * 1024 + 16) + 2 * 64 * 4 + _PAIR_STAGES * stage + _PAIR_STAGES * TILE_ENTRIES * 4
-            + _PAIR_STAGES * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4 + MAX_PAIR_ROWS // 8 + 16)
+            + (_PAIR_STAGES + 1) * 8 + HIST_BINS * 4 + (_PAIR_SCHEDULE_SLOTS + 1) * 4 + 32 * 4 + MAX_PAIR_ROWS // 8 + 16)
 
 
 @functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch

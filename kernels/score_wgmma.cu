@@ -32,10 +32,12 @@ struct WgmmaSmem {
 
 // The query image of score_wgmma_kernel (kStagedRows = false): what its shared memory holds
 // of a query from byte 0, so that one bulk copy a segment brings it: B in the core-matrix
-// layout (WgmmaSmem::kQBytes), then the 64 weights halved for the epilogue's 2 ReLU(x), in
-// head order (WgmmaSmem::kW). prep_query_row's values (the same bits as the staged rows and
-// the kernel's own halving), written by wgmma_prep_kernel.
-template <int kDim>
+// layout (WgmmaSmem::kQBytes), then the 64 weights in head order (WgmmaSmem::kW), halved for
+// that kernel's 2 ReLU(x) (kHalved), whole for the pair kernel's epilogue, which copies each
+// query's image in K chunks of kLbo bytes into its two-query B. prep_query_row's values (the
+// same bits as the staged rows and the kernel's own halving, or as the pair kernel's own
+// staging), written by wgmma_prep_kernel.
+template <int kDim, bool kHalved = true>
 struct PrepToWgmmaImage {
     static constexpr int kBytes = WgmmaSmem<kDim>::kW + score_wgmma::kHeads * 4;  // a multiple of 16
     static constexpr int kPairs = kDim / 2;  // no padding slots
@@ -46,20 +48,21 @@ struct PrepToWgmmaImage {
                                 (pr % 4) * 4) = v;
     }
     __device__ __forceinline__ void weight(int t, int h, float v) const {
-        reinterpret_cast<float*>(qimg + (long long)t * kBytes + WgmmaSmem<kDim>::kW)[h] = 0.5f * v;
+        reinterpret_cast<float*>(qimg + (long long)t * kBytes + WgmmaSmem<kDim>::kW)[h] = kHalved ? 0.5f * v : v;
     }
 };
 
 // q [T, H, kDim] and w [T, H] float32 -> qimg [T][PrepToWgmmaImage<kDim>::kBytes]: the query
-// staging of prep_query_kernel (the same fp16 values), written as score_wgmma_kernel's
-// shared-memory image. grid (T, 64 / 16), 256 threads.
-template <int kDim>
+// staging of prep_query_kernel (the same fp16 values), written as the wgmma kernels' query
+// images (kHalved: score_wgmma_kernel's; else score_wgmma_pairs_kernel's). grid (T, 64 / 16),
+// 256 threads.
+template <int kDim, bool kHalved = true>
 __global__ void __launch_bounds__(256) wgmma_prep_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
                                                          unsigned char* __restrict__ qimg) {
     // the scoring kernel after this one, launched programmatically in graphs, may be placed
     // now: it schedules its tiles and starts its key copies, then waits for this grid
     let_next_grid_start();
-    prep_query_row<kDim, score_wgmma::kHeads / 8>(q, w, H, PrepToWgmmaImage<kDim>{qimg});
+    prep_query_row<kDim, score_wgmma::kHeads / 8>(q, w, H, PrepToWgmmaImage<kDim, kHalved>{qimg});
 }
 
 // Score one segment of one row: tiles first_tile .. first_tile + num_tiles - 1 of row t
@@ -393,7 +396,8 @@ struct WgmmaPairSmem {
     static constexpr int kRing = kW + 2 * 64 * 4;                       // 128-aligned
     static constexpr int kMeta = kRing + score_wgmma_pairs::kStages * BulkRing<kDim, score_wgmma_pairs::kStages>::kStageBytes;
     static constexpr int kBars = kMeta + score_wgmma_pairs::kStages * score_wgmma::kTile * 4;
-    static constexpr int kHist = kBars + score_wgmma_pairs::kStages * 8;  // u32[2][kPackedWords]
+    static constexpr int kQBar = kBars + score_wgmma_pairs::kStages * 8;  // u64: the query images landed
+    static constexpr int kHist = kQBar + 8;  // u32[2][kPackedWords]
     static constexpr int kSched = kHist + 2 * score_wgmma_pairs::kPackedWords * 4;  // int[kMaxUnits + 1]
     static constexpr int kScratch = kSched + (score_wgmma_pairs::kMaxUnits + 1) * 4;  // u32[32]
     static constexpr int kSeqStarts = kScratch + 32 * 4;  // u32[kMaxRows / 32]: rows that start a sequence
@@ -423,14 +427,19 @@ __device__ __forceinline__ void flush_packed_histogram(u32* h, u32* row_hist, in
 }
 
 // Score tiles first_tile .. first_tile + num_tiles - 1 of rows ta and tb (tb < 0: row ta
-// alone) with the keys of row ta's block table.
-template <int kDim>
+// alone) with the keys of row ta's block table. The queries: kStagedQueries, staged here from
+// the fp32 query (q [T, H, kDim], w [T, H]); else copied from wgmma_prep_kernel's images (q
+// taken as qimg [T][PrepToWgmmaImage<kDim, false>::kBytes], w unused) by bulk copies, a K
+// chunk each, on a barrier whose phase `piece` & 1 they complete (piece: the CTA's pieces
+// before this one).
+template <int kDim, bool kStagedQueries>
 __device__ __forceinline__ void score_pair_segment(
     unsigned char* smem, const float* __restrict__ q, const float* __restrict__ w, int H,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
     const int* __restrict__ block_table, int ta, int tb, int na, int nb, int first_tile, int num_tiles, int jbase,
     int P, int E, int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot,
-    bool runs_on) {  // runs_on: the claim goes on past this piece (read by timeline points only)
+    bool runs_on,  // runs_on: the claim goes on past this piece (read by timeline points only)
+    int piece) {
     using namespace score_wgmma;
     using Smem = WgmmaPairSmem<kDim>;
     constexpr int kS = score_wgmma_pairs::kStages;
@@ -458,22 +467,44 @@ __device__ __forceinline__ void score_pair_segment(
     keys.rot = rot;
 
     // ---- prologue: histograms, the first tiles' copies, both queries staged from fp32
-    // (no staging kernel: its fp16 copy of every query would cost a write and a read of
-    // the run's queries at the copy rate)
+    // (kStagedQueries: no staging kernel, but the second query's loads wait for the first's
+    // stores, ~3.8 us of a restart: docs/performance.md v75) or copied from their images
     TIMELINE_POINT(14, jbase > 0);
     QueryStaging<kDim> staging;
-    staging.load(q, w, H, ta);  // in flight while the histograms clear and the key copies start
+    if constexpr (kStagedQueries) {
+        staging.load(q, w, H, ta);  // in flight while the histograms clear and the key copies start
+    } else if (warp == 0) {  // both images at once: lane l chunk l % 16 of query l / 16, then the weights
+        wait_for_previous_grid();  // the images written (a no-op from the CTA's first piece on)
+        constexpr u32 kImage = PrepToWgmmaImage<kDim, false>::kBytes;
+        const u32 qbar = smem_u32(smem + Smem::kQBar);
+        if (lane == 0) {
+            fence_proxy_async();  // the last piece's reads of B and the weights are behind the barriers at its end
+            mbar_arrive_expect_tx(qbar, (pair ? 2u : 1u) * kImage);
+        }
+        __syncwarp();
+        const int qi = lane >> 4, kc = lane & 15;
+        const unsigned char* img = reinterpret_cast<const unsigned char*>(q) + (long long)(qi ? tb : ta) * kImage;
+        if ((qi == 0 || pair) && kc < kDim / 8)
+            bulk_copy_g2s(smem_u32(qb + kc * Smem::kPairLbo + qi * Smem::kQ1), img + kc * kLbo, kLbo, qbar);
+        if ((qi == 0 || pair) && kc == 0)
+            bulk_copy_g2s(smem_u32(qi ? w1 : w0), img + WgmmaSmem<kDim>::kW, kHeads * 4, qbar);
+    }
     if (hist)  // no histograms when one CTA per row selects (prefill's short rows)
         for (int i = tid; i < 2 * score_wgmma_pairs::kPackedWords; i += kThreads) h0[i] = 0u;
     keys.start(tid);
     TIMELINE_POINT(12, jbase > 0);  // points 14, 12, 13, 10, 11: a piece after the CTA's first (a restart)
-    staging.store(qb, w0, Smem::kPairLbo);
-    if (pair) {  // a lone row: the second query's half of B keeps stale values, never read
-        staging.load(q, w, H, tb);
-        staging.store(qb + Smem::kQ1, w1, Smem::kPairLbo);
+    if constexpr (kStagedQueries) {
+        staging.store(qb, w0, Smem::kPairLbo);
+        if (pair) {  // a lone row: the second query's half of B keeps stale values, never read
+            staging.load(q, w, H, tb);
+            staging.store(qb + Smem::kQ1, w1, Smem::kPairLbo);
+        }
     }
     TIMELINE_POINT(13, jbase > 0);
-    fence_proxy_async();  // the queries, written through the generic proxy, are read by wgmma
+    if constexpr (kStagedQueries)
+        fence_proxy_async();  // the queries, written through the generic proxy, are read by wgmma
+    else
+        mbar_wait(smem_u32(smem + Smem::kQBar), (u32)piece & 1u);  // the images landed (async proxy, as wgmma)
     __syncthreads();
     TIMELINE_POINT(10, jbase > 0);
 
@@ -577,10 +608,11 @@ __device__ __forceinline__ void score_pair_segment(
 // row0 + t of a call whose sequences start at rows cu_seqlens[0 .. n_seq] (varlen layout);
 // rows 2u and 2u + 1 share keys when they belong to the same sequence (no sequence starts at
 // row 2u + 1). T <= kMaxRows (8,192).
-template <int kDim>
+template <int kDim, bool kStagedQueries = false>
 __global__ void __launch_bounds__(128, 3)
-score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged here, no prep kernel
-                         const float* __restrict__ w,             // [T, H]
+score_wgmma_pairs_kernel(const float* __restrict__ q,             // kStagedQueries: [T, H, kDim], staged here; else the images
+                                                                  // [T][PrepToWgmmaImage<kDim, false>::kBytes] of wgmma_prep_kernel<kDim, false>
+                         const float* __restrict__ w,             // kStagedQueries: [T, H]; else unused
                          int H,                                   // H <= 64
                          const u8* __restrict__ keys_fp4,         // [P, E, D/2]
                          const u8* __restrict__ key_scale,        // [P, E, D/16]
@@ -640,6 +672,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
 
     u64* bars = reinterpret_cast<u64*>(smem + Smem::kBars);
     if (tid < score_wgmma_pairs::kStages) mbar_init(bars + tid, ring_arrivals(e_shift));
+    if (tid == score_wgmma_pairs::kStages) mbar_init(reinterpret_cast<u64*>(smem + Smem::kQBar), 1);  // the images' (an arrival a piece)
     mbar_init_fence();
 
     const int U = (T + 1) / 2;
@@ -666,7 +699,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
             }
             return sum;
         }, start, reinterpret_cast<u32*>(smem + Smem::kScratch));
-    int jbase = 0;
+    int jbase = 0, piece = 0;  // tiles and pieces this CTA scored before
     // unrotated issuing warps: issue_rotation measured 0.9% slower here (docs/performance.md v69)
     constexpr int rot = 0;
     // the tiles [g, g_end) of all units' tiles in folded order, scored a piece at a time
@@ -693,8 +726,9 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // [T, H, kDim
                 ta = x.tb; tb = -1; na = x.nb; nb = 0; first = local - x.tiles_a; end = x.tiles - x.tiles_a;
             }
             const int num = min(g_end - g, end - first);
-            score_pair_segment<kDim>(smem, q, w, H, keys_fp4, key_scale, key_gscale, block_table, ta, tb, na, nb,
-                                     first, num, jbase, P, E, e_shift, L, scores, ld, hist, rot, g + num < g_end);
+            score_pair_segment<kDim, kStagedQueries>(smem, q, w, H, keys_fp4, key_scale, key_gscale, block_table, ta,
+                                                     tb, na, nb, first, num, jbase, P, E, e_shift, L, scores, ld, hist,
+                                                     rot, g + num < g_end, piece++);
             jbase += num;
             g += num;
             if (g >= g_end) break;

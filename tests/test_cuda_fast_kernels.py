@@ -125,6 +125,27 @@ def test_wgmma_falls_back_when_scales_are_not_16_byte_aligned():
     testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
 
 
+def test_forced_kernel_names_are_checked():
+    # a name _scoring_kernel does not know raised nothing and took mma.sync; 'pairs' is
+    # forced by its own name, for rows of sequences only
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(8), T=2, H=64, D=128, E=64, lens=300, top_k=8, shared_blocks=True)
+    args = [cp.asarray(a) for a in p.arrays()]
+    with pytest.raises(ValueError, match="fast_kernel: expected one of .*'pairs'.*got 'pair'"):
+        cuda_ops.score_topk(*args, p.top_k, _fast_kernel="pair")
+    if "wgmma" in kernels():
+        with pytest.raises(ValueError, match="fast_kernel: 'pairs' scores the rows of sequences"):
+            cuda_ops.score_topk(*args, p.top_k, _fast_kernel="pairs")
+        cuda_ops.clear_plans()
+        cu = cp.asarray(np.array([0, 2], dtype=np.int32))
+        idx, sc = cuda_ops.score_topk(*args, p.top_k, return_scores=True, _fast_kernel="pairs", _cu_seqlens=cu)
+        assert [pl.kind for pl in cuda_ops._PLANS.values()] == ["pairs"]
+        cuda_ops.clear_plans()
+        testing.check_topk(p, idx.get(), sc.get(), tol=testing.TOL_FAST)
+
+
 def _offset_view(cp, x, elements):
     """x's values in a fresh buffer, `elements` float32 elements past its start: a contiguous
     view off 16-byte alignment."""
