@@ -477,10 +477,10 @@ __device__ __forceinline__ void score_pair_segment(
         wait_for_previous_grid();  // the images written (a no-op from the CTA's first piece on)
         constexpr u32 kImage = PrepToWgmmaImage<kDim, false>::kBytes;
         const u32 qbar = smem_u32(smem + Smem::kQBar);
-        if (lane == 0) {
-            fence_proxy_async();  // the last piece's reads of B and the weights are behind the barriers at its end
-            mbar_arrive_expect_tx(qbar, (pair ? 2u : 1u) * kImage);
-        }
+        // the last piece's reads of B and the weights are behind the barriers at its end; each
+        // issuing lane orders them before its copy
+        fence_proxy_async();
+        if (lane == 0) mbar_arrive_expect_tx(qbar, (pair ? 2u : 1u) * kImage);
         __syncwarp();
         const int qi = lane >> 4, kc = lane & 15;
         const unsigned char* img = reinterpret_cast<const unsigned char*>(q) + (long long)(qi ? tb : ta) * kImage;
