@@ -350,6 +350,7 @@ score_wgmma_kernel(const unsigned short* __restrict__ q16,  // kStagedRows: [T, 
     // grid's end before it reads anything: common.cuh), not only once the last has exited:
     // its placement under the last CTAs' ends (decode-128K -0.2%, mtp-2 -0.4% with the same
     // in the pair kernel; docs/performance.md v74)
+    wait_for_previous_grid();  // a CTA that scored nothing has not waited (common.cuh: before any exit)
     let_next_grid_start();
     if (balanced && tid == 0) share.done();
 }
@@ -750,6 +751,7 @@ score_wgmma_pairs_kernel(const float* __restrict__ q,             // kStagedQuer
     }
     TIMELINE_POINT(7, true);  // the CTA's last tile scored
     TIMELINE_TILES(jbase);
-    let_next_grid_start();  // as the single-query kernel's
+    wait_for_previous_grid();  // a CTA that scored nothing has not waited (common.cuh: before any exit)
+    let_next_grid_start();     // as the single-query kernel's
     if (tid == 0) share.done();
 }

@@ -179,8 +179,8 @@ def test_run_views_are_typed_aligned_and_disjoint_parts_of_one_allocation():
             assert v.scores.shape == (pl.rows, pl.sl.ld)
             if pl.heads:
                 assert v.q16.shape == (pl.rows, pl.heads, pl.D + 8) and v.w_scaled.shape == (pl.rows, pl.heads)
-            # the single-query wgmma kernel's query images (one bulk copy a segment), no staged rows
-            assert pl.wgmma_image == (pl.kind == "wgmma")
+            # the wgmma kernels' query images (bulk copies a segment or piece), no staged rows
+            assert pl.wgmma_image == (pl.kind in ("wgmma", "pairs"))
             if pl.wgmma_image:
                 assert not pl.heads and v.qimg.size == pl.rows * geometry.wgmma_query_image_bytes(pl.D)
 

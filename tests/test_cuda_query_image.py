@@ -31,8 +31,8 @@ def single_problem(kind, D, H, rng):
 
 def pairs_problem(kind, D, H, rng):
     """(problem, cu_seqlens) of rows grouped into sequences."""
-    if kind == "few rows":  # two pairs that share, a lone row; a pair across two sequences (1 | 2 ...)
-        counts, entries = [2, 2, 1, 1, 2], [20_000, 9_001, 700, 129, 13_000]
+    if kind == "few rows":  # two pairs that share; a pair across two sequences (1 | 1); the odd last row alone
+        counts, entries = [2, 2, 1, 1, 2, 1], [20_000, 9_001, 700, 129, 13_000, 5_000]
     else:  # many short sequences: several pieces (restarts) a CTA
         assert kind == "many short rows"
         counts = [2] * 150 + [1, 3]
