@@ -1,15 +1,16 @@
 """Kernel launches that overlap the previous kernel's tail (programmatic dependent launch).
 
 A call's select kernels each read what the kernel before them on the stream wrote, and the
-single-query wgmma scoring kernel reads the query rows its staging kernel wrote. Launched
+wgmma scoring kernels (single-query and pairs) read the query images their prep kernel wrote. Launched
 the ordinary way, each starts only after its predecessor's end has been signalled and the
 new launch processed. Launched with CUDA's programmatic-stream-serialization attribute
 (sm_90+; CUDA driver 12.3+ for CUDA graphs), its CTAs are placed as soon as every CTA of the
 predecessor has exited or triggered (``let_next_grid_start``), and each waits for the
 predecessor's writes to be visible (``wait_for_previous_grid``, kernels/common.cuh) before
 it touches anything the predecessor writes: the select kernels as their first statement,
-the scoring kernel after scheduling its tiles and starting its key copies (its staging
-kernel triggers at its start). The same bits either way; ~0.75 us less a call at batch 1
+the single-query scoring kernel after scheduling its tiles and starting its key copies, the
+pair kernel's issuing warp before its first query copies (their prep kernel triggers at its
+start). The same bits either way; ~0.75 us less a call at batch 1
 (two such edges, docs/performance.md v26), 1-2 us less a run of the decode cases' scoring
 (v28), measured in CUDA graphs on the H200. Stream capture records the attribute as a
 programmatic edge.

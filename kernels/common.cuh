@@ -21,7 +21,10 @@ typedef unsigned long long u64;
 // kernels at their start (the row select under the dense kernel at its end instead, having
 // read its row once the row's count said it was stored: row_ready below), the
 // single-query wgmma scoring kernel once it has scheduled its tiles and started its key
-// copies, the dense scoring kernel once it has built its schedule
+// copies (before its query image's copy), the pair wgmma scoring kernel's issuing warp
+// before its query images' copies (its other warps read prep's images only through them;
+// every thread of both waits again before it exits), the dense scoring kernel once it has
+// built its schedule
 // (before any copy of the key image, which the kernel before it writes). Before the wait a
 // CTA may read only what no kernel of the call writes: the histogram and filter kernels load
 // their row's length (valid_lens, an input) first. Whatever wrote it ran before the call's
