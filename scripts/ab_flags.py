@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""One-process A/B of indexer.cuda_ops's module settings (the switches kept for tests and
+A/Bs, such as _QUERY_IMAGE or _CLAIMED_SHARES) on benchmark cases:
+the defaults against each variant, graph replays of whole calls alternated round after
+round, with whether each variant's answers are the defaults' bit for bit.
+
+    python scripts/ab_flags.py --cases decode-1M,decode-E256 --variant _QUERY_IMAGE=False
+    python scripts/ab_flags.py --cases decode-1M --variant _CLAIMED_SHARES=False --variant _QUERY_IMAGE=False,_CLAIMED_SHARES=False
+
+A variant is NAME=VALUE[,NAME=VALUE...], each VALUE a Python literal. Launch plans are
+cleared at every switch (they are cached by call shape). Device only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from indexer import bench  # noqa: E402
+
+
+def parse_variant(spec: str, module) -> dict:
+    """{name: value} of a NAME=VALUE[,NAME=VALUE...] spec; ValueError naming --variant for a
+    name the module does not have or a value that is not a Python literal."""
+    out = {}
+    for part in spec.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not hasattr(module, name):
+            raise ValueError(f"--variant: expected NAME=VALUE with NAME a setting of indexer.cuda_ops, got {part!r}")
+        try:
+            out[name] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--variant: {name}'s value {value!r} is not a Python literal") from None
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", required=True, help="benchmark cases, comma-separated")
+    ap.add_argument("--variant", action="append", required=True, help="NAME=VALUE[,NAME=VALUE...]")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=20, help="graph replays a timing")
+    args = ap.parse_args(argv)
+    try:
+        cases = bench.select_cases(args.cases)
+        cp = bench.require_gpu()
+    except (ValueError, bench.GPUUnavailable) as e:
+        print(f"ab_flags.py: {e}", file=sys.stderr)
+        return 2
+    from indexer import Workspace, cuda_ops  # imports CuPy
+
+    try:
+        variants = {"defaults": {}} | {spec: parse_variant(spec, cuda_ops) for spec in args.variant}
+    except ValueError as e:
+        print(f"ab_flags.py: {e}", file=sys.stderr)
+        return 2
+    defaults = {name: getattr(cuda_ops, name) for v in variants.values() for name in v}
+    for case in cases:
+        sets, _ = bench.input_sets(case, cp, 0)
+        times, answers = {}, {}
+        try:
+            for r in range(args.rounds):
+                for label, settings in variants.items():
+                    for name, value in {**defaults, **settings}.items():
+                        setattr(cuda_ops, name, value)
+                    cuda_ops.clear_plans()
+                    ws = Workspace()
+
+                    def call(x, ws=ws, scores=False):
+                        return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws,
+                                               return_scores=scores)
+
+                    if r == 0:
+                        answers[label] = [a.get() for a in call(sets[0], scores=True)]
+                    t = bench.time_graph(cp, call, sets, repeats=args.repeats, echo=lambda *a: None)
+                    times.setdefault(label, []).append(float("nan") if t is None else t)
+        finally:
+            for name, value in defaults.items():
+                setattr(cuda_ops, name, value)
+            cuda_ops.clear_plans()
+        print(f"{case.name}: whole call, graph ms, {args.rounds} rounds")
+        for label, ts in times.items():
+            same = "" if label == "defaults" else (
+                "  answers bit for bit" if all(a.tobytes() == b.tobytes()
+                                               for a, b in zip(answers[label], answers["defaults"]))
+                else "  ANSWERS DIFFER")
+            print(f"  {label:>40s}  median {statistics.median(ts):.4f}   rounds "
+                  + " ".join(f"{t:.4f}" for t in ts) + same)
+        del sets
+        bench.free_device_memory(cp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

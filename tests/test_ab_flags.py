@@ -1,0 +1,38 @@
+"""scripts/ab_flags.py's host side (CPU): the variants it parses, and what it refuses."""
+
+import importlib.util
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("ab_flags", ROOT / "scripts" / "ab_flags.py")
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)
+
+
+def test_a_variant_is_the_settings_it_names():
+    module = types.SimpleNamespace(_QUERY_IMAGE=True, _CLAIMED_SHARES=True, _SELECT_SOURCE="select_fast.cu")
+    assert ab.parse_variant("_QUERY_IMAGE=False", module) == {"_QUERY_IMAGE": False}
+    assert ab.parse_variant("_QUERY_IMAGE=False, _SELECT_SOURCE='x.cu'", module) == {
+        "_QUERY_IMAGE": False, "_SELECT_SOURCE": "x.cu"}
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("_NO_SUCH=1", "NAME a setting of indexer.cuda_ops, got '_NO_SUCH=1'"),
+    ("_QUERY_IMAGE", "got '_QUERY_IMAGE'"),
+    ("_QUERY_IMAGE=no", "_QUERY_IMAGE's value 'no' is not a Python literal"),
+])
+def test_a_bad_variant_is_refused_by_name(spec, message):
+    module = types.SimpleNamespace(_QUERY_IMAGE=True)
+    with pytest.raises(ValueError, match="--variant: .*" + message.replace("(", r"\(")):
+        ab.parse_variant(spec, module)
+
+
+def test_an_unknown_case_is_refused_before_any_gpu_work():
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_flags.py"), "--cases", "no-such-case",
+                           "--variant", "_QUERY_IMAGE=False"], capture_output=True, text=True)
+    assert done.returncode == 2 and "ab_flags.py:" in done.stderr and "no-such-case" in done.stderr
