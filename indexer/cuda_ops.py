@@ -596,7 +596,7 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
             elif p.wgmma_image:  # the same staging as the wgmma kernels' query images
                 p.prep_k((nr, 64 // 16), (256,), (run(q), run(w), p.H, v.qimg))
                 query = (v.qimg, 0) if kind == "wgmma" else (v.qimg, 0, p.H)
-            else:  # staged by the scoring kernel itself ("ws", "pairs")
+            else:  # staged by the scoring kernel itself ("ws"; "pairs" with _QUERY_IMAGE off)
                 query = (run(q), run(w), p.H)
             if kind == "dense":  # the run's sequences' key images, then the GEMM over them (not the pool)
                 p.keys_k((int(p.units), int(p.n_seq)), (256,),
