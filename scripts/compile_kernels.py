@@ -21,6 +21,7 @@ libnvrtc is taken from $INDEXER_NVRTC, the ``nvidia-cuda-nvrtc`` wheel, CuPy's C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import glob
 import os
@@ -99,8 +100,10 @@ class Nvrtc:
         self.check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
         return major.value, minor.value
 
-    def compile(self, source: str, name: str, name_expression: str, options, cubin_path=None) -> tuple[bool, str, int]:
-        """Compile to CUBIN (written to ``cubin_path`` if given); returns (ok, log, cubin size)."""
+    @contextlib.contextmanager
+    def _program(self, source: str, name: str, name_expression, options):
+        """A compiled NVRTC program of ``source`` with ``name_expression`` added (None: none):
+        yields (program, ok, log), destroyed on exit."""
         prog = ctypes.c_void_p()
         self.check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
                    "nvrtcCreateProgram")
@@ -108,14 +111,19 @@ class Nvrtc:
             if name_expression is not None:  # None: a compile for its static assertions alone
                 self.check(self.lib.nvrtcAddNameExpression(prog, name_expression.encode()), "nvrtcAddNameExpression")
             opts = [o.encode() for o in options]
-            arr = (ctypes.c_char_p * len(opts))(*opts)
-            status = self.lib.nvrtcCompileProgram(prog, len(opts), arr)
+            status = self.lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
             size = ctypes.c_size_t()
             self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
             buf = ctypes.create_string_buffer(size.value)
             self.lib.nvrtcGetProgramLog(prog, buf)
-            log = buf.value.decode(errors="replace").strip()
-            if status != 0:
+            yield prog, status == 0, buf.value.decode(errors="replace").strip()
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+    def compile(self, source: str, name: str, name_expression: str, options, cubin_path=None) -> tuple[bool, str, int]:
+        """Compile to CUBIN (written to ``cubin_path`` if given); returns (ok, log, cubin size)."""
+        with self._program(source, name, name_expression, options) as (prog, ok, log):
+            if not ok:
                 return False, log, 0
             cubin_size = ctypes.c_size_t()
             self.check(self.lib.nvrtcGetCUBINSize(prog, ctypes.byref(cubin_size)), "nvrtcGetCUBINSize")
@@ -124,25 +132,13 @@ class Nvrtc:
                 self.check(self.lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
                 Path(cubin_path).write_bytes(cubin.raw)
             return True, log, cubin_size.value
-        finally:
-            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
-
 
     def ptx(self, source: str, name: str, name_expression: str, options) -> tuple[str, str]:
         """Compile to PTX (for a virtual target such as ``-arch=compute_80``): (the PTX, the
         instance's lowered name). RuntimeError with NVRTC's log if it does not compile."""
-        prog = ctypes.c_void_p()
-        self.check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
-                   "nvrtcCreateProgram")
-        try:
-            self.check(self.lib.nvrtcAddNameExpression(prog, name_expression.encode()), "nvrtcAddNameExpression")
-            opts = [o.encode() for o in options]
-            if self.lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) != 0:
-                size = ctypes.c_size_t()
-                self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-                log = ctypes.create_string_buffer(size.value)
-                self.lib.nvrtcGetProgramLog(prog, log)
-                raise RuntimeError(f"{name_expression}: {log.value.decode(errors='replace').strip()}")
+        with self._program(source, name, name_expression, options) as (prog, ok, log):
+            if not ok:
+                raise RuntimeError(f"{name_expression}: {log}")
             size = ctypes.c_size_t()
             self.check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
             text = ctypes.create_string_buffer(size.value)
@@ -151,8 +147,6 @@ class Nvrtc:
             self.check(self.lib.nvrtcGetLoweredName(prog, name_expression.encode(), ctypes.byref(lowered)),
                        "nvrtcGetLoweredName")
             return text.value.decode(), lowered.value.decode()
-        finally:
-            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
 def nvrtc_options(arch: str) -> list[str]:
