@@ -154,8 +154,9 @@ def find_cuobjdump() -> str:
     raise SystemExit("cuobjdump not found: pip install nvidia-cuda-cuobjdump or set CUOBJDUMP")
 
 
-def compile_sass(name_expression: str, source_text: str, source_name: str, arch: str) -> str:
-    """The SASS of one kernel instance compiled from ``source_text`` (includes inlined)."""
+def cuobjdump_of(name_expression: str, source_text: str, source_name: str, arch: str, flag: str) -> str:
+    """``cuobjdump <flag>`` of one kernel instance's cubin, compiled from ``source_text`` as
+    compile_kernels.py compiles it (NVRTC, the run-time options; includes inlined)."""
     import compile_kernels  # noqa: PLC0415
 
     nvrtc = compile_kernels.Nvrtc(compile_kernels.find_nvrtc())
@@ -164,8 +165,33 @@ def compile_sass(name_expression: str, source_text: str, source_name: str, arch:
         ok, log, _ = nvrtc.compile(source_text, source_name, name_expression, compile_kernels.nvrtc_options(arch), cubin)
         if not ok:
             raise SystemExit(f"{name_expression} ({source_name}) does not compile:\n{log}")
-        done = subprocess.run([find_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    return function_sass(done.stdout, name_expression.split("<")[0])
+        return subprocess.run([find_cuobjdump(), flag, str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def compile_sass(name_expression: str, source_text: str, source_name: str, arch: str) -> str:
+    """The SASS of one kernel instance compiled from ``source_text``."""
+    text = cuobjdump_of(name_expression, source_text, source_name, arch, "-sass")
+    return function_sass(text, name_expression.split("<")[0])
+
+
+def resource_usage(name_expression: str, source_text: str, source_name: str, arch: str) -> dict[str, int]:
+    """One kernel instance's resources as ``cuobjdump -res-usage`` reports them for its cubin:
+    {"REG": registers a thread, "SHARED": static shared bytes, "LOCAL": spill bytes a
+    thread, ...}."""
+    text = cuobjdump_of(name_expression, source_text, source_name, arch, "-res-usage")
+    return parse_resource_usage(text, name_expression.split("<")[0])
+
+
+def parse_resource_usage(text: str, name: str) -> dict[str, int]:
+    """The counts (``KEY:value``) of the function of a ``cuobjdump -res-usage`` listing whose
+    mangled name is ``name``'s (``_Z<len><name>``: a template instance or a plain kernel,
+    not another kernel whose name starts with it)."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        header = line.strip()
+        if header.startswith("Function ") and header[len("Function "):].startswith(f"_Z{len(name)}{name}"):
+            return {k: int(v) for k, v in re.findall(r"([A-Z]+(?:\[\d+\])?):(\d+)", lines[i + 1])}
+    raise ValueError(f"no function {name!r} in the resource usage listing")
 
 
 def function_sass(text: str, name: str) -> str:

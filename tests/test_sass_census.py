@@ -103,3 +103,22 @@ def test_a_loop_is_listed_whole_or_by_pipe():
     alu = census.listing(ins, 0x20, 0x80, "alu")
     assert [line.split()[1] for line in alu] == ["LOP3.LUT", "F2FP.F16.E4M3.UNPACK_B", "ISETP.GE.AND"]
 
+
+
+RES_USAGE = """
+Resource usage:
+ Common:
+  GLOBAL:52 CONSTANT[4]:104
+ Function _Z20topk_filter_kernel_xILi256EEvPKf:
+  REG:24 STACK:0 SHARED:1032 LOCAL:0 CONSTANT[0]:400 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function _Z18topk_filter_kernelILi256ELi16ELb0EEvPKfxPKiiPKjiPjPyi:
+  REG:40 STACK:8 SHARED:1164 LOCAL:0 CONSTANT[0]:596 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+def test_resource_usage_is_the_named_functions_not_a_longer_names():
+    use = census.parse_resource_usage(RES_USAGE, "topk_filter_kernel")
+    assert use["REG"] == 40 and use["SHARED"] == 1164 and use["STACK"] == 8 and use["CONSTANT[0]"] == 596
+    assert census.parse_resource_usage(RES_USAGE, "topk_filter_kernel_x")["REG"] == 24
+    with pytest.raises(ValueError, match="topk_rank_kernel"):
+        census.parse_resource_usage(RES_USAGE, "topk_rank_kernel")
