@@ -101,29 +101,27 @@ def resident(kernel, threads: int, smem: int) -> int:
     return n.value
 
 
-def line(name: str, regs: int, static: int, smem: int, fit: int, launched, spills: str = "") -> str:
+def line(name: str, regs: int, static: int, smem: int, fit: int, launched, note: str = "") -> str:
     flag = "" if launched is None or launched <= fit else "  <- more waves than one"
     return (f"{name:36s} {regs:5d} {static:9d} {smem:10d} {fit:7d} {'' if launched is None else launched:>12}"
-            f"{spills}{flag}")
+            f"{note}{flag}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--static", action="store_true",
-                    help="no GPU: registers and static shared memory from each kernel's cubin, sm_90's limits")
-    ap.add_argument("--arch", default="sm_90a", help="NVRTC target of --static (default sm_90a)")
+                    help="no GPU: registers and static shared memory from each kernel's sm_90a cubin, sm_90's limits")
     args = ap.parse_args(argv)
     print(f"{'kernel':36s} {'regs':>5s} {'static B':>9s} {'dynamic B':>10s} {'fit/SM':>7s} {'launched/SM':>12s}")
     if args.static:
         import sass_census  # noqa: PLC0415  (scripts/: NVRTC and cuobjdump)
 
         for source, name, threads, smem, launched in rows():
-            use = sass_census.resource_usage(name, _jit.read_source(source), source, args.arch)
-            static = cubin_static_shared(use["SHARED"], args.arch)
+            use = sass_census.resource_usage(name, _jit.read_source(source), source, "sm_90a")
+            static = cubin_static_shared(use["SHARED"], "sm_90a")
             fit = ctas_per_sm(use["REG"], threads, static + smem)
             frame = use.get("STACK", 0) + use.get("LOCAL", 0)  # spills go to the stack frame
-            spills = f"  (stack frame {frame} B a thread)" if frame else ""
-            print(line(name, use["REG"], static, smem, fit, launched, spills))
+            print(line(name, use["REG"], static, smem, fit, launched, f"  (stack frame {frame} B a thread)" if frame else ""))
         return 0
     cp = bench.require_gpu()
     cp.zeros(1)  # a context on the current device
