@@ -37,13 +37,13 @@ def test_the_cubins_shared_figure_holds_the_reserved_kilobyte_from_sm_90_on():
 
 
 def test_every_launched_kernel_fits_the_ctas_its_geometry_launches():
-    census = pytest.importorskip("sass_census")
+    import compile_kernels  # noqa: PLC0415  (scripts/, on the path occupancy.py set)
+    import sass_census as census  # noqa: PLC0415
+
     try:
         census.find_cuobjdump()
-        import compile_kernels  # noqa: PLC0415
-
         compile_kernels.find_nvrtc()
-    except (SystemExit, OSError, FileNotFoundError, RuntimeError) as e:
+    except (SystemExit, OSError) as e:
         pytest.skip(f"no NVRTC or cuobjdump here ({e})")
     from indexer import _jit  # noqa: PLC0415
 
