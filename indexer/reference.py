@@ -1,4 +1,5 @@
-"""The NumPy float64 implementation: ``docs/semantics.md`` in executable form.
+"""The NumPy float64 implementation: the contract (the README's "Storage layout",
+"Precision" and return rules) in executable form.
 
 Meant to be trusted by reading: keys are gathered through the block table and decoded
 bit-exactly, every score is computed in float64, and the selection is a stable sort by
@@ -11,7 +12,7 @@ import numpy as np
 
 from . import nvfp4
 
-__all__ = ["row_keys", "row_scores", "select_top_k", "to_physical", "score_topk", "score_topk_ragged"]
+__all__ = ["row_keys", "row_scores", "key_groups", "select_top_k", "to_physical", "score_topk", "score_topk_ragged"]
 
 
 def row_keys(keys_fp4, key_scale, key_gscale, block_table_row, n, start=0):
@@ -19,17 +20,66 @@ def row_keys(keys_fp4, key_scale, key_gscale, block_table_row, n, start=0):
 
     Entry ``s`` lives in physical block ``block_table_row[s // E]``, slot ``s % E``.
     """
+    return _entry_keys(keys_fp4, key_scale, key_gscale, block_table_row, np.arange(start, n))
+
+
+def _entry_keys(keys_fp4, key_scale, key_gscale, block_table_row, s):
+    """Decoded keys of the logical entries ``s`` (m,) of one row, float32 (m, D)."""
     E = keys_fp4.shape[1]
-    s = np.arange(start, n)
     blocks = block_table_row[s // E]
     slots = s % E
     return nvfp4.dequantize(keys_fp4[blocks, slots], key_scale[blocks, slots], key_gscale[blocks])
 
 
+_KEY_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd: each step a bijection of 64-bit words
+
+
+def key_groups(keys_fp4, key_scale, key_gscale, block_table_row, n):
+    """Entries ``0 .. n-1`` of one row numbered by their stored key: int64 (n,), equal
+    exactly where the codes, scales and global scale are byte for byte the same. Such
+    entries score exactly equal in every precision, so the tie rule orders them by index."""
+    E = keys_fp4.shape[1]
+    s = np.arange(n)
+    b, e = block_table_row[s // E], s % E
+    rows = np.concatenate([keys_fp4[b, e], key_scale[b, e], key_gscale[b].view(np.uint8).reshape(-1, 4)], axis=1)
+    rows = np.pad(rows, ((0, 0), (0, -rows.shape[1] % 8)))
+    # one 64-bit hash a key, grouped; kept only if every key equals its group's first
+    words = rows.view(np.uint64)
+    h = np.zeros(n, dtype=np.uint64)
+    for j in range(words.shape[1]):
+        h = (h ^ words[:, j]) * _KEY_HASH_MULT
+        h ^= h >> np.uint64(29)
+    first, group = np.unique(h, return_index=True, return_inverse=True)[1:]
+    group = group.ravel().astype(np.int64)
+    if not np.array_equal(rows, rows[first[group]]):  # a hash collision: group the bytes themselves
+        _, group = np.unique(rows.view(np.dtype((np.void, rows.shape[1]))).ravel(), return_inverse=True)
+        group = group.ravel().astype(np.int64)
+    return group
+
+
+def _first_of_key(group):
+    """int64 (n,): the lowest entry with the same key as each entry (``key_groups``' output)."""
+    return np.unique(group, return_index=True)[1][group]
+
+
 def row_scores(q_t, w_t, keys_fp4, key_scale, key_gscale, block_table_row, n, chunk=16384):
-    """float64 scores (n,) of one query: ``sum_h w[h] * max(0, q[h] . k[s])``; NaN propagates."""
-    return _scores(q_t, w_t, lambda start, stop: row_keys(keys_fp4, key_scale, key_gscale, block_table_row, stop, start),
-                   n, chunk)
+    """float64 scores (n,) of one query: ``sum_h w[h] * max(0, q[h] . k[s])``; NaN propagates.
+    Entries with identical stored keys get bit-identical scores."""
+    first = _first_of_key(key_groups(keys_fp4, key_scale, key_gscale, block_table_row, n))
+    return _scores_by_key(q_t, w_t, lambda s: _entry_keys(keys_fp4, key_scale, key_gscale, block_table_row, s),
+                          first, n, chunk)
+
+
+def _scores_by_key(q_t, w_t, keys_at, first, n, chunk=16384):
+    """Scores (n,) of entries ``0 .. n-1``, each stored key scored once and its score given
+    to every entry holding it. BLAS may sum a column's products in an order that depends on
+    the column's place in the matrix, so identical keys scored side by side can come out an
+    ulp apart and break the tie rule. ``keys_at(s)``: decoded float32 keys (m, D) of the
+    entries ``s``; ``first``: ``_first_of_key`` of at least ``n`` entries."""
+    first = first[:n]  # a prefix: each entry's first is at or before it
+    distinct = np.flatnonzero(first == np.arange(n))
+    scores = _scores(q_t, w_t, lambda start, stop: keys_at(distinct[start:stop]), distinct.size, chunk)
+    return scores[np.searchsorted(distinct, first)]
 
 
 def _scores(q_t, w_t, keys_of, n, chunk=16384):
@@ -86,13 +136,15 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         # longest of them; a lone row decodes a chunk at a time
         shared = None
         if stop - first > 1:
-            shared = row_keys(keys_fp4, key_scale, key_gscale, block_table[first], int(valid_lens[first:stop].max()))
+            longest = int(valid_lens[first:stop].max())
+            shared = row_keys(keys_fp4, key_scale, key_gscale, block_table[first], longest)
+            shared_first = _first_of_key(key_groups(keys_fp4, key_scale, key_gscale, block_table[first], longest))
         for t in range(first, stop):
             n = int(valid_lens[t])
             if n == 0:
                 continue
             if shared is not None:
-                s = _scores(q[t], w[t], lambda a, b: shared[a:b], n)
+                s = _scores_by_key(q[t], w[t], shared.__getitem__, shared_first, n)
             else:
                 s = row_scores(q[t], w[t], keys_fp4, key_scale, key_gscale, block_table[t], n)
             indices[t], sc = select_top_k(s, top_k)

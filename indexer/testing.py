@@ -1,6 +1,6 @@
 """Problem builders and the precision-contract checker shared by tests, CLI and benchmarks.
 
-``check_topk`` is ``docs/semantics.md`` "Precision" as code: an output is correct when no
+``check_topk`` is the README's "Precision" as code: an output is correct when no
 unselected entry beats a selected one by more than both error bounds, the order is right
 within the bounds, and exact ties (identical keys; plateaus of exact zeros) go to the
 lower index.
@@ -139,29 +139,12 @@ def _exact_row(p: Problem, t, k):
     return scores, mag, certain_zero
 
 
-_KEY_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd: each step a bijection of 64-bit words
-
-
 def _key_groups(p: Problem, t, n):
     """Entries of row t with identical stored keys (codes, scales and global scale), which
     score exactly equal in every precision: (group (n,) int64, rank (n,) int64), where
-    ``group[s]`` numbers s's key and ``rank[s]`` counts the entries of that key before s."""
-    E = p.keys_fp4.shape[1]
-    s = np.arange(n)
-    b, e = p.block_table[t][s // E], s % E
-    rows = np.concatenate([p.keys_fp4[b, e], p.key_scale[b, e], p.key_gscale[b].view(np.uint8).reshape(-1, 4)], axis=1)
-    rows = np.pad(rows, ((0, 0), (0, -rows.shape[1] % 8)))
-    # one 64-bit hash a key, grouped; kept only if every key equals its group's first
-    words = rows.view(np.uint64)
-    h = np.zeros(n, dtype=np.uint64)
-    for j in range(words.shape[1]):
-        h = (h ^ words[:, j]) * _KEY_HASH_MULT
-        h ^= h >> np.uint64(29)
-    first, group = np.unique(h, return_index=True, return_inverse=True)[1:]
-    group = group.ravel().astype(np.int64)
-    if not np.array_equal(rows, rows[first[group]]):  # a hash collision: group the bytes themselves
-        _, group = np.unique(rows.view(np.dtype((np.void, rows.shape[1]))).ravel(), return_inverse=True)
-        group = group.ravel().astype(np.int64)
+    ``group[s]`` numbers s's key (``reference.key_groups``) and ``rank[s]`` counts the
+    entries of that key before s."""
+    group = reference.key_groups(p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[t], n)
     order = np.argsort(group, kind="stable")  # by key, then by index
     starts = np.searchsorted(group[order], group[order], side="left")
     rank = np.empty(n, dtype=np.int64)

@@ -259,6 +259,36 @@ def test_ties_go_to_the_lower_index(rng):
     assert idx[0, :7].tolist() == group
 
 
+@pytest.mark.parametrize("chunk", [16384, 300])
+def test_copies_of_a_key_score_bit_identically_at_the_model_shape(rng, chunk):
+    """Hundreds of copies of one key across a row (H = 64, D = 128, rows and chunks cut
+    through them): every copy gets the same float64 score, whatever order BLAS sums each
+    column in, so the tie rule holds on the NumPy backend too."""
+    n, E = 2000, 64
+    p = make_problem(rng, T=2, H=64, D=128, E=E, lens=[n, n - 37], top_k=8)
+    p["key_gscale"][:] = np.float32(0.5)  # one global scale: equal bytes mean equal keys
+    p["block_table"][1] = p["block_table"][0]  # two rows of one table: the shared-keys path
+    def row(t, chunk=16384):
+        return reference.row_scores(p["q"][t], p["w"][t], p["keys_fp4"], p["key_scale"], p["key_gscale"],
+                                    p["block_table"][t], int(p["valid_lens"][t]), chunk=chunk)
+
+    s0 = int(np.nanargmax(row(0)))  # row 0's best key, copied into 300 other slots
+    b0, e0 = slot_of(p, 0, s0)
+    copies = rng.choice(np.delete(np.arange(n - 37), s0), size=300, replace=False)
+    for s in copies:
+        b, e = slot_of(p, 0, int(s))
+        p["keys_fp4"][b, e] = p["keys_fp4"][b0, e0]
+        p["key_scale"][b, e] = p["key_scale"][b0, e0]
+    group = np.sort(np.append(copies, s0))
+    for t in range(2):
+        scores = row(t, chunk)
+        assert np.all(scores[group] == scores[group[0]])
+    idx = reference.score_topk(*args_of(p))
+    assert idx[0].tolist() == group[:8].tolist()  # a tie of 301 at the top: the lowest indices
+    scores = row(1)
+    assert idx[1].tolist() == np.lexsort((np.arange(scores.size), -scores))[:8].tolist()
+
+
 def test_zero_plateau_takes_lowest_indices(rng):
     """Positive keys, negative queries: every dot < 0 and every score exactly 0, except a
     few entries whose keys are negated (positive scores)."""

@@ -284,7 +284,7 @@ def test_rejects_tied_copies_out_of_index_order(rng):
 @pytest.mark.parametrize("mult", [None, 0])  # 0: every key hashes alike, so the bytes group them
 def test_key_groups_exact_even_when_hashes_collide(rng, monkeypatch, mult):
     if mult is not None:
-        monkeypatch.setattr(testing, "_KEY_HASH_MULT", np.uint64(mult))
+        monkeypatch.setattr(reference, "_KEY_HASH_MULT", np.uint64(mult))
     p, group = _with_copies(rng, 4)
     g, rank = testing._key_groups(p, 0, 64)
     assert np.unique(g).size == 64 - 4  # the five copies are one key, every other entry its own
