@@ -16,7 +16,7 @@ from .ops import BACKENDS, PRECISIONS, score_topk, score_topk_ragged
 from .prepared import PreparedCall, prepare
 from .ragged import causal_lens
 from .pool import KeyPool
-from .validate import MAX_HEAD_DIM, MAX_HEADS, MAX_TOP_K
+from .validate import MAX_HEAD_DIM, MAX_HEADS, MAX_ROW_ENTRIES, MAX_TOP_K
 from .workspace import Workspace
 
 __version__ = "0.1.0"
@@ -36,5 +36,6 @@ __all__ = [
     "MAX_TOP_K",
     "MAX_HEADS",
     "MAX_HEAD_DIM",
+    "MAX_ROW_ENTRIES",
     "__version__",
 ]

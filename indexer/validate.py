@@ -15,7 +15,7 @@ import numpy as np
 
 from . import arrays
 
-__all__ = ["MAX_TOP_K", "MAX_HEADS", "MAX_HEAD_DIM", "Problem", "check_score_topk", "check_top_k",
+__all__ = ["MAX_TOP_K", "MAX_HEADS", "MAX_HEAD_DIM", "MAX_ROW_ENTRIES", "Problem", "check_score_topk", "check_top_k",
            "check_cu_seqlens", "check_groups"]
 
 #: largest supported ``top_k``
@@ -24,6 +24,9 @@ MAX_TOP_K = 4096
 MAX_HEADS = 128
 #: largest supported head dimension D (a multiple of 32)
 MAX_HEAD_DIM = 256
+#: largest supported row, L * E entries: 2**31 less a margin, so that the kernels' 32-bit
+#: row arithmetic (tile counts rounded up, loops stepping by a block of threads) cannot wrap
+MAX_ROW_ENTRIES = 2**31 - 2**20
 
 
 class Problem(NamedTuple):
@@ -131,8 +134,9 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
         raise ValueError(f"block_table: expected at least one column, got shape {tuple(block_table.shape)}")
     if P * E >= 2**31:
         raise ValueError(f"keys_fp4: P * E = {P * E} pool entries exceeds the int32 range of physical indices")
-    if L * E >= 2**31:
-        raise ValueError(f"block_table: L * E = {L * E} entries per row exceeds the int32 range")
+    if L * E > MAX_ROW_ENTRIES:
+        raise ValueError(f"block_table: L * E = {L * E} entries per row exceeds the supported {MAX_ROW_ENTRIES} "
+                         "(2**31 - 2**20)")
     prob = Problem(T=T, H=H, D=D, P=P, E=E, L=L, top_k=top_k)
     if values:
         _check_values(prob, key_gscale, block_table, valid_lens, cu_seqlens)

@@ -225,6 +225,23 @@ def test_visible_block_boundary():
         validate.check_score_topk(*(a[k] for k in ORDER))
 
 
+@pytest.mark.parametrize("values", [True, False])
+def test_longest_row_is_bounded_with_a_margin_under_2_31(values):
+    """L * E up to MAX_ROW_ENTRIES (2**31 - 2**20) is accepted, one block more refused, even
+    without the value checks: the kernels' 32-bit row arithmetic must not wrap."""
+    e = 2**16
+    l_ok = validate.MAX_ROW_ENTRIES // e
+    assert l_ok * e == validate.MAX_ROW_ENTRIES
+    for l_, ok in ((l_ok, True), (l_ok + 1, False)):
+        a = good_args(t=1, p=1, e=e, l_=1, lens=(5,))
+        a["block_table"] = np.zeros((1, l_), dtype=np.int32)
+        if ok:
+            assert validate.check_score_topk(*(a[k] for k in ORDER), values=values).L == l_
+        else:
+            with pytest.raises(ValueError, match=r"^block_table: L \* E = 2146500608 entries per row exceeds"):
+                validate.check_score_topk(*(a[k] for k in ORDER), values=values)
+
+
 def test_values_false_skips_value_checks():
     a = _poke("valid_lens", 0, -4)(_poke("key_gscale", 0, np.nan)(good_args()))
     prob = validate.check_score_topk(*(a[k] for k in ORDER), values=False)
