@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 
 from . import arrays, outbuf, ragged, reference, streams, validate as _validate
 from .workspace import check_budget, check_workspace
@@ -170,9 +171,14 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
     if arrays.framework_of(cu_seqlens_q) == "torch" or arrays.framework_of(block_table) == "torch":
         cu_seqlens_q, block_table = (arrays.to_cupy(x, ordered=ordered)  # gpu-only
                                      for x in (cu_seqlens_q, block_table))
-    T = int(q.shape[0])
-    values_now = kwargs["validate"] and not on_gpu
-    _validate.check_groups(cu_seqlens_q, block_table, T, values=values_now)
+    shape = getattr(q, "shape", None)
+    if shape is None or isinstance(q, np.generic):  # before its rows are counted; the call checks the rest
+        raise TypeError(f"q: expected a NumPy or CuPy array (or a GPU tensor), got {type(q).__name__}")
+    if len(shape) != 3:
+        raise ValueError(f"q: expected 3 dimensions, got shape {tuple(shape)}")
+    T = int(shape[0])
+    # the NumPy backend always checks values (the GPU path checks them with the others)
+    _validate.check_groups(cu_seqlens_q, block_table, T, values=not on_gpu)
     per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T, workspace=kwargs["workspace"])
     call = score_topk
     if on_gpu:  # gpu-only

@@ -56,7 +56,7 @@ import re
 
 import numpy as np
 
-from . import arrays, nvfp4, ops, streams
+from . import arrays, nvfp4, ops, streams, validate as _validate
 
 __all__ = ["KeyPool", "PoolFullError"]
 
@@ -459,12 +459,14 @@ class KeyPool:
                                   self.block_table(ids), self.lengths(ids), top_k, **kwargs)
         xp = self._xp
         cu = xp.asarray(cu_seqlens_q)
-        if valid_lens is None:
+        table = self.block_table(ids)
+        if valid_lens is None and len(shape) >= 1:  # (a q of no rows is refused by the call)
+            # the offsets checked before they size anything: each sequence's length repeated
+            # over its rows
+            _validate.check_cu_seqlens(cu, table, int(shape[0]))
             counts = np.diff(arrays.to_numpy(cu).astype(np.int64))
-            if counts.shape != (len(ids),) or (counts < 0).any():
-                raise ValueError(f"cu_seqlens_q: expected {len(ids) + 1} non-decreasing offsets for {len(ids)} sequences")
             valid_lens = xp.asarray(np.repeat(arrays.to_numpy(self.lengths(ids)), counts).astype(np.int32))
-        return ops.score_topk_ragged(q, w, self.keys_fp4, self.key_scale, self.key_gscale, self.block_table(ids),
+        return ops.score_topk_ragged(q, w, self.keys_fp4, self.key_scale, self.key_gscale, table,
                                      cu, valid_lens, top_k, **kwargs)
 
     # ----------------------------------------------------------------- files

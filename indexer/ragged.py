@@ -1,8 +1,9 @@
 """Queries grouped by sequence, as in varlen attention: the tokens of sequence b are rows
 ``cu_seqlens_q[b] : cu_seqlens_q[b + 1]`` and share ``block_table[b]``.
 
-Works on NumPy and CuPy arrays alike (the array module is taken from the input), without a
-host synchronisation on the device.
+Works on NumPy and CuPy arrays alike (the array module is taken from the input); the table
+expansion runs without a host synchronisation on the device (``causal_lens`` reads the total
+and the lengths' range back to check them).
 """
 
 from __future__ import annotations
@@ -61,6 +62,23 @@ def _expand_on_device(block_table, cu_seqlens_q, T, workspace):  # gpu-only
     return out
 
 
+def _check_offsets(cu_seqlens_q):
+    """``causal_lens``' offsets: a NumPy or CuPy array of integers (B+1,), from 0, never
+    decreasing, totalling less than 2**31 rows (reductions: a host synchronisation on the device)."""
+    if not (isinstance(cu_seqlens_q, np.ndarray) or arrays.is_cupy(cu_seqlens_q)):
+        raise TypeError(f"cu_seqlens_q: expected a NumPy or CuPy array, got {type(cu_seqlens_q).__name__}")
+    if cu_seqlens_q.dtype.kind not in "iu":
+        raise TypeError(f"cu_seqlens_q: expected integers, got dtype {cu_seqlens_q.dtype}")
+    if cu_seqlens_q.ndim != 1 or cu_seqlens_q.shape[0] < 1:
+        raise ValueError(f"cu_seqlens_q: expected shape (B+1,), got {tuple(cu_seqlens_q.shape)}")
+    xp = arrays.module_of(cu_seqlens_q)
+    first, last = int(cu_seqlens_q[0]), int(cu_seqlens_q[-1])
+    if first != 0 or not last < 2**31:
+        raise ValueError(f"cu_seqlens_q: expected offsets from 0 to T < 2**31, got {first} .. {last}")
+    if cu_seqlens_q.shape[0] > 1 and bool(xp.any(cu_seqlens_q[1:] < cu_seqlens_q[:-1])):
+        raise ValueError("cu_seqlens_q: expected non-decreasing offsets")
+
+
 def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
     """DeepSeek-V4's causal visible lengths of compressed entries, int32 (T,).
 
@@ -70,27 +88,32 @@ def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
 
     Parameters
     ----------
-    cu_seqlens_q : int32 (B+1,)   query row offsets of the sequences
+    cu_seqlens_q : int (B+1,)     query row offsets of the sequences (0 first, never decreasing)
     ratio : int                    tokens pooled into one compressed entry (4 in V4's CSA)
     context_lens : None or int (B,)  tokens already in each sequence (cached prefix)
     """
     if isinstance(ratio, bool) or not isinstance(ratio, (int, np.integer)) or ratio < 1:
         raise ValueError(f"ratio: expected a positive int, got {ratio!r}")
+    _check_offsets(cu_seqlens_q)
     xp = arrays.module_of(cu_seqlens_q)
-    cu = xp.asarray(cu_seqlens_q).astype(xp.int64)
+    cu = cu_seqlens_q.astype(xp.int64)
     B = cu.shape[0] - 1
-    T = int(cu[-1]) if B >= 0 and cu.size else 0
+    T = int(cu[-1])
     seq = sequence_of_token(cu_seqlens_q, T)
     start = cu[:-1][seq]
     if context_lens is None:
         ctx = xp.zeros(T, dtype=xp.int64)
     else:
-        context = xp.asarray(context_lens).astype(xp.int64)
+        context = xp.asarray(context_lens)
+        if context.dtype.kind not in "iu":
+            raise TypeError(f"context_lens: expected integers, got dtype {context.dtype}")
         if context.shape != (B,):
             raise ValueError(f"context_lens: expected shape ({B},), got {tuple(context.shape)}")
         if B and int(context.min()) < 0:
             raise ValueError("context_lens: expected values >= 0")
-        ctx = context[seq]
+        if B and int(context.max()) >= min(2**31 * ratio, 2**62):  # lengths >= 2**31 (or int64 overflow)
+            raise ValueError("context_lens: visible lengths exceed the int32 range")
+        ctx = context.astype(xp.int64)[seq]
     position = ctx + xp.arange(T, dtype=xp.int64) - start
     lens = (position + 1) // ratio
     if T and int(lens.max()) >= 2**31:

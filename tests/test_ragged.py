@@ -97,6 +97,24 @@ def test_causal_lens_rejects_bad_arguments(bad, match):
         indexer.causal_lens(np.array([0, 1, 1, 2], dtype=np.int32), **bad)
 
 
+@pytest.mark.parametrize("cu,kw,exc,match", [
+    (np.array([2, 5]), {}, ValueError, "cu_seqlens_q: expected offsets from 0"),
+    (np.array([0, 5, 3]), {}, ValueError, "cu_seqlens_q: expected non-decreasing"),
+    (np.array([0, 2**31]), {}, ValueError, "cu_seqlens_q: expected offsets from 0 to T < 2"),
+    (np.array([0, 3.5, 8]), {}, TypeError, "cu_seqlens_q: expected integers"),
+    ([0, 4], {}, TypeError, "cu_seqlens_q: expected a NumPy or CuPy array"),
+    (np.int32(3), {}, TypeError, "cu_seqlens_q: expected a NumPy or CuPy array"),
+    (np.zeros((2, 2), np.int32), {}, ValueError, r"cu_seqlens_q: expected shape \(B\+1,\)"),
+    (np.array([0, 3]), dict(context_lens=np.array([2**63 - 1])), ValueError, "context_lens: visible lengths exceed"),
+    (np.array([0, 3]), dict(context_lens=np.array([2**64 - 1], np.uint64), ratio=2**40), ValueError,
+     "context_lens: visible lengths exceed"),
+    (np.array([0, 3]), dict(context_lens=[1.5]), TypeError, "context_lens: expected integers"),
+])
+def test_causal_lens_rejects_bad_offsets_and_context(cu, kw, exc, match):
+    with pytest.raises(exc, match=match):
+        indexer.causal_lens(cu, **kw)
+
+
 def test_causal_prefill_rows_shorter_than_k_are_padded():
     rng = np.random.default_rng(4)
     args = grouped_problem(rng, [40], seq_entries=[10], ratio=4, top_k=8)
@@ -116,12 +134,13 @@ def test_causal_prefill_rows_shorter_than_k_are_padded():
     (lambda a: a.__setitem__(5, a[5][:0]), r"cu_seqlens_q: expected shape \(1,\)"),
     (lambda a: a.__setitem__(6, [0, 2, 3]), "cu_seqlens_q: expected a NumPy or CuPy array"),
 ])
-def test_ragged_validation_names_the_argument(mutate, match):
+@pytest.mark.parametrize("validate", [True, False])  # the NumPy backend always checks values
+def test_ragged_validation_names_the_argument(mutate, match, validate):
     rng = np.random.default_rng(5)
     args = list(grouped_problem(rng, [2, 1]))
     mutate(args)
     with pytest.raises((ValueError, TypeError), match=match):
-        indexer.score_topk_ragged(*args, 4, backend="numpy")
+        indexer.score_topk_ragged(*args, 4, backend="numpy", validate=validate)
 
 
 def test_decreasing_offsets_are_rejected():
@@ -167,5 +186,17 @@ def test_pool_grouping_errors():
     w = rng.standard_normal((2, 8)).astype(np.float32)
     with pytest.raises(ValueError, match="valid_lens: only taken together with cu_seqlens_q"):
         pool.score_topk(q, w, [0, 0], 4, valid_lens=np.array([1, 2], np.int32), backend="numpy")
-    with pytest.raises(ValueError, match="cu_seqlens_q: expected 2 non-decreasing offsets"):
-        pool.score_topk(q, w, [0], 4, cu_seqlens_q=np.array([0, 1, 2], np.int32), backend="numpy")
+    # the offsets are checked before they size the rows' lengths
+    for cu, exc, match in [(np.array([0, 1, 2], np.int32), ValueError, r"cu_seqlens_q: expected shape \(2,\)"),
+                           (np.array([0, 2**31 - 1], np.int32), ValueError, "cu_seqlens_q: expected offsets from 0 to T = 2"),
+                           (np.array([0, 3, 2], np.int32), ValueError, r"cu_seqlens_q: expected shape \(2,\)"),
+                           (np.int32(2), ValueError, "cu_seqlens_q: expected 1 dimensions"),
+                           ("ab", TypeError, "cu_seqlens_q: expected dtype int32")]:
+        with pytest.raises(exc, match=match):
+            pool.score_topk(q, w, [0], 4, cu_seqlens_q=cu, backend="numpy")
+    for bad_q in (q.tolist(), np.float32(1), None):  # q is checked before its rows are counted
+        with pytest.raises(TypeError, match="q: expected a NumPy or CuPy array"):
+            pool.score_topk(bad_q, w, [0], 4, cu_seqlens_q=np.array([0, 2], np.int32), backend="numpy")
+        with pytest.raises(TypeError, match="q: expected a NumPy or CuPy array"):
+            indexer.score_topk_ragged(bad_q, w, pool.keys_fp4, pool.key_scale, pool.key_gscale, pool.block_table([0]),
+                                      np.array([0, 2], np.int32), np.array([5, 6], np.int32), 4, backend="numpy")
