@@ -27,11 +27,14 @@ def _pick_backend(backend: str, inputs) -> str:
     return backend
 
 
-def _check_call(precision, workspace, workspace_budget, stream):
+def _check_call(precision, workspace, workspace_budget, stream, **flags):
     """The keyword arguments both public calls check before any array (each error names its
-    argument)."""
+    argument); ``flags``: the boolean ones (return_scores, physical, validate) by name."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    for name, value in flags.items():  # a truthy string or None would silently pick a mode
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
     check_workspace(workspace)
     check_budget(workspace_budget)
     streams.check_stream(stream)
@@ -100,7 +103,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     ``_cu_seqlens`` and ``_readers`` are ``score_topk_ragged``'s: the offsets of grouped rows,
     and (name, array) pairs of its own arguments that ``out`` must not overlap either.
     """
-    _check_call(precision, workspace, workspace_budget, stream)
+    _check_call(precision, workspace, workspace_budget, stream, return_scores=return_scores, physical=physical,
+                validate=validate)
     inputs = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
     chosen = _pick_backend(backend, inputs)
     if chosen == "numpy":
@@ -148,7 +152,8 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
 
     Returns the same as ``score_topk``: int32 (T, top_k) indices (and float32 scores).
     """
-    _check_call(precision, workspace, workspace_budget, stream)
+    _check_call(precision, workspace, workspace_budget, stream, return_scores=return_scores, physical=physical,
+                validate=validate)
     kwargs = dict(precision=precision, return_scores=return_scores, physical=physical,
                   validate=validate, out=out, workspace=workspace, workspace_budget=workspace_budget)
     args = (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k)

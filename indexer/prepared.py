@@ -41,8 +41,6 @@ saving.
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import arrays, ops, outbuf, ragged, streams, validate as _validate
 from .workspace import Workspace
 
@@ -104,9 +102,8 @@ class PreparedCall:
 
     def __init__(self, q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *, cu_seqlens_q,
                  backend, precision, return_scores, physical, validate, workspace, workspace_budget, graphs=True):
-        ops._check_call(precision, workspace, workspace_budget, None)
-        if not isinstance(graphs, (bool, np.bool_)):
-            raise TypeError(f"graphs: expected a bool, got {type(graphs).__name__}")
+        ops._check_call(precision, workspace, workspace_budget, None, return_scores=return_scores, physical=physical,
+                        validate=validate, graphs=graphs)
         self.top_k = _validate.check_top_k(top_k)
         given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
         self._grouped = cu_seqlens_q is not None

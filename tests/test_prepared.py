@@ -91,7 +91,7 @@ def test_prepare_checks_what_score_topk_checks():
         indexer.prepare(p.q.astype(np.float16), *p.arrays()[1:], p.top_k, backend="numpy")
     with pytest.raises(TypeError, match="^w: expected a NumPy, CuPy or DLPack CUDA array, got list"):
         indexer.prepare(p.q, p.w.tolist(), *p.arrays()[2:], p.top_k, backend="numpy")
-    with pytest.raises(TypeError, match="^graphs: expected a bool, got str"):
+    with pytest.raises(TypeError, match="^graphs: expected True or False, got str"):
         indexer.prepare(*p.args(), backend="numpy", graphs="yes")
     q, w, k, s, g, _, _, _ = grouped_problem(np.random.default_rng(11), [2])
     with pytest.raises(ValueError, match="^block_table: expected at least one sequence"):

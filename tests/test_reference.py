@@ -420,6 +420,20 @@ def test_ops_rejects_bad_options(rng, kw, name):
         indexer.score_topk(*args_of(p), **kw)
 
 
+@pytest.mark.parametrize("name", ["return_scores", "physical", "validate"])
+@pytest.mark.parametrize("value", ["no", "False", None, 0, 1])
+def test_ops_flags_must_be_bools(rng, name, value):
+    """A truthy string (or 1, or None) must not silently pick a mode: refused by name."""
+    p = make_problem(rng, T=1, H=2, D=32, E=8, lens=[9], top_k=3)
+    with pytest.raises(TypeError, match=rf"^{name}: expected True or False"):
+        indexer.score_topk(*args_of(p), backend="numpy", **{name: value})
+    cu = np.array([0, 1], np.int32)
+    a = args_of(p)
+    with pytest.raises(TypeError, match=rf"^{name}: expected True or False"):
+        indexer.score_topk_ragged(*a[:5], a[5], cu, a[6], a[7], backend="numpy", **{name: value})
+    assert indexer.score_topk(*args_of(p), backend="numpy", **{name: np.bool_(True)}) is not None
+
+
 # ----------------------------------------------------------------------------------------
 # testing.random_problem through testing.check_topk
 # ----------------------------------------------------------------------------------------
