@@ -70,6 +70,9 @@ _META_NAME = "pool_meta"
 _CAPACITY = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX
 # smallest global scale: a normal float32, never flushed to zero by an FTZ kernel
 _MIN_EXP = -126
+# largest key magnitude stored: a block's scale 2**116 decodes to at most _CAPACITY * 2**116
+# (~2.2e38); the next power of two could decode a code rounded up past float32's largest
+_MAX_KEY = _CAPACITY * 2.0**116
 # physical slots (block * E + slot) and lengths are int32 in the kernel's interface
 _INT32_MAX = 2**31 - 1
 # bytes of packed codes per 16-element scale group
@@ -123,8 +126,8 @@ def _check_dims(num_blocks, entries_per_block, head_dim):
             raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
         if v < 1:
             raise ValueError(f"{name}: expected an int >= 1, got {v}")
-    if head_dim % 32:
-        raise ValueError(f"head_dim: expected a positive multiple of 32, got {head_dim}")
+    if head_dim % 32 or head_dim > _validate.MAX_HEAD_DIM:  # what score_topk takes
+        raise ValueError(f"head_dim: expected a positive multiple of 32 up to {_validate.MAX_HEAD_DIM}, got {head_dim}")
     if num_blocks * entries_per_block > _INT32_MAX:
         raise ValueError(f"num_blocks: {num_blocks} blocks of {entries_per_block} entries exceed the "
                          f"int32 slot range ({_INT32_MAX} entries)")
@@ -211,7 +214,7 @@ class KeyPool:
     ----------
     num_blocks : int >= 1                 physical blocks P
     entries_per_block : int >= 1          entries (keys) per block E
-    head_dim : int, a multiple of 32      elements per key D
+    head_dim : int, a multiple of 32 up to 256   elements per key D
     device : 'cpu' (NumPy arrays) or 'cuda' / 'cuda:N' (CuPy arrays on that GPU)
 
     Attributes (C-contiguous, what ``indexer.score_topk`` takes)
@@ -364,6 +367,9 @@ class KeyPool:
             k = self._xp.ascontiguousarray(k, dtype=self._xp.float32)
             if not bool(self._xp.all(self._xp.isfinite(k))):
                 raise ValueError("keys: NaN or Inf cannot be encoded")
+            if k.size and float(self._xp.max(self._xp.abs(k))) > _MAX_KEY:
+                raise ValueError(f"keys: magnitudes above {_MAX_KEY:.4g} cannot be stored (their NVFP4 "
+                                 "decode could overflow float32)")
         return k
 
     def _write_new(self, new, k):

@@ -84,6 +84,7 @@ def test_new_pool_arrays():
     (dict(num_blocks=2**26, entries_per_block=64), ValueError, "num_blocks"),
     (dict(num_blocks=2, entries_per_block=0), ValueError, "entries_per_block"),
     (dict(num_blocks=2, head_dim=48), ValueError, "head_dim"),
+    (dict(num_blocks=2, head_dim=288), ValueError, "head_dim: expected a positive multiple of 32 up to 256"),
     (dict(num_blocks=2, head_dim=0), ValueError, "head_dim"),
     (dict(num_blocks=2, device="tpu"), ValueError, "device"),
     (dict(num_blocks=2, device="cuda:x"), ValueError, "device"),
@@ -334,6 +335,8 @@ def test_pool_full_changes_nothing():
     ("a", np.array([[np.nan] + [1.0] * 31], np.float32), ValueError, "keys: NaN or Inf cannot be encoded"),
     ("a", np.array([[-np.inf] + [1.0] * 31], np.float32), ValueError, "NaN or Inf"),
     ("a", np.full((1, 32), 1e300), ValueError, "NaN or Inf"),  # float64 beyond float32
+    # finite float32 keys whose block scale 2**117 could decode past float32's largest
+    ("a", np.array([[3.4e38, -3.4e38] + [0.0] * 30], np.float32), ValueError, r"keys: magnitudes above 2\.233e\+38"),
     (1.5, np.ones((1, 32), np.float32), TypeError, "seq"),
     (True, np.ones((1, 32), np.float32), TypeError, "seq"),
     (None, np.ones((1, 32), np.float32), TypeError, "seq"),
@@ -347,6 +350,23 @@ def test_append_validation(seq, keys, exc, match):
     with pytest.raises(exc, match=match):
         pool.append(seq, keys)
     assert_same_state(before, snapshot(pool))
+
+
+def test_largest_storable_keys_decode_finite():
+    """Keys at the largest magnitude the pool takes decode to finite values within NVFP4's
+    rounding of them, in a new block and into an existing one (its scale grown)."""
+    from indexer.pool import _MAX_KEY  # noqa: PLC0415
+
+    big = np.float32(_MAX_KEY)
+    assert float(big) <= _MAX_KEY
+    pool = KeyPool(2, entries_per_block=4, head_dim=32)
+    pool.append("a", np.array([[1.0] * 32], np.float32))
+    pool.append("a", np.array([[big, -big] + [1e30] * 30], np.float32))
+    pool.append("b", np.array([[big * np.float32(0.999), -big] + [0.0] * 30], np.float32))
+    for seq in ("a", "b"):
+        keys = pool.keys(seq)
+        assert np.isfinite(keys).all()
+        assert np.abs(keys).max() <= _MAX_KEY
 
 
 def test_other_methods_validate_seq():
