@@ -1,6 +1,6 @@
 """NVFP4: 4-bit E2M1 elements with one E4M3 scale per 16 elements and a float32 global scale.
 
-The format, exactly as ``docs/semantics.md`` of the project defines it:
+The format, exactly as the README's "Storage layout" defines it:
 
 * element code, 4 bits: bit 3 = sign, bits 0-2 = magnitude code meaning
   0, 0.5, 1, 1.5, 2, 3, 4, 6 (E2M1); element ``2j`` sits in bits 0-3 of byte ``j``,
@@ -161,6 +161,9 @@ def global_scale_for(amax):
 
 
 def _check_global_scale(xp, g, batch_shape):
+    """``g`` as float32, a 0-d array or broadcast to ``batch_shape``; finite and > 0."""
+    if g is None or isinstance(g, (str, bytes, complex)) or getattr(getattr(g, "dtype", None), "kind", "f") in "cSUOb":
+        raise TypeError(f"global_scale: expected a real number or a float array, got {type(g).__name__}")
     g = xp.asarray(g, dtype=xp.float32)
     if g.ndim == 0:
         if not bool(xp.isfinite(g) & (g > 0)):
@@ -247,20 +250,17 @@ def dequantize(codes, scales, global_scale):
     scales = xp.asarray(scales)
     if codes.dtype != xp.uint8 or scales.dtype != xp.uint8:
         raise TypeError(f"codes, scales: expected uint8, got {codes.dtype} and {scales.dtype}")
+    if codes.ndim < 1 or (codes.shape[-1] * 2) % GROUP or codes.shape[-1] == 0:
+        raise ValueError(f"codes: expected a last dimension D/2 with D a positive multiple of {GROUP}, "
+                         f"got shape {codes.shape}")
     d = codes.shape[-1] * 2
-    if scales.shape != codes.shape[:-1] + (d // GROUP,) or d % GROUP:
+    if scales.shape != codes.shape[:-1] + (d // GROUP,):
         raise ValueError(
             f"scales: expected shape {codes.shape[:-1] + (d // GROUP,)} for codes of shape "
             f"{codes.shape}, got {scales.shape}"
         )
     batch_shape = codes.shape[:-1]
-    g = xp.asarray(global_scale, dtype=xp.float32)
-    try:
-        g = xp.broadcast_to(g, batch_shape)
-    except ValueError:
-        raise ValueError(
-            f"global_scale: expected a scalar or an array broadcastable to {batch_shape}, got shape {g.shape}"
-        ) from None
+    g = xp.broadcast_to(_check_global_scale(xp, global_scale, batch_shape), batch_shape)
     elems = e2m1_decode(unpack_nibbles(codes)).reshape(batch_shape + (d // GROUP, GROUP))
     blockwise = elems * e4m3_decode(scales)[..., None]  # exact in float32
     out = blockwise.reshape(batch_shape + (d,)) * g[..., None]

@@ -537,12 +537,32 @@ def test_quantize_rejects_integer_dtype(rng, dtype):
 
 
 @pytest.mark.parametrize("codes_shape,scales_shape", [((4, 16), (4, 3)), ((4, 16), (4,)), ((4, 16), (3, 2)),
-                                                      ((4, 4), (4, 0)), ((2, 3, 16), (2, 2))])
+                                                      ((2, 3, 16), (2, 2))])
 def test_dequantize_rejects_mismatched_scales(rng, codes_shape, scales_shape):
     codes = rng.integers(0, 256, size=codes_shape, dtype=np.uint8)
     scales = rng.integers(1, 0x7F, size=scales_shape, dtype=np.uint8)
     with pytest.raises(ValueError, match=r"^scales: expected shape"):
         nvfp4.dequantize(codes, scales, 1.0)
+
+
+@pytest.mark.parametrize("codes", [np.uint8(0), np.zeros((4, 4), np.uint8), np.zeros((4, 0), np.uint8)])
+def test_dequantize_rejects_codes_of_no_whole_group(codes):
+    """D = 2 * codes.shape[-1] must be a positive multiple of 16 (a 0-d array has no D)."""
+    with pytest.raises(ValueError, match=r"^codes: expected a last dimension D/2"):
+        nvfp4.dequantize(codes, np.zeros((4, 0), np.uint8), 1.0)
+
+
+@pytest.mark.parametrize("g,exc", [(None, TypeError), ("a", TypeError), (1 + 1j, TypeError),
+                                   (np.array(["x"]), TypeError), (np.nan, ValueError), (-1.0, ValueError),
+                                   (0.0, ValueError), (np.array([1.0, np.inf]), ValueError)])
+def test_global_scale_refused_by_name_in_both_directions(rng, g, exc):
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    codes, scales, _ = nvfp4.quantize(x)
+    if g is not None:  # quantize(x, None) computes the scale
+        with pytest.raises(exc, match=r"^global_scale: "):
+            nvfp4.quantize(x, g)
+    with pytest.raises(exc, match=r"^global_scale: "):
+        nvfp4.dequantize(codes, scales, g)
 
 
 def test_dequantize_rejects_bad_global_scale_shape(rng):
