@@ -22,12 +22,12 @@ import time
 import click
 import numpy as np
 
-from . import __version__, arrays, io, ops, testing
+from . import __version__, arrays, io, ops, testing, validate
 from . import bench as _bench  # the case and path tables (no GPU import)
 
 __all__ = ["main"]
 
-_USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError)
+_USER_ERRORS = (ValueError, TypeError, RuntimeError, OSError, MemoryError)  # MemoryError: NumPy's names the size
 
 
 class CliError(click.ClickException):
@@ -333,7 +333,8 @@ def _score_in_chunks(problem, k, chunk, **kwargs):
     """score_topk over runs of ``chunk`` query rows (the pool arrays are shared), so the
     working memory is bounded by the chunk, not the file; NumPy results."""
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    T = int(q.shape[0]) if getattr(q, "ndim", 0) >= 1 else 0
+    validate.check_score_topk(*problem, k, values=False)  # shapes: refused before any bar is drawn
+    T = int(q.shape[0])
     starts = list(range(0, max(T, 1), chunk))
     parts = []
     # a bar only where there are chunks to count (click's own hidden= needs click 8.2)

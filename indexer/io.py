@@ -20,7 +20,7 @@ The two forms of a ``score`` input file
 
 * **arrays form** (no ``pool_meta``): the seven ``score_topk`` arrays under their contract
   names ``q``, ``w``, ``keys_fp4``, ``key_scale``, ``key_gscale``, ``block_table`` and
-  ``valid_lens`` (docs/semantics.md gives their shapes and dtypes);
+  ``valid_lens`` (the README's argument table gives their shapes and dtypes);
 * **pool form** (``pool_meta`` present): a saved ``KeyPool`` (``KeyPool.save``: arrays
   ``keys_fp4``, ``key_scale``, ``key_gscale`` and the uint8 JSON ``pool_meta``) plus
   ``q`` float32 (T, H, D), ``w`` float32 (T, H) and ``seqs`` (T,), the id of the pool
@@ -132,6 +132,8 @@ def read_arrays(path) -> dict[str, np.ndarray]:
             return {p.stem: np.load(p, allow_pickle=False)}
         with np.load(p, allow_pickle=False) as npz:
             return {name: npz[name] for name in npz.files}
+    except MemoryError:  # an array larger than memory, or a corrupt header claiming one
+        raise ValueError(f"{path}: an array in it needs more memory than is free (or its header is corrupt)") from None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         if "allow_pickle" in str(exc):
             raise ValueError(f"{path}: holds an object (pickled) array; refusing to unpickle it") from None

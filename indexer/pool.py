@@ -184,6 +184,8 @@ def _read_npz(path):
     with data:
         try:
             tensors = {name: data[name] for name in data.files}
+        except MemoryError:  # an array larger than memory, or a corrupt header claiming one
+            raise ValueError(f"{path}: an array in it needs more memory than is free (or its header is corrupt)") from None
         except Exception as e:  # object arrays: np.load refuses to unpickle them
             raise ValueError(f"{path}: cannot read its arrays without unpickling ({e})") from e
     meta = tensors.pop(_META_NAME, None)

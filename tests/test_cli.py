@@ -347,6 +347,21 @@ def test_score_errors(run, rng, tmp_path, no_gpu):
     evil = tmp_path / "evil.npz"
     np.savez(evil, q=np.array([1, None], dtype=object))
     assert_error(run("score", evil), "refusing to unpickle")
+    # arrays of no rows: refused by name, chunked or not (slicing a 0-d array fails)
+    for name, value in (("q", np.float32(1)), ("valid_lens", np.int32(3)), ("block_table", np.int32(0))):
+        _, zero_d = problem_file(tmp_path, rng, top_k=4, name=f"{name}_0d.npz", **{name: np.asarray(value)})
+        for chunk in ("1", "1024"):
+            assert_error(run("score", zero_d, "--chunk", chunk), f"{name}: expected")
+    # an archive member whose header claims a terabyte: one line, not a MemoryError traceback
+    import zipfile  # noqa: PLC0415
+
+    huge = tmp_path / "huge.npz"
+    huge.write_bytes(path.read_bytes())
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }"
+    header += " " * (118 - len(header)) + "\n"
+    with zipfile.ZipFile(huge, "a") as z:
+        z.writestr("big.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    assert_error(run("score", huge), "huge.npz: an array in it needs more memory than is free")
 
 
 def test_score_pool_form_unknown_sequence(run, rng, tmp_path):
