@@ -1,14 +1,14 @@
 """Side-by-side benchmark of the indexer against its floor and its peers, in one run.
 
-    python scripts/bench.py                          # decode cases, every path
+    python scripts/bench.py                          # decode cases, the default paths
     python scripts/bench.py --cases decode-128K,mtp-2 --paths exact,torch-composed
     python scripts/bench.py --json out.json
     indexer bench --cases decode-128K --json out.json   # the same, with a progress bar
 
 Per case it prints one aligned line per path: median ms, time/floor, TFLOP/s, GB/s, extra
 device memory (MB) and speed-up over torch-composed. The floor is
-max(bytes / copy bandwidth, flops / bf16 rate) with both ceilings measured in this run
-(docs/benchmarks.md of the project). Inputs are random NVFP4 pools (never zeros); cases
+max(bytes / copy bandwidth, flops / fp16 tensor rate) with both ceilings measured in this run
+(the README's "Performance" section). Inputs are random NVFP4 pools (never zeros); cases
 whose inputs fit in L2 rotate several input sets.
 """
 

@@ -77,8 +77,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         result's framework and device (NumPy for the NumPy backend and host inputs; CuPy,
         PyTorch CUDA or another DLPack CUDA array like ``q`` on the GPU, written zero-copy).
         The call then returns ``out`` itself and allocates no result arrays. ``out`` must
-        not share memory with an input or between its pair (ValueError naming it; a check
-        ``validate=False`` skips with the value checks, ~4-8 us of host time).
+        not share memory with an input or between its pair (ValueError naming it; on the
+        GPU a check ``validate=False`` skips with the value checks, ~4-8 us of host time).
     workspace : None or ``indexer.Workspace``: device scratch memory owned by the caller
         instead of CuPy's pool, so the call can be captured in a CUDA graph (see
         ``indexer.workspace``). The NumPy backend accepts and ignores it.

@@ -101,7 +101,7 @@ def _host_out(out):
 
 def _host_views(public, tensors):
     """NumPy views of a CPU call's input tensors."""
-    return [_host_view(name, t, "a NumPy dtype (docs/semantics.md)") for name, t in zip(_names(public), tensors)]
+    return [_host_view(name, t, "a NumPy dtype (the README's argument table)") for name, t in zip(_names(public), tensors)]
 
 
 def _host_view(name, t, dtypes):
