@@ -169,7 +169,7 @@ def _use_device(device, backend="cuda", torch_too=False):
 @click.option("--precision", type=click.Choice(ops.PRECISIONS), default="fast", show_default=True,
               help="GPU path: 'fast' (tensor cores, error <= 2**-11 of each score's magnitude) or 'exact' "
                    "(FP32, <= 1e-6). The NumPy backend is always exact.")
-@click.option("--seed", type=int, default=0, show_default=True, help="random seed of keys, queries and weights.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="random seed of keys, queries and weights.")
 @click.option("--queries", "T", type=click.IntRange(min=1), default=4, show_default=True,
               help="query tokens T; each reads its own sequence.")
 @click.option("--entries", "N", type=click.IntRange(min=1), default=4096, show_default=True,

@@ -109,7 +109,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     chosen = _pick_backend(backend, inputs)
     if chosen == "numpy":
         host = [arrays.to_numpy(x) for x in inputs]
-        prob = _validate.check_score_topk(*host, top_k, values=True)
+        cu = None if _cu_seqlens is None else arrays.to_numpy(_cu_seqlens)  # names a grouped call's rows
+        prob = _validate.check_score_topk(*host, top_k, values=True, cu_seqlens=cu)
         targets = None if out is None else outbuf.check_host(out, prob.T, prob.top_k, return_scores)
         if targets is not None:  # the result is written after it is computed, but into the caller's inputs
             named = (*zip(_NAMES, host), *_readers)

@@ -286,6 +286,9 @@ class KeyPool:
                 raise TypeError(f"width: expected an int, got {type(width).__name__}")
             if width < need:
                 raise ValueError(f"width: {width} is too small, a sequence among seqs holds {need} blocks")
+            if width * self.entries_per_block > _validate.MAX_ROW_ENTRIES:
+                raise ValueError(f"width: {width} blocks of {self.entries_per_block} entries exceed the "
+                                 f"{_validate.MAX_ROW_ENTRIES} entries a row can have")
         table = np.full((len(ids), int(width)), -1, dtype=np.int32)
         for i, r in enumerate(rows):
             table[i, : len(r)] = r
@@ -506,7 +509,7 @@ class KeyPool:
         kind = _file_kind(path)
         _parse_device(device)  # a bad device is the caller's error, not the file's
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such file")
+            raise FileNotFoundError(f"{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
         tensors, meta = (_read_npz if kind == "npz" else _read_safetensors)(path)
         return cls._from_parts(path, tensors, meta, device)
 

@@ -172,9 +172,12 @@ def _check_values(prob: Problem, key_gscale, block_table, valid_lens, cu_seqlens
     bad = visible & ((block_table < 0) | (block_table >= prob.P))
     if bool(xp.any(bad)):
         t, j = (int(i) for i in np.unravel_index(int(xp.argmax(bad)), bad.shape))
+        # a grouped call's table here is per query row: name the caller's row, its sequence
+        row = f"row {t}" if cu_seqlens is None else \
+            f"row {int(np.searchsorted(arrays.to_numpy(cu_seqlens), t, side='right')) - 1} (for query row {t})"
         raise ValueError(
             f"block_table: expected block ids in [0, {prob.P}) for visible entries, "
-            f"got {int(block_table[t, j])} at row {t}, logical block {j}"
+            f"got {int(block_table[t, j])} at {row}, logical block {j}"
         )
     if xp is not np:  # gpu-only: the kernel and the reductions disagree (a bug, not the input)
         raise RuntimeError(f"the device value checks failed at {failed}, the reductions found nothing")
@@ -207,6 +210,8 @@ def check_groups(cu_seqlens_q, block_table, T: int, *, values: bool = True) -> i
     B = check_cu_seqlens(cu_seqlens_q, block_table, T, values=values)
     if B == 0:
         raise ValueError("block_table: expected at least one sequence (row), got shape (0, L)")
+    if block_table.shape[1] < 1:
+        raise ValueError(f"block_table: expected at least one column, got shape {tuple(block_table.shape)}")
     return B
 
 

@@ -154,6 +154,7 @@ def test_demo_cuda_without_gpu(run, no_gpu):
 def test_demo_bad_top_k(run):
     assert_error(run("demo", "--backend", "numpy", "--entries", "64", "--top-k", "0"), "top_k")
     assert_error(run("demo", "--entries", "0"), "--entries")
+    assert_error(run("demo", "--seed", "-1"), "--seed")  # NumPy's own message would not name it
 
 
 # ----------------------------------------------------------------------------- score: arrays form

@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import indexer
 from indexer import arrays, nvfp4, reference
 from indexer.pool import KeyPool, PoolFullError
 from indexer.testing import Problem, check_topk
@@ -153,6 +154,8 @@ def test_block_table_and_lengths():
         pool.block_table([7, 9], width=2)
     with pytest.raises(TypeError, match="width"):
         pool.block_table([7], width=2.5)
+    with pytest.raises(ValueError, match=r"width: \d+ blocks of \d+ entries exceed"):  # a row's entries are bounded
+        pool.block_table([7], width=indexer.MAX_ROW_ENTRIES // pool.entries_per_block + 1)
     for bad in ("ab", 7, object()):
         with pytest.raises(TypeError, match="seqs"):
             pool.block_table(bad)
@@ -421,8 +424,11 @@ def test_save_and_load_need_a_known_suffix(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="nope.npz"):
+    with pytest.raises(FileNotFoundError, match="nope.npz: no such file"):
         KeyPool.load(tmp_path / "nope.npz")
+    (tmp_path / "dir.npz").mkdir()
+    with pytest.raises(FileNotFoundError, match="dir.npz: not a file"):
+        KeyPool.load(tmp_path / "dir.npz")
 
 
 def test_load_bad_device(tmp_path):

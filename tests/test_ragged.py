@@ -132,6 +132,7 @@ def test_causal_prefill_rows_shorter_than_k_are_padded():
     (lambda a: a.__setitem__(6, np.array([0, 5, 3], dtype=np.int32)), "cu_seqlens_q: expected offsets from 0 to T|non-decreasing"),
     (lambda a: a.__setitem__(5, a[5][:, :, None]), "block_table: expected 2 dimensions"),
     (lambda a: a.__setitem__(5, a[5][:0]), r"cu_seqlens_q: expected shape \(1,\)"),
+    (lambda a: a.__setitem__(5, np.ascontiguousarray(a[5][:, :0])), r"block_table: expected at least one column, got shape \(2, 0\)"),
     (lambda a: a.__setitem__(6, [0, 2, 3]), "cu_seqlens_q: expected a NumPy or CuPy array"),
 ])
 @pytest.mark.parametrize("validate", [True, False])  # the NumPy backend always checks values
@@ -141,6 +142,17 @@ def test_ragged_validation_names_the_argument(mutate, match, validate):
     mutate(args)
     with pytest.raises((ValueError, TypeError), match=match):
         indexer.score_topk_ragged(*args, 4, backend="numpy", validate=validate)
+
+
+def test_bad_block_id_is_named_by_the_callers_row():
+    """A grouped call's block-id error names the row of the caller's (B, L) table (the
+    sequence), not the per-token table it was expanded to."""
+    rng = np.random.default_rng(12)
+    args = list(grouped_problem(rng, [2, 1], seq_entries=[20, 20]))
+    args[5][1, 0] = args[2].shape[0] + 5  # sequence 1's first block: read by query row 2
+    args[7][:] = 20
+    with pytest.raises(ValueError, match=r"got \d+ at row 1 \(for query row 2\), logical block 0"):
+        indexer.score_topk_ragged(*args, 4, backend="numpy")
 
 
 def test_decreasing_offsets_are_rejected():
