@@ -40,6 +40,15 @@ def _check_call(precision, workspace, workspace_budget, stream, **flags):
     streams.check_stream(stream)
 
 
+def _host_array(name, x):
+    """``arrays.to_numpy(x)``; what NumPy cannot make an array of (a ragged list) is refused by name."""
+    try:
+        return arrays.to_numpy(x)
+    except (ValueError, TypeError) as exc:
+        raise TypeError(f"{name}: expected a NumPy or CuPy array, got a {type(x).__name__} NumPy cannot "
+                        f"read as one ({exc})") from None
+
+
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                backend="auto", precision="fast", return_scores=False, physical=False,
                validate=True, out=None, workspace=None, stream=None, workspace_budget=None, _cu_seqlens=None,
@@ -108,7 +117,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     inputs = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
     chosen = _pick_backend(backend, inputs)
     if chosen == "numpy":
-        host = [arrays.to_numpy(x) for x in inputs]
+        host = [_host_array(name, x) for name, x in zip(_NAMES, inputs)]
         cu = None if _cu_seqlens is None else arrays.to_numpy(_cu_seqlens)  # names a grouped call's rows
         prob = _validate.check_score_topk(*host, top_k, values=True, cu_seqlens=cu)
         targets = None if out is None else outbuf.check_host(out, prob.T, prob.top_k, return_scores)

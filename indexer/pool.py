@@ -357,7 +357,11 @@ class KeyPool:
     def _as_keys(self, keys):
         """``keys`` as a C-contiguous float32 (n, D) array of the pool's array library."""
         if self._xp is np:
-            k = np.asarray(arrays.to_numpy(keys))
+            try:
+                k = np.asarray(arrays.to_numpy(keys))
+            except (ValueError, TypeError) as exc:  # a ragged list
+                raise TypeError(f"keys: expected a float array, got a {type(keys).__name__} NumPy cannot read "
+                                f"as one ({exc})") from None
         else:  # pragma: no cover  (needs a GPU)
             with self._on_device():
                 k = arrays.to_cupy(keys)

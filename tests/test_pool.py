@@ -332,6 +332,7 @@ def test_pool_full_changes_nothing():
     ("a", np.ones((2, 32), np.int32), TypeError, "keys"),
     ("a", np.ones((2, 32), bool), TypeError, "keys"),
     ("a", [["x"] * 32], TypeError, "keys"),
+    ("a", [[1.0] * 32, [1.0] * 31], TypeError, "keys: expected a float array, got a list NumPy cannot read"),
     ("a", np.ones((2, 16), np.float32), ValueError, "keys"),
     ("a", np.ones((1, 2, 32), np.float32), ValueError, "keys"),
     ("a", np.float32(1.0), ValueError, "keys"),

@@ -420,6 +420,14 @@ def test_ops_rejects_bad_options(rng, kw, name):
         indexer.score_topk(*args_of(p), **kw)
 
 
+def test_ops_ragged_lists_are_refused_by_name(rng):
+    p = make_problem(rng, T=2, H=2, D=32, E=8, lens=[9, 3], top_k=3)
+    a = list(args_of(p))
+    a[6] = [9, [3]]
+    with pytest.raises(TypeError, match=r"^valid_lens: expected a NumPy or CuPy array, got a list"):
+        indexer.score_topk(*a, backend="numpy")
+
+
 @pytest.mark.parametrize("name", ["return_scores", "physical", "validate"])
 @pytest.mark.parametrize("value", ["no", "False", None, 0, 1])
 def test_ops_flags_must_be_bools(rng, name, value):
