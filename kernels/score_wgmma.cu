@@ -195,13 +195,16 @@ __device__ __forceinline__ void score_segment(
         // 1 its row r0 + 8, lanes 2 and 3 those of sub-tile 1 (one store and one count a lane)
         const bool second = c >= 2;
         const int s = s0 + 8 * (c & 1) + (second ? kSubTile : 0);
-        // -0 folded into +0 by the fused add of +0 (one rounding, as the product's)
+        // an exact -0 product folded into +0 by the fused add of +0 (one rounding, as the
+        // product's); a negative product that -ftz flushes still stores -0 (below)
         const float score = second ? fmaf(mine1, gs1, 0.0f) : fmaf(mine0, gs0, 0.0f);
         store_global(out + s, score);  // st.global: through the shuffle, out lost its space
         // counted whether or not a histogram is wanted (flushed only where one is): no
         // pointer test here (a register for the test brought back a special-register read
-        // of the lane in the loop, slower: docs/performance.md v65); a score has no -0, so
-        // its raw bin maps to its key's bin (flush_raw_histogram), and NaN is the one score
+        // of the lane in the loop, slower: docs/performance.md v65); a raw bin maps to its
+        // key's bin (flush_raw_histogram), but for -0 (a flushed negative product), counted
+        // one bin below +0's where the select ranks it: that can only lower the threshold
+        // bin, so the select takes more candidates, never fewer; NaN is the one score
         // left out (the entries left out go to a spare bin: a select, where a branch around
         // the count took three control instructions)
         atomicAdd(&hist_s[s < n && score == score ? raw_bin_of_plus_zero(score) : (u32)kHistBins], 1u);
@@ -535,7 +538,9 @@ __device__ __forceinline__ void score_pair_segment(
         // r0 + 8, lanes 2 and 3 query 1's (one store and one count a lane)
         if (my_live) {
             const int s = s0 + 8 * (c & 1);
-            const float score = fmaf(c >= 2 ? mine1 : mine0, gs, 0.0f);  // -0 folded into +0 (one rounding)
+            // an exact -0 folded into +0 (one rounding); a flushed negative product stays -0,
+            // counted one bin below +0 (a lower threshold bin at worst: more candidates)
+            const float score = fmaf(c >= 2 ? mine1 : mine0, gs, 0.0f);
             my_out[s] = score;
             if (count_keys && s < my_n && score == score)  // NaN (key 0) left out
                 count_raw_bin_packed(my_hist, score);
