@@ -114,7 +114,8 @@ def exact_scores(p: Problem):
 
     ``mag[s] = sum_h |w[h]| * sum_d |q[h, d] * k[s, d]|`` is the rounding scale of the
     score. An entry is a certain zero when every head's dot is negative by more than the
-    exact path's error bound, so every precision computes exactly 0 for it.
+    exact path's error bound, or when ``mag`` is 0 (an all-zero key, or zero weights, under
+    finite inputs: every product is exactly 0), so every precision computes exactly 0 for it.
     """
     out = []
     for first, stop in reference._runs_of_equal_rows(p.block_table):
@@ -135,7 +136,7 @@ def _exact_row(p: Problem, t, k):
         absdots = np.abs(q) @ np.abs(k).T
         scores = w @ np.where(dots < 0, 0.0, dots)
         mag = np.abs(w) @ absdots
-        certain_zero = np.all(dots < -_ZERO_MARGIN * absdots - 1e-300, axis=0) & np.isfinite(scores)
+        certain_zero = (np.all(dots < -_ZERO_MARGIN * absdots - 1e-300, axis=0) | (mag == 0)) & np.isfinite(scores)
     return scores, mag, certain_zero
 
 

@@ -289,6 +289,43 @@ def test_copies_of_a_key_score_bit_identically_at_the_model_shape(rng, chunk):
     assert idx[1].tolist() == np.lexsort((np.arange(scores.size), -scores))[:8].tolist()
 
 
+def test_same_codes_under_another_global_scale_are_another_key(rng):
+    """A block's codes and scales copied into another block of a 4x larger global scale (a
+    KeyPool's x and 4x): different keys, scored apart, as the brute force says."""
+    p = make_problem(rng, T=2, H=4, D=32, E=8, lens=[32, 29], top_k=10, P=4)
+    p["block_table"][:] = np.arange(4, dtype=np.int32)
+    p["keys_fp4"][1] = p["keys_fp4"][0]
+    p["key_scale"][1] = p["key_scale"][0]
+    p["key_gscale"][1] = p["key_gscale"][0] * np.float32(4.0)
+    assert_matches_brute(p)
+    assert reference.key_groups(p["keys_fp4"], p["key_scale"], p["key_gscale"], p["block_table"][0], 16)[8:] \
+        .tolist() != reference.key_groups(p["keys_fp4"], p["key_scale"], p["key_gscale"], p["block_table"][0], 16)[:8].tolist()
+
+
+def test_zero_keys_of_blocks_with_other_global_scales_tie_to_the_lower_index(rng):
+    """All-zero keys score exactly 0 whatever their block's global scale: one plateau, the
+    lowest indices first, though their bytes differ; the checker holds any answer to it."""
+    p = make_problem(rng, T=1, H=4, D=32, E=8, lens=[32], top_k=20, P=4)
+    p["block_table"][:] = np.arange(4, dtype=np.int32)
+    p["keys_fp4"] &= 0x77  # every element >= 0 ...
+    p["keys_fp4"] |= 0x11  # ... and > 0
+    p["keys_fp4"][1:3] = 0
+    p["key_scale"][1:3] = 0x38  # 1.0: the codes alone make the keys zero
+    p["key_gscale"][2] = p["key_gscale"][1] * np.float32(8.0)
+    p["q"][0] = np.abs(p["q"][0]) + np.float32(0.1)  # every other key scores above 0
+    p["w"][0] = np.abs(p["w"][0]) + np.float32(0.1)
+    idx, _, rows = assert_matches_brute(p)
+    zeros = np.arange(8, 24)
+    assert np.all(np.asarray(rows[0])[zeros] == 0)
+    assert idx[0, -4:].tolist() == zeros[:4].tolist()  # 16 others score above 0, then the lowest zeros
+    prob = testing.Problem(*(np.ascontiguousarray(p[k]) for k in testing.ARRAY_NAMES), p["top_k"])
+    testing.check_topk(prob, idx)
+    bad = idx.copy()
+    bad[0, -1] = 16  # the other block's first zero key in place of entry 11 (each key group in order)
+    with pytest.raises(AssertionError, match="zero-score plateau"):
+        testing.check_topk(prob, bad)
+
+
 def test_zero_plateau_takes_lowest_indices(rng):
     """Positive keys, negative queries: every dot < 0 and every score exactly 0, except a
     few entries whose keys are negated (positive scores)."""

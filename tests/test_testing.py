@@ -272,6 +272,45 @@ def test_rejects_tie_to_higher_index(rng):
     rejects(p, bad, match=r"row 0: identical keys .* expected the lowest indices")
 
 
+def test_rejects_the_higher_copy_taking_the_last_place(rng):
+    """One place for a group of identical keys (copies of the k-th entry): the lowest copy
+    takes it; the highest copy there instead is the tie rule's most common off-by-one."""
+    p = testing.random_problem(rng, T=1, H=4, D=32, E=16, lens=[64], top_k=12)
+    p.key_gscale[:] = p.key_gscale[0]  # one global scale: equal bytes are equal keys
+    idx, _ = ref(p)
+    src = int(idx[0, p.top_k - 1])
+    b0, e0 = slot(p, 0, src)
+    for s in rng.choice(np.setdiff1d(np.arange(64), idx[0]), size=3, replace=False):
+        b, e = slot(p, 0, int(s))
+        p.keys_fp4[b, e] = p.keys_fp4[b0, e0]
+        p.key_scale[b, e] = p.key_scale[b0, e0]
+    idx, sc = ref(p)
+    testing.check_topk(p, idx, sc)
+    group = np.flatnonzero(testing._key_groups(p, 0, 64)[0] == testing._key_groups(p, 0, 64)[0][src])
+    assert group.size == 4 and idx[0, -1] == group[0]  # one place, the lowest copy
+    bad = idx.copy()
+    bad[0, -1] = group[-1]
+    rejects(p, bad, match=r"row 0: identical keys .* expected the lowest indices")
+
+
+def test_rejects_a_dropped_best_in_a_row_with_a_nan_key(rng):
+    """An unselectable (NaN) entry in the row must not blind the check of the others."""
+    p = testing.random_problem(rng, T=1, H=4, D=32, E=16, lens=[64], top_k=12)
+    idx, _ = ref(p)
+    nan_entry = int(np.setdiff1d(np.arange(64), idx[0])[0])
+    b, e = slot(p, 0, nan_entry)
+    p.key_scale[b, e, 0] = 0x7F  # E4M3 NaN: the entry's score is NaN
+    idx, sc = ref(p)
+    testing.check_topk(p, idx, sc)
+    worst = testing.exact_scores(p)[0][0].copy()
+    worst[idx[0]] = np.inf
+    worst[np.isnan(worst)] = np.inf
+    bad = idx.copy()
+    bad[0, 0] = int(np.argmin(worst))  # the best entry dropped for the row's worst selectable one
+    bad[0] = np.concatenate([bad[0, 1:], bad[0, :1]])  # kept in score order
+    rejects(p, bad, match=r"row 0: an unselected entry")
+
+
 def test_rejects_tied_copies_out_of_index_order(rng):
     p, group = _with_copies(rng, 4)
     idx, _ = ref(p)
