@@ -58,10 +58,21 @@ def warmed_stream_case(seed, upload, make_out, synchronize):
     p, p2 = pair_of_problems(seed, T=3, H=16, D=64, E=32, lens=700, top_k=50)
     x, new = upload(p), upload(p2)
     expected = indexer.score_topk(*new, p2.top_k, return_scores=True)
+    testing.check_topk(p2, *(arrays.to_numpy(x) for x in expected), tol=testing.TOL_FAST)  # right, not only equal
     out = make_out(3, 50)
     indexer.score_topk(*x, p.top_k, return_scores=True, validate=False, out=out)  # warm-up
     synchronize()
     return p, x, new, expected, out
+
+
+def check_rows(p: testing.Problem, idx, sc, rows, tol=testing.TOL_FAST):
+    """``testing.check_topk`` on the query rows ``rows`` of problem ``p`` and of its answer
+    (``idx``, ``sc``: NumPy (T, top_k)): the reference for a sample of a run too large to
+    check whole on the host (rows are independent)."""
+    rows = np.asarray(rows)
+    sub = testing.Problem(p.q[rows], p.w[rows], p.keys_fp4, p.key_scale, p.key_gscale,
+                          np.ascontiguousarray(p.block_table[rows]), p.valid_lens[rows], p.top_k)
+    testing.check_topk(sub, idx[rows], None if sc is None else sc[rows], tol=tol)
 
 
 def check_threads(problems, device_of):
@@ -114,3 +125,5 @@ def check_grouped_kernel_limits(kernel, max_seqs, grouped_problem):
                               _fast_kernel=kernel)
     cp.cuda.Device().synchronize()
     assert idx.shape == (50, 16)
+    got = idx.get()
+    assert np.all((got >= -1) & (got < lens[:, None])), got  # only entries each row can see

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from indexer import arrays, testing
-from tests.gpu import check_grouped_kernel_limits, requires_gpu
+from tests.gpu import check_grouped_kernel_limits, check_rows, requires_gpu
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -166,6 +166,8 @@ def test_auto_takes_it_for_prefill_over_a_short_pool():
     dense_idx, dense_sc = _run(args, 512)
     np.testing.assert_array_equal(auto_idx, dense_idx)
     assert auto_sc.tobytes() == dense_sc.tobytes()
+    # and right: a sample of rows (the first, the last, short and long ones) against the reference
+    check_rows(as_problem(*args, 512), dense_idx, dense_sc, [0, 1, 3, 511, 2047, 4096, 6000, 8190, 8191])
     # the first rows against the warp-specialised kernel
     head = (q[:1024], w[:1024], k, s, g, table, np.array([0, 1024], np.int32), lens[:1024])
     ws_idx, ws_sc = _run(head, 512, kernel="ws")

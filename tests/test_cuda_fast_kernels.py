@@ -195,10 +195,11 @@ def test_adversarial(kernel, kind):
 
 
 @pytest.mark.parametrize("kernel", kernels())
-def test_bit_identical_reruns_and_kernels_agree_on_clear_winners(kernel):
+def test_bit_identical_reruns_that_meet_the_reference(kernel):
     rng = np.random.default_rng(32)
     p = testing.random_problem(rng, T=6, H=64, D=128, E=64, lens=8000, top_k=256)
     first = run(p, kernel)
     again = run(p, kernel)
     np.testing.assert_array_equal(first[0], again[0])
     assert first[1].tobytes() == again[1].tobytes()
+    testing.check_topk(p, first[0], first[1], tol=testing.TOL_FAST)  # deterministic and right

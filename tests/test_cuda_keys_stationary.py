@@ -127,3 +127,4 @@ def test_auto_takes_it_for_many_long_rows_of_one_sequence():
     (auto_idx, auto_sc), (one_idx, one_sc) = _both(args, 64, kernel="auto")
     np.testing.assert_array_equal(auto_idx, one_idx)
     assert auto_sc.tobytes() == one_sc.tobytes()
+    testing.check_topk(as_problem(*args, 64), auto_idx, auto_sc, tol=testing.TOL_FAST)  # and right

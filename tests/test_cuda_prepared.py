@@ -8,7 +8,7 @@ import pytest
 import indexer
 from indexer import arrays, testing
 from tests.gpu import in_one_buffer, requires_gpu
-from tests.test_ragged import grouped_problem
+from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -62,6 +62,7 @@ def test_grouped_calls_equal_score_topk_ragged():
     step = indexer.prepare(q, w, k, s, g, table, lens, 128, cu_seqlens_q=cu, physical=True)
     got = step(q, w, k, s, g, table, lens, cu_seqlens_q=cu)
     same(got, indexer.score_topk_ragged(q, w, k, s, g, table, cu, lens, 128, physical=True))
+    testing.check_topk(as_problem(*args, 128), got.get(), tol=testing.TOL_FAST, physical=True)  # and right
     # new queries and lengths in the same shapes
     q2, w2 = on_device(grouped_problem(np.random.default_rng(8), [2, 2, 0, 2], H=64, D=128, E=64,
                                        seq_entries=[3000, 700, 64, 1500], top_k=128)[:2])
