@@ -32,12 +32,18 @@ def _check_call(precision, workspace, workspace_budget, stream, **flags):
     argument); ``flags``: the boolean ones (return_scores, physical, validate) by name."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-    for name, value in flags.items():  # a truthy string or None would silently pick a mode
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
+    for name, value in flags.items():
+        _check_flag(name, value)
     check_workspace(workspace)
     check_budget(workspace_budget)
     streams.check_stream(stream)
+
+
+def _check_flag(name, value):
+    """TypeError naming ``name`` unless ``value`` is a bool (NumPy's too): a truthy string or
+    None would silently pick a mode."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
 
 
 def _host_array(name, x):

@@ -70,9 +70,11 @@ _META_NAME = "pool_meta"
 _CAPACITY = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX
 # smallest global scale: a normal float32, never flushed to zero by an FTZ kernel
 _MIN_EXP = -126
-# largest key magnitude stored: a block's scale 2**116 decodes to at most _CAPACITY * 2**116
-# (~2.2e38); the next power of two could decode a code rounded up past float32's largest
-_MAX_KEY = _CAPACITY * 2.0**116
+# largest global scale, and the largest key magnitude stored: a block's scale 2**116 decodes
+# to at most _CAPACITY * 2**116 (~2.2e38); the next power of two could decode a code rounded
+# up past float32's largest
+_MAX_EXP = 116
+_MAX_KEY = _CAPACITY * 2.0**_MAX_EXP
 # physical slots (block * E + slot) and lengths are int32 in the kernel's interface
 _INT32_MAX = 2**31 - 1
 # bytes of packed codes per 16-element scale group
@@ -328,12 +330,15 @@ class KeyPool:
             raise PoolFullError(f"append to {seq!r}: {n} keys need {need} free blocks, "
                                 f"the pool has {len(self._free)} free of {self.num_blocks}")
         blocks = self._blocks.get(seq, [])
+        new = self._free[len(self._free) - need:][::-1]  # the free list's last, in pop order
         with self._on_device():
             if head:
                 self._write_into(blocks[-1], used, k[:head])
-            new = [self._free.pop() for _ in range(need)]
             if new:
                 self._write_new(new, k[head:])
+        # the bookkeeping only once the writes went through: a failed write (out of memory)
+        # loses no block
+        del self._free[len(self._free) - need:]
         self._blocks[seq] = blocks + new
         self._lengths[seq] = length + n
         return length + n
@@ -343,14 +348,15 @@ class KeyPool:
         seq = _check_seq(seq)
         if seq not in self._blocks:
             raise ValueError(f"seq: unknown sequence id {seq!r}")
-        blocks = self._blocks.pop(seq)
-        del self._lengths[seq]
+        blocks = self._blocks[seq]
         with self._on_device():
             b = self._xp.asarray(np.asarray(blocks, dtype=np.int64))
             # zeroed so that freed keys do not linger and the next owner starts clean
             self.keys_fp4[b] = 0
             self.key_scale[b] = 0
             self.key_gscale[b] = 1.0
+        # the bookkeeping once the blocks are zeroed: a failed write leaves the sequence whole
+        del self._blocks[seq], self._lengths[seq]
         # LIFO, reversed so that pop() gives them back in the sequence's order
         self._free.extend(reversed(blocks))
 
@@ -541,7 +547,7 @@ class KeyPool:
         if not isinstance(arrays, dict):
             raise TypeError(f"arrays: expected a dict of arrays, got {type(arrays).__name__}")
         _parse_device(device)
-        tensors = {k: np.asarray(v) for k, v in arrays.items() if k != _META_NAME}
+        tensors = {k: np.array(v) for k, v in arrays.items() if k != _META_NAME}  # copies: the pool writes them
         meta = arrays.get(_META_NAME)
         if meta is not None:
             meta = np.asarray(meta)
@@ -585,9 +591,10 @@ class KeyPool:
             raise bad("key_scale: negative or NaN E4M3 scales (bytes >= 0x7F) are never written")
         g = tensors["key_gscale"]
         with np.errstate(invalid="ignore"):
-            ok = np.isfinite(g) & (g >= 2.0**_MIN_EXP) & (np.frexp(g)[0] == 0.5)
+            ok = np.isfinite(g) & (g >= 2.0**_MIN_EXP) & (g <= 2.0**_MAX_EXP) & (np.frexp(g)[0] == 0.5)
         if not ok.all():
-            raise bad(f"key_gscale: expected powers of two >= 2**{_MIN_EXP}, got {g[~ok][:4]}")
+            raise bad(f"key_gscale: expected powers of two in [2**{_MIN_EXP}, 2**{_MAX_EXP}] (what the pool "
+                      f"writes), got {g[~ok][:4]}")
 
         owner = {}  # block -> who holds it, to catch blocks shared or left out
 

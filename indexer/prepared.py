@@ -175,6 +175,8 @@ class PreparedCall:
         """``score_topk`` on these arrays (of the prepared shapes) with the prepared
         keywords; ``out``, ``stream`` and ``validate`` as ``score_topk`` takes them, but
         ``validate`` is False by default (True runs the whole public call)."""
+        if validate is not False:  # (the hot path's one test)
+            ops._check_flag("validate", validate)
         given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
         if self._grouped != (cu_seqlens_q is not None):
             raise TypeError("cu_seqlens_q: " + ("this call was prepared with cu_seqlens_q; pass it" if self._grouped

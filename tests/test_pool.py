@@ -490,6 +490,7 @@ def _set_seq(i, key, value):
     (lambda t, m: t.update(key_scale=t["key_scale"].astype(np.int8)), "key_scale: expected uint8"),
     (lambda t, m: t.update(key_gscale=t["key_gscale"].astype(np.float64)), "key_gscale: expected float32"),
     (lambda t, m: t["key_gscale"].__setitem__(0, 0.3), "key_gscale: expected powers of two"),
+    (lambda t, m: t["key_gscale"].__setitem__(0, 2.0**117), "key_gscale: expected powers of two in"),  # decodes to inf
     (lambda t, m: t["key_gscale"].__setitem__(3, 0.0), "key_gscale"),
     (lambda t, m: t["key_gscale"].__setitem__(1, np.inf), "key_gscale"),
     (lambda t, m: t["key_scale"].__setitem__((0, 0, 0), 0x7F), "key_scale: negative or NaN"),
@@ -653,6 +654,52 @@ def test_from_arrays_equals_load(tmp_path):
         np.testing.assert_array_equal(getattr(rebuilt, name), getattr(loaded, name))
     assert rebuilt.sequences == loaded.sequences == ["x", 7]
     np.testing.assert_array_equal(rebuilt.block_table(["x", 7]), loaded.block_table(["x", 7]))
+
+
+def test_from_arrays_copies_the_callers_arrays(tmp_path):
+    """The pool writes its own copies: appends and frees leave the dict it came from alone,
+    read-only arrays included."""
+    from indexer import io as indexer_io
+
+    rng = np.random.default_rng(92)
+    pool = KeyPool(6, entries_per_block=8, head_dim=32)
+    pool.append("x", rng.standard_normal((13, 32)).astype(np.float32))
+    path = tmp_path / "pool.npz"
+    pool.save(path)
+    given = indexer_io.read_arrays(path)
+    for a in given.values():
+        a.flags.writeable = False
+    before = {k: v.copy() for k, v in given.items()}
+    rebuilt = KeyPool.from_arrays(given)
+    rebuilt.append("y", rng.standard_normal((9, 32)).astype(np.float32) * 100)
+    rebuilt.free("x")
+    for k, v in given.items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_a_failed_write_loses_no_block_and_no_sequence(monkeypatch):
+    """append takes its blocks off the free list, and free drops its sequence, only once
+    the writes went through: an error in between (out of memory) leaves the books whole."""
+    rng = np.random.default_rng(93)
+    pool = KeyPool(6, entries_per_block=4, head_dim=32)
+    pool.append("a", gauss(rng, 6, 32))
+    before = snapshot(pool)
+
+    def fail(*args):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(KeyPool, "_write_new", fail)
+    with pytest.raises(MemoryError):
+        pool.append("b", gauss(rng, 9, 32))
+    assert pool.free_blocks == 4 and pool.sequences == ["a"]
+    monkeypatch.undo()
+    assert pool.append("b", gauss(rng, 9, 32)) == 9 and pool.free_blocks == 1
+    pool.free("b")
+    assert_same_state(before, snapshot(pool))
+    pool.keys_fp4.flags.writeable = False  # the zeroing fails
+    with pytest.raises(ValueError):
+        pool.free("a")
+    assert pool.sequences == ["a"] and pool.length("a") == 6 and pool.free_blocks == 4
 
 
 def test_from_arrays_rejects_bad_input():

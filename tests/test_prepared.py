@@ -93,6 +93,10 @@ def test_prepare_checks_what_score_topk_checks():
         indexer.prepare(p.q, p.w.tolist(), *p.arrays()[2:], p.top_k, backend="numpy")
     with pytest.raises(TypeError, match="^graphs: expected True or False, got str"):
         indexer.prepare(*p.args(), backend="numpy", graphs="yes")
+    step = indexer.prepare(*p.args(), backend="numpy")
+    for flag in ("no", None, 0, 1):  # per call too: bool("no") would run the validated call
+        with pytest.raises(TypeError, match="^validate: expected True or False"):
+            step(*p.arrays(), validate=flag)
     q, w, k, s, g, _, _, _ = grouped_problem(np.random.default_rng(11), [2])
     with pytest.raises(ValueError, match="^block_table: expected at least one sequence"):
         indexer.prepare(q[:0], w[:0], k, s, g, np.zeros((0, 4), dtype=np.int32), np.zeros(0, dtype=np.int32), 5,
