@@ -33,6 +33,8 @@ RASTER_ABOVE = 100_000
 _RASTER_BINS = 1024
 #: score histograms switch to log counts when the fullest bin holds this many entries
 _LOG_COUNTS = 50
+# the largest time / floor a benchmark bar takes (far past any measurement)
+_MAX_X_FLOOR = 1e12
 
 
 def require_matplotlib():
@@ -202,8 +204,12 @@ def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None,
         top_k = int(selected.size)
     ax = _axes(ax, (7, 4))
     edges = bins
+    span = None  # the bins over both sets: a float32 selected score can round past the row's float64 maximum
+    if finite.size and selected is not None and selected.size and np.ndim(bins) == 0:
+        span = (min(finite.min(), selected.min()), max(finite.max(), selected.max()))
     if finite.size:
-        counts, edges, _ = ax.hist(finite, bins=bins, color="C0", alpha=0.8, label=f"all entries ({finite.size})")
+        counts, edges, _ = ax.hist(finite, bins=bins, range=span, color="C0", alpha=0.8,
+                                   label=f"all entries ({finite.size})")
         if log or (log is None and counts.max() >= _LOG_COUNTS):
             ax.set_yscale("log")
     if selected is not None and selected.size:
@@ -243,9 +249,9 @@ def _bench_cases(results):
         paths = {}
         for path, numbers_ in row["paths"].items():
             x = numbers_.get("x_floor") if isinstance(numbers_, dict) else None
-            if not _positive(x):
+            if not _positive(x) or x > _MAX_X_FLOOR:  # beyond, matplotlib's log axis overflows
                 raise ValueError(f"results: cases[{i}] ({name}) path {path!r}: expected a positive number "
-                                 f"'x_floor', got {x!r}")
+                                 f"'x_floor' up to {_MAX_X_FLOOR:g}, got {x!r}")
             paths[str(path)] = float(x)
         out.append((name, paths))
     if not any(paths for _, paths in out):

@@ -207,6 +207,16 @@ def test_score_distribution_with_the_selected_scores(tmp_path, rng):
     save(fig, tmp_path / "selected.png")
 
 
+def test_score_distribution_draws_every_selected_score_past_the_rows_maximum():
+    """A selected score returned in float32 can round past the row's float64 maximum: the
+    bins span both, so every selected score is drawn (the legend counts them all)."""
+    row = np.array([1.0, 2.0, 3.0, 158.0828651])
+    selected = np.array([158.08287, 3.0], dtype=np.float32)  # 158.0828651 rounded up
+    fig = plot.score_distribution(row, selected_scores=selected, bins=10)
+    ax = fig.axes[0]
+    assert sum(p.get_height() for p in ax.patches[10:]) == 2
+
+
 def test_score_distribution_padding_and_edges():
     # fewer finite scores than top_k: the line sits at the lowest one
     sel = np.array([3.0, 1.0, -np.inf, -np.inf], dtype=np.float32)
@@ -277,7 +287,8 @@ def test_benchmark_bars_into_given_axes_and_round_trip_through_json(tmp_path):
     ({"cases": [{"paths": {}}]}, ValueError, "cases[0]: expected a dict with 'case'"),
     ({"cases": [{"case": "a"}]}, ValueError, "cases[0]: expected a dict with 'case' and a dict 'paths'"),
     ({"cases": [{"case": "a", "paths": {"fast": {"ms": 1.0}}}]}, ValueError,
-     "cases[0] (a) path 'fast': expected a positive number 'x_floor', got None"),
+     "cases[0] (a) path 'fast': expected a positive number 'x_floor' up to 1e+12, got None"),
+    ({"cases": [{"case": "a", "paths": {"fast": {"x_floor": 1e300}}}]}, ValueError, "got 1e+300"),  # log axis overflow
     ({"cases": [{"case": "a", "paths": {"fast": {"x_floor": -1}}}]}, ValueError, "got -1"),
     ({"cases": [{"case": "a", "paths": {"fast": {"x_floor": True}}}]}, ValueError, "x_floor"),
     ({"cases": [{"case": "a", "paths": {"fast": 3.0}}]}, ValueError, "x_floor"),
