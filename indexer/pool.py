@@ -520,7 +520,9 @@ class KeyPool:
         kind = _file_kind(path)
         _parse_device(device)  # a bad device is the caller's error, not the file's
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
+            if os.path.exists(path):
+                raise IsADirectoryError(f"{path}: not a file")
+            raise FileNotFoundError(f"{path}: no such file")
         tensors, meta = (_read_npz if kind == "npz" else _read_safetensors)(path)
         return cls._from_parts(path, tensors, meta, device)
 

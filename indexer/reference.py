@@ -36,12 +36,18 @@ _KEY_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd: each step a bijection of 
 
 def key_groups(keys_fp4, key_scale, key_gscale, block_table_row, n):
     """Entries ``0 .. n-1`` of one row numbered by their stored key: int64 (n,), equal
-    exactly where the codes, scales and global scale are byte for byte the same. Such
-    entries score exactly equal in every precision, so the tie rule orders them by index."""
+    exactly where the codes, scales and (float32) global scale are byte for byte the same.
+    Such entries score exactly equal in every precision, so the tie rule orders them by index."""
+    return _groups_and_firsts(keys_fp4, key_scale, key_gscale, block_table_row, n)[0]
+
+
+def _groups_and_firsts(keys_fp4, key_scale, key_gscale, block_table_row, n):
+    """(``key_groups``' numbering (n,), the lowest entry of each group (groups,)), int64."""
     E = keys_fp4.shape[1]
     s = np.arange(n)
     b, e = block_table_row[s // E], s % E
-    rows = np.concatenate([keys_fp4[b, e], key_scale[b, e], key_gscale[b].view(np.uint8).reshape(-1, 4)], axis=1)
+    gscale_bytes = np.ascontiguousarray(key_gscale[b], dtype=np.float32).view(np.uint8).reshape(-1, 4)
+    rows = np.concatenate([keys_fp4[b, e], key_scale[b, e], gscale_bytes], axis=1)
     rows = np.pad(rows, ((0, 0), (0, -rows.shape[1] % 8)))
     # one 64-bit hash a key, grouped; kept only if every key equals its group's first
     words = rows.view(np.uint64)
@@ -52,20 +58,22 @@ def key_groups(keys_fp4, key_scale, key_gscale, block_table_row, n):
     first, group = np.unique(h, return_index=True, return_inverse=True)[1:]
     group = group.ravel().astype(np.int64)
     if not np.array_equal(rows, rows[first[group]]):  # a hash collision: group the bytes themselves
-        _, group = np.unique(rows.view(np.dtype((np.void, rows.shape[1]))).ravel(), return_inverse=True)
+        first, group = np.unique(rows.view(np.dtype((np.void, rows.shape[1]))).ravel(), return_index=True,
+                                 return_inverse=True)[1:]
         group = group.ravel().astype(np.int64)
-    return group
+    return group, first.astype(np.int64)
 
 
-def _first_of_key(group):
-    """int64 (n,): the lowest entry with the same key as each entry (``key_groups``' output)."""
-    return np.unique(group, return_index=True)[1][group]
+def _first_of_key(keys_fp4, key_scale, key_gscale, block_table_row, n):
+    """int64 (n,): the lowest of entries ``0 .. n-1`` with the same stored key as each."""
+    group, first = _groups_and_firsts(keys_fp4, key_scale, key_gscale, block_table_row, n)
+    return first[group]
 
 
 def row_scores(q_t, w_t, keys_fp4, key_scale, key_gscale, block_table_row, n, chunk=16384):
     """float64 scores (n,) of one query: ``sum_h w[h] * max(0, q[h] . k[s])``; NaN propagates.
     Entries with identical stored keys get bit-identical scores."""
-    first = _first_of_key(key_groups(keys_fp4, key_scale, key_gscale, block_table_row, n))
+    first = _first_of_key(keys_fp4, key_scale, key_gscale, block_table_row, n)
     return _scores_by_key(q_t, w_t, lambda s: _entry_keys(keys_fp4, key_scale, key_gscale, block_table_row, s),
                           first, n, chunk)
 
@@ -138,7 +146,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         if stop - first > 1:
             longest = int(valid_lens[first:stop].max())
             shared = row_keys(keys_fp4, key_scale, key_gscale, block_table[first], longest)
-            shared_first = _first_of_key(key_groups(keys_fp4, key_scale, key_gscale, block_table[first], longest))
+            shared_first = _first_of_key(keys_fp4, key_scale, key_gscale, block_table[first], longest)
         for t in range(first, stop):
             n = int(valid_lens[t])
             if n == 0:

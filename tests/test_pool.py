@@ -428,7 +428,7 @@ def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.npz: no such file"):
         KeyPool.load(tmp_path / "nope.npz")
     (tmp_path / "dir.npz").mkdir()
-    with pytest.raises(FileNotFoundError, match="dir.npz: not a file"):
+    with pytest.raises(IsADirectoryError, match="dir.npz: not a file"):
         KeyPool.load(tmp_path / "dir.npz")
 
 

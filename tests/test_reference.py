@@ -302,6 +302,17 @@ def test_same_codes_under_another_global_scale_are_another_key(rng):
         .tolist() != reference.key_groups(p["keys_fp4"], p["key_scale"], p["key_gscale"], p["block_table"][0], 16)[:8].tolist()
 
 
+def test_reference_takes_a_float64_global_scale_as_its_float32_value(rng):
+    """reference.* is called directly too: a float64 key_gscale (decoded as float32, as
+    nvfp4.dequantize takes it) gives the float32 answer."""
+    p = make_problem(rng, T=2, H=4, D=32, E=8, lens=[30, 17], top_k=6)
+    want = reference.score_topk(*args_of(p), return_scores=True)
+    p["key_gscale"] = p["key_gscale"].astype(np.float64)
+    got = reference.score_topk(*args_of(p), return_scores=True)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_zero_keys_of_blocks_with_other_global_scales_tie_to_the_lower_index(rng):
     """All-zero keys score exactly 0 whatever their block's global scale: one plateau, the
     lowest indices first, though their bytes differ; the checker holds any answer to it."""
