@@ -294,6 +294,9 @@ def _problem_from_pool(arrays, name):
     ids = _sequence_ids(arrays["seqs"], name)
     pool = _load_pool(arrays, name)
     known = set(pool.sequences)
+    # a string of decimal digits names the int id `pack` made of such an array name, unless
+    # the pool holds that very string (so one string array can name ids of both kinds)
+    ids = [int(s) if isinstance(s, str) and s not in known and _INT_ID.fullmatch(s) else s for s in ids]
     for s in ids:
         if s not in known:
             raise ValueError(f"{name}: seqs: sequence {s!r} is not in the pool (it holds {len(known)} sequences)")

@@ -275,6 +275,17 @@ def test_pack_then_score(run, rng, tmp_path, fmt, no_gpu):
     r = run("score", inp, "--top-k", "50", "--physical", "--json")
     phys = np.array(json.loads(r.stdout)["indices"])
     np.testing.assert_array_equal(phys, reference.to_physical(idx, pool.block_table(seqs), 16))
+    if fmt != ".npz":
+        return  # (safetensors holds no string arrays)
+    # one string array names ids of both kinds: "7" is the int id pack made of the name "7"
+    data["seqs"] = np.array(["7", "doc", "7", "0"])
+    io.write_arrays(inp, data)
+    r = run("score", inp, "--top-k", "50", "--json")
+    assert r.exit_code == 0, r.output
+    mixed = [7, "doc", 7, 0]
+    want = reference.score_topk(data["q"], data["w"], pool.keys_fp4, pool.key_scale, pool.key_gscale,
+                                pool.block_table(mixed), pool.lengths(mixed), 50)
+    np.testing.assert_array_equal(np.array(json.loads(r.stdout)["indices"]), want)
 
 
 def test_pack_default_block_size_and_explicit_num_blocks(run, rng, tmp_path):
