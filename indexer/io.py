@@ -25,8 +25,10 @@ The two forms of a ``score`` input file
   ``keys_fp4``, ``key_scale``, ``key_gscale`` and the uint8 JSON ``pool_meta``) plus
   ``q`` float32 (T, H, D), ``w`` float32 (T, H) and ``seqs`` (T,), the id of the pool
   sequence each query row reads. ``seqs`` is an integer array (int ids); in ``.npz`` a
-  NumPy string array (dtype ``<U``) also works for str ids, ``.safetensors`` holds
-  numbers only. An id the pool does not hold is an error (``KeyPool`` itself reads it as
+  NumPy string array (dtype ``<U``) also works for str ids (a string of decimal digits
+  the pool holds no str id of names the int id, as ``indexer pack`` makes of such array
+  names, so one array can name both kinds), ``.safetensors`` holds numbers only. An id
+  the pool does not hold is an error (``KeyPool`` itself reads it as
   an empty sequence; on the command line that is almost always a typo). The block table
   and valid lengths come from the pool (``KeyPool.block_table(seqs)``, ``lengths(seqs)``).
 

@@ -341,8 +341,13 @@ def test_load_problem_pool_form_errors(tmp_path, rng):
             io.load_problem(bad, top_k=3, name="p")
     with pytest.raises(ValueError, match=r"^p: seqs: sequence 7 is not in the pool"):
         io.load_problem(arrays | {"seqs": np.array([5, 7, 5, 5])}, top_k=3, name="p")
-    with pytest.raises(ValueError, match=r"sequence '5' is not in the pool"):  # str '5' is not int 5
-        io.load_problem(arrays | {"seqs": np.array(["5", "5", "5", "5"])}, top_k=3)
+    # a string of digits names the int id where the pool holds no such string (pack's ids)
+    as_str, _ = io.load_problem(arrays | {"seqs": np.array(["5", "5", "5", "5"])}, top_k=3)
+    as_int, _ = io.load_problem(arrays | {"seqs": np.array([5, 5, 5, 5])}, top_k=3)
+    for a, b in zip(as_str, as_int):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"sequence 'x5' is not in the pool"):
+        io.load_problem(arrays | {"seqs": np.array(["5", "x5", "5", "5"])}, top_k=3)
     with pytest.raises(TypeError, match="'seqs' must hold integer .* got dtype float64"):
         io.load_problem(arrays | {"seqs": np.array([5.0, 5.0, 5.0, 5.0])}, top_k=3)
     with pytest.raises(ValueError, match=r"'seqs' must be 1-D"):
