@@ -8,6 +8,8 @@ lower index.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,6 +161,8 @@ def check_topk(p: Problem, indices, scores=None, *, tol=TOL_EXACT, exact=None, p
     ``exact``: the output of ``exact_scores(p)``, to reuse across several checks.
     Raises AssertionError naming the row and the broken rule.
     """
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0 <= tol < math.inf:
+        raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")  # NaN would pass anything
     indices = np.asarray(indices)
     T, k = p.q.shape[0], p.top_k
     assert indices.shape == (T, k) and indices.dtype == np.int32, f"indices: shape {indices.shape} dtype {indices.dtype}"

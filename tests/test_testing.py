@@ -272,6 +272,14 @@ def test_rejects_tie_to_higher_index(rng):
     rejects(p, bad, match=r"row 0: identical keys .* expected the lowest indices")
 
 
+@pytest.mark.parametrize("tol", [float("nan"), -1.0, float("inf"), "1e-6", True])
+def test_a_tolerance_that_would_pass_anything_is_refused(rng, tol):
+    p = testing.random_problem(rng, T=1, H=4, D=32, E=16, lens=[64], top_k=12)
+    idx, sc = ref(p)
+    with pytest.raises(ValueError, match="^tol: expected a finite number >= 0"):
+        testing.check_topk(p, idx, sc, tol=tol)
+
+
 def test_rejects_the_higher_copy_taking_the_last_place(rng):
     """One place for a group of identical keys (copies of the k-th entry): the lowest copy
     takes it; the highest copy there instead is the tie rule's most common off-by-one."""
