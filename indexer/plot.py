@@ -53,6 +53,10 @@ def _axes(ax, figsize):
     """``ax``, or the axes of a new pyplot figure of ``figsize`` inches."""
     require_matplotlib()
     if ax is not None:
+        from matplotlib.axes import Axes  # noqa: PLC0415  (optional dependency, imported on use)
+
+        if not isinstance(ax, Axes):
+            raise TypeError(f"ax: expected a matplotlib Axes or None, got {type(ax).__name__}")
         return ax
     import matplotlib.pyplot as plt  # noqa: PLC0415  (optional dependency, imported on use)
 

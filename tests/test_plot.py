@@ -207,6 +207,11 @@ def test_score_distribution_with_the_selected_scores(tmp_path, rng):
     save(fig, tmp_path / "selected.png")
 
 
+def test_axes_that_are_not_axes_are_refused_by_name():
+    with pytest.raises(TypeError, match="^ax: expected a matplotlib Axes or None, got str"):
+        plot.score_distribution(np.arange(5.0), ax="x")
+
+
 def test_score_distribution_draws_every_selected_score_past_the_rows_maximum():
     """A selected score returned in float32 can round past the row's float64 maximum: the
     bins span both, so every selected score is drawn (the legend counts them all)."""
