@@ -627,3 +627,17 @@ def test_device_with_the_numpy_backend(run, tmp_path, rng, command):
 def test_device_must_be_a_non_negative_int(run):
     assert_error(run("demo", "--device", "-1"), "--device")
     assert_error(run("demo", "--device", "gpu1"), "--device")
+
+
+def test_pack_of_only_empty_sequences_gives_a_pool_of_one_free_block(run, tmp_path):
+    io.write_arrays(tmp_path / "k.npz", {"a": np.zeros((0, 32), np.float32)})
+    r = run("pack", tmp_path / "k.npz", "--out", tmp_path / "p.npz")
+    assert r.exit_code == 0, r.output
+    pool = KeyPool.load(tmp_path / "p.npz")
+    assert pool.num_blocks == 1 and pool.free_blocks == 1
+
+
+def test_demo_on_numpy_checks_at_the_exact_tolerance(run):
+    r = run("demo", "--backend", "numpy", "--entries", "64", "--top-k", "8", "--queries", "1", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tol"] == testing.TOL_EXACT

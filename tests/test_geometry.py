@@ -320,3 +320,23 @@ def test_the_sampled_threshold_is_taken_where_its_candidates_fit_the_buffer():
     assert not geometry.sampled_threshold_fits(16, geometry.SAMPLED_MAX_LEN + 128)
     expected = max(2 * geometry.SAMPLED_MAX_K, 32 * geometry.SAMPLED_MAX_LEN // 8192)
     assert expected <= geometry.CANDIDATE_CAP // 2
+
+
+# ------------------------------------------------------------- boundaries (found by mutation testing)
+
+
+def test_a_run_budgets_every_histogram_counter_of_a_row():
+    """A row's scratch: its scores, its histogram's bins and the spare bin, its candidates."""
+    assert geometry.workspace_row_bytes(128) == 4 * 128 + 4 * (geometry.HIST_BINS + 1) + 8 * geometry.CANDIDATE_CAP
+
+
+def test_exactly_one_wave_of_rows_is_one_run_a_row():
+    assert geometry.score_mma_launch(3 * 132, 64, 128, 8192).grid == (396, 1)
+
+
+def test_the_dense_kernel_is_taken_at_exactly_a_quarter_as_many_rows_as_entries():
+    assert geometry.dense_preferred(2048, 64, 128, 8192)
+
+
+def test_two_filter_ctas_an_sm_keep_sixteen_entries_a_thread():
+    assert geometry.select_fast_per_thread(264, 4096) == 16

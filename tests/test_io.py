@@ -1,5 +1,6 @@
 """indexer.io: arrays files for the CLI (.npz, .safetensors, .npy), never unpickling."""
 
+import json
 import os
 import sys
 
@@ -390,3 +391,30 @@ def test_key_sequences_errors(rng):
         io.key_sequences({"a": good, "b": np.ones((2, 64), np.float32)})
     with pytest.raises(ValueError, match="same sequence id 7"):
         io.key_sequences({"7": good, "007": good})
+
+
+def test_an_empty_top_k_array_is_named():
+    p = testing.random_problem(np.random.default_rng(0), T=1, H=8, D=32, E=4, top_k=2)
+    arrays = dict(zip(io.PROBLEM_NAMES, p.arrays()), top_k=np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="input: array 'top_k' must hold one integer"):
+        io.load_problem(arrays)
+
+
+def test_a_digit_string_the_pool_holds_as_a_string_names_that_string():
+    """A pool may hold the str id "7" and the int id 7: the string names the string."""
+    rng = np.random.default_rng(1)
+    pool = KeyPool(4, 4, 32)
+    pool.append("7", rng.standard_normal((5, 32)).astype(np.float32))
+    pool.append(7, rng.standard_normal((2, 32)).astype(np.float32))
+    arrays = {n: np.asarray(getattr(pool, n)) for n in ("keys_fp4", "key_scale", "key_gscale")}
+    arrays["pool_meta"] = np.frombuffer(json.dumps(pool._meta()).encode(), np.uint8)
+    arrays.update(q=np.ones((2, 8, 32), np.float32), w=np.ones((2, 8), np.float32), seqs=np.array(["7", "7"]))
+    problem, _ = io.load_problem(arrays, top_k=1)
+    assert problem[-1].tolist() == [5, 5]
+
+
+def test_a_pool_meta_that_is_not_text_stays_an_array_in_safetensors(tmp_path):
+    pytest.importorskip("safetensors")
+    io.write_arrays(tmp_path / "x.safetensors", {"pool_meta": np.arange(3, dtype=np.int32)})
+    got = io.read_arrays(tmp_path / "x.safetensors")["pool_meta"]
+    assert got.dtype == np.int32 and got.tolist() == [0, 1, 2]

@@ -425,3 +425,13 @@ def test_cli_plot_bench_json_with_missing_keys(run, tmp_path, change, message):
 
 def test_cli_plot_without_matplotlib(run, problem_path, tmp_path, no_matplotlib):
     assert_error(run("plot", problem_path, "--out", tmp_path / "x.png"), MISSING)
+
+
+def test_the_threshold_line_sits_at_the_lowest_score_when_fewer_than_k():
+    fig = plot.score_distribution(np.array([1.0, 2.0, 3.0]), top_k=5)
+    assert threshold_line(fig.axes[0])[0] == 1.0
+
+
+def test_the_selection_maps_entry_axis_ends_past_the_largest_index_without_lengths():
+    fig = plot.selection_map(np.array([[0, 9]], dtype=np.int32))
+    assert fig.axes[0].get_xlim() == (-0.5, 9.5)

@@ -709,3 +709,62 @@ def test_from_arrays_rejects_bad_input():
         KeyPool.from_arrays({"keys_fp4": np.zeros((1, 1, 16), np.uint8)}, name="mine")
     with pytest.raises(ValueError, match="pool_meta: expected a 1-D uint8"):
         KeyPool.from_arrays({"pool_meta": np.zeros((2, 2), np.float32)})
+
+
+# --------------------------------------------------------------- boundaries (found by mutation testing)
+
+
+@pytest.mark.parametrize("amax,g", [(2688.0, 1.0), (1344.0, 0.5), (2688.0 * 2**-20, 2**-20)])
+def test_a_block_at_exactly_its_capacity_takes_the_smaller_scale(amax, g):
+    """The policy's scale is the smallest power of two g with amax <= 6 * 448 * g: at
+    equality, g itself (one bit more of precision than the next), and the key exact."""
+    pool = KeyPool(1, 4, 32)
+    x = np.zeros((1, 32), np.float32)
+    x[0, 3] = -amax
+    pool.append(0, x)
+    assert float(pool.key_gscale[0]) == g
+    np.testing.assert_array_equal(pool.keys(0), x)
+
+
+def test_block_table_width_exactly_at_the_row_limit():
+    E = 2**20
+    width = indexer.MAX_ROW_ENTRIES // E
+    assert KeyPool(1, E, 32).block_table([0], width=width).shape == (1, width)
+
+
+def test_the_largest_storable_keys_survive_save_and_load(tmp_path):
+    from indexer.pool import _MAX_KEY  # noqa: PLC0415
+
+    pool = KeyPool(1, 4, 32)
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0] = np.float32(_MAX_KEY)
+    pool.append(0, x)
+    pool.save(tmp_path / "p.npz")
+    np.testing.assert_array_equal(KeyPool.load(tmp_path / "p.npz").keys(0), pool.keys(0))
+
+
+def test_the_free_lists_order_survives_save_and_load(tmp_path):
+    """Blocks are reused last freed first; a loaded pool hands them out in the same order."""
+    rng = np.random.default_rng(0)
+    pool = KeyPool(4, 4, 32)
+    pool.append("a", gauss(rng, 6, 32))
+    pool.append("b", gauss(rng, 4, 32))
+    pool.free("a")
+    pool.free("b")
+    pool.save(tmp_path / "p.npz")
+    back = KeyPool.load(tmp_path / "p.npz")
+    c = gauss(rng, 9, 32)
+    pool.append("c", c)
+    back.append("c", c)
+    assert back.block_table(["c"]).tolist() == pool.block_table(["c"]).tolist() == [[2, 0, 1]]
+
+
+def test_a_block_whose_first_row_is_zero_still_rescales_its_keys():
+    """A zero first key leaves the block's scale to the next key; a later, larger key grows
+    it and rescales the keys already there (not only row 0 decides whether any exist)."""
+    pool = KeyPool(1, 8, 32)
+    x = np.zeros((3, 32), np.float32)
+    x[1], x[2] = 1.0, 50.0
+    for row in x:
+        pool.append("s", row)
+    np.testing.assert_allclose(pool.keys("s"), x, rtol=0.3)

@@ -118,3 +118,12 @@ def test_repr_names_the_shapes_and_owns_a_workspace():
     assert isinstance(step.workspace, indexer.Workspace)
     ws = indexer.Workspace()
     assert indexer.prepare(*problem(10).args(), backend="numpy", workspace=ws).workspace is ws
+
+
+def test_a_prepared_grouped_call_on_numpy_writes_out():
+    args = grouped_problem(np.random.default_rng(5), [3, 0, 2])
+    q, w, k, s, g, table, cu, lens = args
+    step = indexer.prepare(q, w, k, s, g, table, lens, 12, cu_seqlens_q=cu, backend="numpy")
+    out = np.zeros((5, 12), np.int32)
+    assert step(q, w, k, s, g, table, lens, cu_seqlens_q=cu, out=out) is out
+    np.testing.assert_array_equal(out, indexer.score_topk_ragged(*args, 12, backend="numpy"))

@@ -214,3 +214,9 @@ def test_pool_grouping_errors():
         with pytest.raises(TypeError, match="q: expected a NumPy or CuPy array"):
             indexer.score_topk_ragged(bad_q, w, pool.keys_fp4, pool.key_scale, pool.key_gscale, pool.block_table([0]),
                                       np.array([0, 2], np.int32), np.array([5, 6], np.int32), 4, backend="numpy")
+
+
+def test_offsets_past_the_rows_are_clamped_into_the_table():
+    """Malformed offsets (validation off) leave every row on a row of the table."""
+    out = ragged.expand_block_table(np.array([[5, 6]], np.int32), np.array([0, 2], np.int32), 4)
+    assert out.tolist() == [[5, 6]] * 4
