@@ -242,6 +242,21 @@ def test_longest_row_is_bounded_with_a_margin_under_2_31(values):
                 validate.check_score_topk(*(a[k] for k in ORDER), values=values)
 
 
+def test_a_pool_of_2_31_entries_is_refused_for_its_int32_physical_indices(tmp_path):
+    """P * E = 2**31 exactly (physical indices block * E + slot must fit int32): refused on
+    shapes alone. The pool arrays are sparse memory maps (32 GiB of address space, no data)."""
+    P, E, d = 2**16, 2**15, 32
+    try:
+        keys = np.memmap(tmp_path / "k", dtype=np.uint8, mode="w+", shape=(P, E, d // 2))
+        scales = np.memmap(tmp_path / "s", dtype=np.uint8, mode="w+", shape=(P, E, d // 16))
+    except (OSError, ValueError) as exc:  # a file system without sparse files
+        pytest.skip(f"no sparse 32 GiB file here: {exc}")
+    a = good_args(t=1, d=d, p=1, e=E, l_=1, lens=(5,))
+    a.update(keys_fp4=keys, key_scale=scales, key_gscale=np.ones(P, np.float32))
+    with pytest.raises(ValueError, match=r"^keys_fp4: P \* E = 2147483648 pool entries exceeds the int32 range"):
+        validate.check_score_topk(*(a[k] for k in ORDER), values=False)
+
+
 def test_values_false_skips_value_checks():
     a = _poke("valid_lens", 0, -4)(_poke("key_gscale", 0, np.nan)(good_args()))
     prob = validate.check_score_topk(*(a[k] for k in ORDER), values=False)
