@@ -373,7 +373,12 @@ def test_score_errors(run, rng, tmp_path, no_gpu):
     header += " " * (118 - len(header)) + "\n"
     with zipfile.ZipFile(huge, "a") as z:
         z.writestr("big.npy", b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
-    assert_error(run("score", huge), "huge.npz: an array in it needs more memory than is free")
+    result = run("score", huge)
+    assert_error(result, "huge.npz: ")
+    # the allocation fails where memory is not overcommitted; where it is (a GPU host with
+    # vm.overcommit_memory=1), NumPy allocates and the read finds the member truncated
+    assert ("needs more memory than is free" in result.stderr
+            or "not a readable .npz file (EOF" in result.stderr), result.stderr
 
 
 def test_score_pool_form_unknown_sequence(run, rng, tmp_path):

@@ -21,7 +21,9 @@ def test_a_graph_of_one_busy_kernel_times_as_its_cycles(cycles):
 
     ms = bench.time_graph(cp, lambda _: bench.busy(cp, cp.cuda.get_current_stream(), cycles), [None], repeats=9)
     at_max_clock = cycles / _max_clock_khz(cp)  # ms: the least the kernel can take
-    assert ms >= at_max_clock
+    # 2% for the event timer against the SM clock: an H100 timed 2,000,000 cycles at 1.0059 ms
+    # against 1.0101 at its 1,980 MHz (the two clocks differ by ~0.4%)
+    assert ms >= 0.98 * at_max_clock
     # not the busy kernel before the start event (BUSY_CYCLES more), nor a submission's
     # ~10 us: the graph's launch on the device and clocks ~10% under the maximum at most
     assert ms < 1.25 * at_max_clock + 0.015
