@@ -241,6 +241,7 @@ class KeyPool:
         self._device_id = _parse_device(device)
         self._xp = np if self._device_id is None else arrays.cupy()
         self.num_blocks, self.entries_per_block, self.head_dim = P, E, D
+        self._last_write = None  # a GPU pool's event after its last write: the next waits for it
         self.device = device
         xp = self._xp
         with self._on_device():
@@ -301,22 +302,35 @@ class KeyPool:
         seq = _check_seq(seq)
         n = self._lengths.get(seq, 0)
         with self._on_device():
+            if self._device_id is not None:  # pragma: no cover  (needs a GPU)
+                self._after_last_write(self._xp.cuda.get_current_stream())
             b = self._xp.asarray(np.asarray(self._blocks.get(seq, []), dtype=np.int64))
             k = nvfp4.dequantize(self.keys_fp4[b], self.key_scale[b], self.key_gscale[b][:, None])
             return k.reshape(-1, self.head_dim)[:n]
 
     # ----------------------------------------------------------------- writing
-    def append(self, seq, keys) -> int:
+    def append(self, seq, keys, *, stream=None) -> int:
         """Quantize ``keys`` and add them at the end of ``seq``; returns its new length.
 
         keys : float (n, D) or (D,); NumPy, CuPy or anything ``np.asarray`` takes. Float64
             is cast to float32; integer dtypes are a TypeError, NaN/Inf a ValueError. n = 0
             is a no-op.
+        stream : where a GPU pool's writes run, as ``score_topk``'s ``stream=`` (None:
+            PyTorch's current stream when ``keys`` is a PyTorch tensor, else CuPy's current
+            stream). They wait for the pool's previous writes, on whatever stream those ran;
+            score on the same stream, or order the two, so that the scoring reads the keys
+            once written. Checked and ignored on the CPU.
 
         The sequence's last, partly filled block is filled first; then blocks come off the
         free list. Raises PoolFullError, changing nothing, when the free list is too short.
         """
         seq = _check_seq(seq)
+        streams.check_stream(stream)
+        with self._writing(stream, keys):
+            return self._append(seq, keys)
+
+    def _append(self, seq, keys):
+        """``append`` on the device and stream ``_writing`` chose."""
         k = self._as_keys(keys)
         n = int(k.shape[0])
         length = self._lengths.get(seq, 0)
@@ -343,22 +357,54 @@ class KeyPool:
         self._lengths[seq] = length + n
         return length + n
 
-    def free(self, seq) -> None:
-        """Drop ``seq``: its blocks are zeroed (``g`` back to 1.0) and return to the free list."""
+    def free(self, seq, *, stream=None) -> None:
+        """Drop ``seq``: its blocks are zeroed (``g`` back to 1.0) and return to the free list.
+
+        stream : where a GPU pool's zeroing runs (None: CuPy's current stream), after the
+            pool's previous writes; a scoring call still reading the blocks must be ordered
+            before it."""
         seq = _check_seq(seq)
+        streams.check_stream(stream)
         if seq not in self._blocks:
             raise ValueError(f"seq: unknown sequence id {seq!r}")
         blocks = self._blocks[seq]
-        with self._on_device():
-            b = self._xp.asarray(np.asarray(blocks, dtype=np.int64))
-            # zeroed so that freed keys do not linger and the next owner starts clean
-            self.keys_fp4[b] = 0
-            self.key_scale[b] = 0
-            self.key_gscale[b] = 1.0
-        # the bookkeeping once the blocks are zeroed: a failed write leaves the sequence whole
+        with self._writing(stream):
+            self._zero_blocks(blocks)
+        # the bookkeeping once the blocks are zeroed: a failed write (or a stream on another
+        # device, refused as the writing starts) leaves the sequence whole
         del self._blocks[seq], self._lengths[seq]
         # LIFO, reversed so that pop() gives them back in the sequence's order
         self._free.extend(reversed(blocks))
+
+    def _zero_blocks(self, blocks):
+        """Zero ``blocks`` (codes, scales; global scales back to 1.0), so that freed keys do
+        not linger and the next owner starts clean."""
+        with self._on_device():
+            b = self._xp.asarray(np.asarray(blocks, dtype=np.int64))
+            self.keys_fp4[b] = 0
+            self.key_scale[b] = 0
+            self.key_gscale[b] = 1.0
+
+    @contextlib.contextmanager
+    def _writing(self, stream, keys=None):
+        """The pool's GPU and the stream its writes run on (``streams.resolve``: ``stream``,
+        else PyTorch's current stream when ``keys`` is a tensor, else CuPy's current one),
+        ordered after the pool's previous writes, whichever stream they ran on (an event
+        recorded after each); nothing on the CPU."""
+        if self._device_id is None:
+            yield
+            return
+        with streams.using(stream, (self.keys_fp4,) if keys is None else (self.keys_fp4, keys)):  # pragma: no cover
+            self._after_last_write(self._xp.cuda.get_current_stream())
+            try:
+                yield
+            finally:  # a write that failed part-way may still have queued some
+                self._last_write = self._xp.cuda.get_current_stream().record()
+
+    def _after_last_write(self, stream):  # pragma: no cover  (needs a GPU)
+        """Make ``stream`` wait for the pool's last write (no-op before the first)."""
+        if self._last_write is not None:
+            stream.wait_event(self._last_write)
 
     def _as_keys(self, keys):
         """``keys`` as a C-contiguous float32 (n, D) array of the pool's array library."""
@@ -464,6 +510,7 @@ class KeyPool:
             # the tables are copied to the device on the stream the call runs on (PyTorch's
             # current stream for tensors), so the kernels never read them before they land
             with streams.using(kwargs.get("stream"), (q, w, self.keys_fp4)) as run_on:
+                self._after_last_write(self._xp.cuda.get_current_stream())  # the keys written, whichever stream
                 if run_on is not None:
                     kwargs["stream"] = run_on
                 return self._score_topk(q, w, seqs, top_k, cu_seqlens_q, valid_lens, kwargs)

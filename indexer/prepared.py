@@ -311,7 +311,7 @@ class PreparedCall:
         private = self._capture_stream
         generation = self.workspace.generation
         graph = None
-        with private:
+        with private, self.workspace.untracked_capture():  # its graphs are captured again after a growth
             private.begin_capture()
             try:
                 # replayed on the call's stream, which orders the tensors: viewed from their pointers

@@ -19,11 +19,14 @@ Rules:
 * The workspace holds one buffer per device (plus small ones per device: the per-token
   block table of ``score_topk_ragged``, and the select's histograms kept zero at rest). A
   call that needs more bytes than the buffer holds reallocates it (grows); it never
-  shrinks. Growing replaces the buffer, so a graph captured earlier with the smaller buffer
-  must not be replayed after a larger call: size the workspace first (one call with the
-  largest shapes, or ``reserve``), then capture.
+  shrinks. Growing replaces the buffer; a buffer that a call captured into a CUDA graph
+  used is kept (not freed) once outgrown, for as long as the workspace lives, so the graph
+  stays valid after a larger call (as PyTorch's per-shape graphs of
+  ``torch.compile(mode="reduce-overhead")`` need); ``nbytes`` counts it. To hold only one
+  set, size the workspace first (one call with the largest shapes), then capture.
+  (``indexer.PreparedCall``'s own graphs are captured again after a growth instead.)
 * Growing is refused while the current stream is capturing (RuntimeError): make one call
-  with the same shapes, or ``reserve`` the bytes, before the capture.
+  with the same shapes (``reserve`` sizes the main scratch part only) before the capture.
 * Calls that share a workspace must be ordered (one stream, or events between streams):
   concurrent calls on different streams need one workspace each.
 * Keep the workspace alive as long as any graph that uses it.
@@ -46,6 +49,7 @@ fills it first. The benchmark's scoring-only calls count into scratch memory ins
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import threading
 
@@ -72,12 +76,17 @@ class Workspace:
     Attributes
     ----------
     nbytes : int   bytes held, over all devices (0 until the first GPU call or ``reserve``)
-    generation : int   how many times a buffer was replaced (grown); a CUDA graph captured
-                   over the old buffers must not be replayed after it changes
+    generation : int   how many times a buffer was replaced (grown); a graph captured over
+                   the old buffers stays valid (they are kept), but is not the current
+                   buffers' (``PreparedCall`` captures its graphs again when it moves)
     """
 
     def __init__(self):
         self._buffers = {}  # (device id, part) -> CuPy uint8 array, 1-D
+        self._born = {}  # (device id, part) -> the generation its buffer was allocated at
+        self._captured_at = {}  # device id -> the generation at its latest call under a capture
+        self._retired = []  # outgrown buffers a captured graph used: kept while the workspace lives
+        self._untracked = False  # while PreparedCall captures (its graphs are dropped on growth)
         self._lock = threading.Lock()  # growth from several threads replaces a buffer once
         self._zero_at_rest = {}  # device id -> whether its "zeroed" part is all zero now
         self._views = {}  # (device id, key) -> what `views` made of the launch buffer
@@ -88,7 +97,25 @@ class Workspace:
 
     @property
     def nbytes(self) -> int:
-        return sum(int(b.nbytes) for b in list(self._buffers.values()))
+        return sum(int(b.nbytes) for b in [*self._buffers.values(), *self._retired])
+
+    def note_call(self):  # gpu-only
+        """Record a call on the current device and stream: under a CUDA-graph capture, the
+        device's buffers of now are kept once outgrown (see the module docstring). One
+        capture-state query (~0.2 us of host time)."""
+        cp = arrays.cupy()
+        if not self._untracked and streams.capture_state(cp.cuda.get_current_stream())[0] is not False:
+            self._captured_at[int(cp.cuda.runtime.getDevice())] = self.generation
+
+    @contextlib.contextmanager
+    def untracked_capture(self):
+        """Calls captured inside keep no buffer from being freed when outgrown: for a caller
+        that drops its graphs when ``generation`` moves (``PreparedCall``)."""
+        self._untracked = True
+        try:
+            yield
+        finally:
+            self._untracked = False
 
     def reserve(self, nbytes, device=None) -> None:
         """Grow the buffer of ``device`` (a CUDA device number; None: CuPy's current
@@ -123,16 +150,20 @@ class Workspace:
             with self._lock:
                 buf = self._buffers.get(key)
                 if buf is None or buf.nbytes < nbytes:
-                    _refuse_during_capture(cp, nbytes, 0 if buf is None else int(buf.nbytes))
+                    _refuse_during_capture(cp, nbytes, 0 if buf is None else int(buf.nbytes), part)
                     size = max(granule, -(-nbytes // granule) * granule)
                     # drop the old buffer before allocating: the pool can reuse its memory
-                    # (and every view made of it: `views` makes them again)
+                    # (and every view made of it: `views` makes them again); kept instead
+                    # where a graph captured since it was allocated may use it
                     buf = self._buffers.pop(key, None)
+                    if buf is not None and self._born.get(key, 0) <= self._captured_at.get(key[0], -1):
+                        self._retired.append(buf)
                     del buf
                     # the device's kept views may cut any of its parts: made again
                     self._views = {k: v for k, v in self._views.items() if k[0] != key[0]}
                     self.generation += 1
                     self._buffers[key] = buf = cp.empty(size, dtype=cp.uint8)
+                    self._born[key] = self.generation
         return buf[:nbytes]
 
     def views(self, key, make):  # gpu-only
@@ -224,17 +255,18 @@ class Workspace:
         return f"Workspace(nbytes={self.nbytes}, devices={where})"
 
 
-def _refuse_during_capture(cp, nbytes, held):  # gpu-only
+def _refuse_during_capture(cp, nbytes, held, part):  # gpu-only
     """RuntimeError when the current stream is capturing a CUDA graph: an allocation there
     would be pool memory the graph keeps using after the call (the hazard a workspace
     exists to avoid), or fail outright."""
     capturing, error = streams.capture_state(cp.cuda.get_current_stream())
     reason = f" (capture state: {error})" if error is not None else ""
     if capturing is not False:
+        also = " (or ws.reserve(nbytes))" if part == "launch" else ""
         raise RuntimeError(
-            f"workspace: this call needs {nbytes} bytes, the workspace holds {held} on this device, and it "
-            f"cannot grow while the stream is capturing a CUDA graph{reason}; make one call with the same "
-            "shapes (or ws.reserve(nbytes)) before the capture")
+            f"workspace: this call needs {nbytes} bytes of its {part} part, the workspace holds {held} on this "
+            f"device, and it cannot grow while the stream is capturing a CUDA graph{reason}; make one call with "
+            f"the same shapes{also} before the capture")
 
 
 def check_budget(workspace_budget):

@@ -346,3 +346,62 @@ def test_concurrent_calls_from_four_threads_each_on_its_own_stream():
                                         lens=None, L=20, top_k=48) for j in range(3)] for i in range(4)]
     device = cp.cuda.runtime.getDevice()
     check_threads(problems, lambda i: device)
+
+
+def test_graph_captured_before_the_workspace_grows_stays_valid():
+    """A graph captured on a small call, then a larger eager call that grows the workspace
+    (generation moves): the buffers the graph uses are kept, not freed, so it still replays
+    new inputs right and writes into no memory CuPy has handed out since; buffers allocated
+    after the capture are freed as before."""
+    cp = arrays.cupy()
+    small, small2 = pair_of_problems(38, T=2, H=64, D=128, E=64, lens=6000, top_k=128)
+    big = testing.random_problem(np.random.default_rng(39), T=16, H=64, D=128, E=64, lens=9000, top_k=128)
+    bigger = testing.random_problem(np.random.default_rng(40), T=32, H=64, D=128, E=64, lens=9000, top_k=128)
+    dev = on_device(small)
+    ws, out = indexer.Workspace(), empty_out(2, 128)
+    kw = dict(return_scores=True, validate=False, workspace=ws)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        indexer.score_topk(*dev, small.top_k, out=out, **kw)  # warm-up: sizes ws for the small call
+        stream.synchronize()
+        captured = {k: int(b.data.ptr) for k, b in ws._buffers.items()}
+        stream.begin_capture()
+        try:
+            indexer.score_topk(*dev, small.top_k, out=out, **kw)
+        finally:
+            graph = stream.end_capture()
+        generation = ws.generation
+        got_big = indexer.score_topk(*on_device(big), big.top_k, **kw)  # grows the workspace
+        stream.synchronize()
+        assert ws.generation > generation
+        kept = {int(b.data.ptr) for b in ws._retired}
+        assert kept and kept <= set(captured.values())  # the graph's buffers, and only those
+        retired = len(ws._retired)
+        indexer.score_topk(*on_device(bigger), bigger.top_k, **kw)  # grows again: nothing captured since
+        stream.synchronize()
+        assert len(ws._retired) == retired
+        junk = [cp.full(1 << 20, 123, dtype=cp.uint8) for _ in range(16)]
+        refill(dev, small2)
+        graph.launch(stream)
+        stream.synchronize()
+    assert all(int(cp.count_nonzero(j != 123)) == 0 for j in junk)
+    testing.check_topk(small2, out[0].get(), out[1].get(), tol=testing.TOL_FAST)
+    testing.check_topk(big, got_big[0].get(), got_big[1].get(), tol=testing.TOL_FAST)
+    eager = indexer.score_topk(*on_device(small2), small2.top_k, return_scores=True)
+    np.testing.assert_array_equal(out[0].get(), eager[0].get())
+
+
+def test_prepared_calls_graphs_keep_no_outgrown_buffer():
+    """A PreparedCall captures its graphs again after a growth, so its captures keep nothing."""
+    p = testing.random_problem(np.random.default_rng(41), T=2, H=64, D=128, E=64, lens=6000, top_k=128)
+    big = testing.random_problem(np.random.default_rng(42), T=16, H=64, D=128, E=64, lens=9000, top_k=128)
+    dev = on_device(p)
+    step = indexer.prepare(*dev, p.top_k)
+    out = empty_out(2, 128, scores=False)
+    for _ in range(3):  # the second call with these pointers captures a graph, the third replays it
+        step(*dev, out=out)
+    indexer.score_topk(*on_device(big), big.top_k, workspace=step.workspace)  # grows it
+    arrays.cupy().cuda.Device().synchronize()
+    assert not step.workspace._retired
+    step(*dev, out=out)  # captured again
+    testing.check_topk(p, out.get(), tol=testing.TOL_FAST)

@@ -35,3 +35,55 @@ def test_device_pool_equals_host_pool():
     problem = testing.Problem(q, w, host.keys_fp4, host.key_scale, host.key_gscale,
                               host.block_table(seqs), host.lengths(seqs), 16)
     testing.check_topk(problem, got.get(), tol=testing.TOL_EXACT)
+
+
+def test_writes_run_on_the_stream_asked_and_after_the_pools_last_write(monkeypatch):
+    """append and free enqueue their writes on ``stream=`` (or, for PyTorch keys, PyTorch's
+    current stream: the stream the scoring runs on), each after the pool's previous write on
+    whatever stream that ran; the pool then holds what the host pool holds."""
+    cp = arrays.cupy()
+    seen, waits = [], []
+    for name in ("_write_new", "_write_into", "_zero_blocks"):
+        original = getattr(KeyPool, name)
+
+        def spy(self, *args, _original=original, _name=name):
+            if self._xp is not np:  # the device pool's writes (the host pool's too call these)
+                seen.append((_name, cp.cuda.get_current_stream().ptr))
+            return _original(self, *args)
+
+        monkeypatch.setattr(KeyPool, name, spy)
+    original_wait = KeyPool._after_last_write
+
+    def wait_spy(self, stream):
+        waits.append((stream.ptr, self._last_write is not None))
+        return original_wait(self, stream)
+
+    monkeypatch.setattr(KeyPool, "_after_last_write", wait_spy)
+    rng = np.random.default_rng(22)
+    host = KeyPool(8, entries_per_block=16, head_dim=64)
+    dev = KeyPool(8, entries_per_block=16, head_dim=64, device="cuda")
+    side, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    keys = rng.standard_normal((20, 64)).astype(np.float32)
+    host.append("a", keys)
+    dev.append("a", keys, stream=side)  # two new blocks
+    assert seen == [("_write_new", side.ptr)] and waits == [(side.ptr, False)]
+    more = rng.standard_normal((5, 64)).astype(np.float32)
+    host.append("a", more)
+    dev.append("a", more, stream=other)  # into the second block, after the first write
+    assert seen[-1] == ("_write_into", other.ptr) and waits[-1] == (other.ptr, True)
+    torch = pytest.importorskip("torch")
+    tside = torch.cuda.Stream()
+    last = rng.standard_normal((3, 64)).astype(np.float32)
+    host.append("b", last)
+    with torch.cuda.stream(tside):
+        dev.append("b", torch.from_numpy(last).cuda())
+    assert seen[-1] == ("_write_new", tside.cuda_stream) and waits[-1] == (tside.cuda_stream, True)
+    tside.synchronize()
+    for name in ("keys_fp4", "key_scale", "key_gscale"):
+        np.testing.assert_array_equal(getattr(host, name), getattr(dev, name).get())
+    host.free("a")
+    dev.free("a", stream=side)
+    assert seen[-1] == ("_zero_blocks", side.ptr) and waits[-1] == (side.ptr, True)
+    side.synchronize()
+    for name in ("keys_fp4", "key_scale", "key_gscale"):
+        np.testing.assert_array_equal(getattr(host, name), getattr(dev, name).get())

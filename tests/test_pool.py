@@ -424,6 +424,20 @@ def test_save_and_load_need_a_known_suffix(tmp_path):
         KeyPool.load(tmp_path / "pool.bin")
 
 
+def test_append_and_free_take_a_stream_and_check_it_on_the_cpu(rng):
+    """A CPU pool checks ``stream=`` (named on error) and ignores it, as score_topk does."""
+    pool = KeyPool(4, entries_per_block=4, head_dim=32)
+    assert pool.append("a", gauss(rng, 3, 32), stream=None) == 3
+    with pytest.raises(TypeError, match="^stream"):
+        pool.append("a", gauss(rng, 1, 32), stream="side")
+    assert pool.length("a") == 3
+    with pytest.raises(TypeError, match="^stream"):
+        pool.free("a", stream=1.5)
+    assert pool.length("a") == 3
+    pool.free("a", stream=None)
+    assert pool.length("a") == 0
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.npz: no such file"):
         KeyPool.load(tmp_path / "nope.npz")
