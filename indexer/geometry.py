@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-__all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "score_mma_launch", "score_wgmma_launch",
+__all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "fp32_smem_bytes", "mma_smem_bytes", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
@@ -163,11 +163,19 @@ def score_fp32_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
     hg = head_groups(H)
     tiles = tiles_per_row(max_len)
     per_cta, chunks = _tile_runs(T, tiles, dev.sm_count * ctas_per_sm)
-    smem = 4 * (D * 8 * hg + _CHUNK * TILE_ENTRIES + 8 * hg + TILE_ENTRIES) + 8 * TILE_ENTRIES + 8 * 256
+    smem = fp32_smem_bytes(D, hg)
     if smem > dev.max_smem_per_block:
         raise ValueError(f"q: H = {H}, D = {D} needs {smem} bytes of shared memory, the device has {dev.max_smem_per_block}")
     return ScoreLaunch(name=f"score_fp32_kernel<{hg}>", grid=(T, chunks), block=(32 * hg,), smem=smem,
                        tiles_per_cta=per_cta, ld=tiles * TILE_ENTRIES)
+
+
+def fp32_smem_bytes(D: int, head_groups: int = 8) -> int:
+    """Shared memory of ``score_fp32_kernel<head_groups>`` at head dim D (kernels/score_fp32.cu:
+    Fp32Smem): the query [D][8 * head_groups] and a decoded key chunk [32][128] as float32, the
+    weights, the tile's global scales, its 128 entry offsets (int64) and the 256-pair E2M1 table."""
+    hpad = 8 * head_groups
+    return 4 * (D * hpad + _CHUNK * TILE_ENTRIES + hpad + TILE_ENTRIES) + 8 * (TILE_ENTRIES + 256)
 
 
 def _tile_runs(T: int, tiles: int, target_ctas: int) -> tuple:
@@ -179,6 +187,16 @@ def _tile_runs(T: int, tiles: int, target_ctas: int) -> tuple:
 def mma_head_blocks(H: int) -> int:
     """8-head column blocks of the tensor-core kernel: even, a power of two, 2..16."""
     return max(2, head_groups(H))
+
+
+def mma_smem_bytes(D: int, head_blocks: int = 8) -> int:
+    """Shared memory of ``score_mma_kernel<D, head_blocks>`` (kernels/score_mma.cu: MmaSmem):
+    the query rows [8 * head_blocks][D + 8] as 16-bit values, their weights, the key ring
+    (fast_common.cuh: KeyRing, its stages and metadata slots) and the histogram."""
+    stage = TILE_ENTRIES * (D // 2) + -(-(TILE_ENTRIES * (D // 16)) // 16) * 16
+    heads = 8 * head_blocks
+    return (heads * (D + 8) * 2 + heads * 4 + _MMA_STAGES * stage + (_MMA_STAGES + 1) * TILE_ENTRIES * 8
+            + HIST_BINS * 4)
 
 
 @functools.lru_cache(maxsize=256)  # pure; a call asks for it on every launch
@@ -198,10 +216,7 @@ def score_mma_launch(T: int, H: int, D: int, max_len: int, dev: Device = H200,
     runs = max(1, resident // T) if T <= resident else max(1, round(8 * resident / T))
     per_cta = -(-tiles // min(runs, tiles))
     chunks = -(-tiles // per_cta)
-    stage = TILE_ENTRIES * (D // 2) + -(-(TILE_ENTRIES * (D // 16)) // 16) * 16
-    heads = 8 * nb
-    smem = (heads * (D + 8) * 2 + heads * 4 + _MMA_STAGES * stage + (_MMA_STAGES + 1) * TILE_ENTRIES * 8
-            + HIST_BINS * 4)
+    smem = mma_smem_bytes(D, nb)
     if smem > dev.max_smem_per_block:
         raise ValueError(f"q: H = {H}, D = {D} needs {smem} bytes of shared memory, the device has {dev.max_smem_per_block}")
     return ScoreLaunch(name=f"score_mma_kernel<{D}, {nb}>", grid=(T, chunks), block=(128,), smem=smem,

@@ -18,6 +18,25 @@ constexpr int kHeadsPerThread = 8;
 constexpr int kEntriesPerThread = 4;
 }  // namespace score_fp32
 
+// The CTA's shared memory for kHeadGroups and D dimensions: its parts' lengths, in the
+// order the kernel lays them out. bytes(D) is what indexer.geometry.score_fp32_launch sizes
+// the launch to (checked at compile time by scripts/compile_kernels.py).
+template <int kHeadGroups>
+struct Fp32Smem {
+    static constexpr int kHpad = 8 * kHeadGroups;
+    __host__ __device__ static constexpr int q_floats(int D) { return D * kHpad; }  // float [D][kHpad]
+    static constexpr int kKeyFloats = score_fp32::kChunk * score_fp32::kTileEntries;  // float [kChunk][kTileEntries]
+    static constexpr int kWeightFloats = kHpad;                                        // float [kHpad]
+    static constexpr int kScaleFloats = score_fp32::kTileEntries;                      // float [kTileEntries]
+    static constexpr int kRowOffsets = score_fp32::kTileEntries;                       // long long [kTileEntries]
+    static constexpr int kLutPairs = 256;                                              // float2 [256]
+    __host__ __device__ static constexpr int bytes(int D) {
+        return 4 * (q_floats(D) + kKeyFloats + kWeightFloats + kScaleFloats) + 8 * (kRowOffsets + kLutPairs);
+    }
+    // the long longs start 8-aligned for every D (q_floats is a multiple of 8)
+    static_assert((kKeyFloats + kWeightFloats + kScaleFloats) % 2 == 0 && kHpad % 2 == 0, "rowoff alignment");
+};
+
 // kHeadGroups = Hpad / 8 (1, 2, 4, 8 or 16); the CTA has 32 * kHeadGroups threads.
 template <int kHeadGroups>
 __global__ void __launch_bounds__(32 * kHeadGroups)
@@ -40,13 +59,14 @@ score_fp32_kernel(const float* __restrict__ q,            // [T, H, D]
                   "kHeadGroups must be a power of two from 1 to 16");
     static_assert(kThreads / kHeadGroups * kEntriesPerThread == kTileEntries, "tile shape");
 
+    using Smem = Fp32Smem<kHeadGroups>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     float* qs = reinterpret_cast<float*>(smem_raw);            // [D][kHpad]
-    float* ks = qs + D * kHpad;                                // [kChunk][kTileEntries]
-    float* ws = ks + kChunk * kTileEntries;                    // [kHpad]
-    float* gs = ws + kHpad;                                    // [kTileEntries] gscale, NaN if unusable
-    long long* rowoff = reinterpret_cast<long long*>(gs + kTileEntries);  // [kTileEntries] entry index
-    float2* lut = reinterpret_cast<float2*>(rowoff + kTileEntries);        // [256] byte -> two E2M1 values
+    float* ks = qs + Smem::q_floats(D);                        // [kChunk][kTileEntries]
+    float* ws = ks + Smem::kKeyFloats;                         // [kHpad]
+    float* gs = ws + Smem::kWeightFloats;                      // [kTileEntries] gscale, NaN if unusable
+    long long* rowoff = reinterpret_cast<long long*>(gs + Smem::kScaleFloats);  // [kTileEntries] entry index
+    float2* lut = reinterpret_cast<float2*>(rowoff + Smem::kRowOffsets);         // [256] byte -> two E2M1 values
 
     const int t = blockIdx.x;
     const int tid = threadIdx.x;

@@ -35,6 +35,19 @@ prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int 
 }
 
 
+// The CTA's shared memory, as byte offsets: the staged query rows, the weights, the key
+// ring, the histogram. kBytes is what indexer.geometry.score_mma_launch sizes the launch to
+// (checked at compile time by scripts/compile_kernels.py).
+template <int kDim, int kNBlocks>
+struct MmaSmem {
+    static constexpr int kHeads = 8 * kNBlocks;
+    static constexpr int kQ = 0;                                    // u16 [kHeads][kDim + 8]: conflict-free ldmatrix
+    static constexpr int kW = kQ + kHeads * (kDim + 8) * 2;         // float [kHeads]
+    static constexpr int kRing = kW + kHeads * 4;                   // KeyRing<kDim>
+    static constexpr int kHist = kRing + KeyRing<kDim>::kSmemBytes;  // u32 [kHistBins]
+    static constexpr int kBytes = kHist + score_mma::kHistBins * 4;
+};
+
 // kDim: head dim (multiple of 32). kNBlocks: 8-head column blocks (even; heads padded).
 template <int kDim, int kNBlocks>
 __global__ void __launch_bounds__(score_mma::kWarps * 32, 3)  // 3 CTAs per SM: at most 170 registers
@@ -65,11 +78,13 @@ score_mma_kernel(const unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 
     static_assert(kThreads == kTileEntries, "one thread per entry of a tile for the metadata");
     static_assert(kQBytes % 16 == 0, "query rows copy in 16-byte chunks");
 
+    using Smem = MmaSmem<kDim, kNBlocks>;
+    static_assert(Smem::kW - Smem::kQ == kQBytes, "the query rows' layout");
     extern __shared__ __align__(16) unsigned char smem[];
-    unsigned short* qs = reinterpret_cast<unsigned short*>(smem);          // [kHeads][kRowHalves]
-    float* wsm = reinterpret_cast<float*>(smem + kQBytes);                 // [kHeads]
-    unsigned char* ring_smem = reinterpret_cast<unsigned char*>(wsm + kHeads);
-    u32* hist_s = reinterpret_cast<u32*>(ring_smem + Ring::kSmemBytes);    // [kHistBins]
+    unsigned short* qs = reinterpret_cast<unsigned short*>(smem + Smem::kQ);  // [kHeads][kRowHalves]
+    float* wsm = reinterpret_cast<float*>(smem + Smem::kW);                  // [kHeads]
+    unsigned char* ring_smem = smem + Smem::kRing;
+    u32* hist_s = reinterpret_cast<u32*>(smem + Smem::kHist);                // [kHistBins]
 
     const int t = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

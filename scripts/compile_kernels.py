@@ -47,6 +47,10 @@ def layout_checks() -> dict[str, list[str]]:
                         f"KsSmem<128>::kQImage == {geometry.KS_QUERY_BYTES}"],
         "score_dense.cu": [f"DenseSmem::kBytes == {geometry.dense_smem_bytes(128)}"],
         "score_ws.cu": [f"WsSmem::kBytes == {geometry.ws_smem_bytes(128)}"],
+        "score_fp32.cu": [f"Fp32Smem<{g}>::bytes({d}) == {geometry.fp32_smem_bytes(d, g)}"
+                          for g in (1, 2, 4, 8, 16) for d in (16, 128, 256)],
+        "score_mma.cu": [f"MmaSmem<{d}, {b}>::kBytes == {geometry.mma_smem_bytes(d, b)}"
+                         for b in (2, 4, 8, 16) for d in (32, 128, 256)],
     }
 
 
