@@ -184,9 +184,8 @@ def write_arrays(path, arrays: dict) -> None:
     p = Path(path)
     if p.parent and not p.parent.is_dir():
         raise ValueError(f"{path}: folder {str(p.parent)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    with replaced_atomically(p) as tmp:
+        with open(tmp, "wb") as f:
             if fmt == ".npz":
                 _write_npz(f, host)
             elif fmt == ".npy":
@@ -202,6 +201,18 @@ def write_arrays(path, arrays: dict) -> None:
                 st.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=meta)
             except Exception as exc:  # unsupported dtype (strings), ...
                 raise ValueError(f"{path}: cannot write as .safetensors ({_one_line(exc)})") from None
+
+
+@contextlib.contextmanager
+def replaced_atomically(path):
+    """Yield the name of a new temporary file beside ``path``; when the block succeeds, give it
+    the usual mode and move it onto ``path`` (one rename: a reader sees the old file or the
+    new one, never half of one); when it fails, remove it and leave ``path`` as it was."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    os.close(fd)
+    try:
+        yield tmp
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files: give the usual mode
         os.replace(tmp, p)
     except BaseException:

@@ -57,6 +57,7 @@ import re
 import numpy as np
 
 from . import arrays, nvfp4, ops, streams, validate as _validate
+from . import io as _io
 
 __all__ = ["KeyPool", "PoolFullError"]
 
@@ -544,16 +545,20 @@ class KeyPool:
 
         Arrays ``keys_fp4``, ``key_scale``, ``key_gscale``; the bookkeeping as JSON, in
         ``.npz`` a uint8 array ``pool_meta``, in ``.safetensors`` the metadata key ``pool_meta``.
+        Written to a temporary file beside ``path`` and renamed onto it: a save that fails
+        (a full disk, an interrupt) leaves a file already at ``path`` as it was.
         """
         path = os.fspath(path)
         kind = _file_kind(path)
         tensors = {name: np.ascontiguousarray(arrays.to_numpy(getattr(self, name))) for name in _ARRAY_NAMES}
         meta = json.dumps(self._meta(), separators=(",", ":"))
-        if kind == "npz":
-            with open(path, "wb") as f:  # a file object: np.savez does not rename it
-                np.savez(f, **tensors, **{_META_NAME: np.frombuffer(meta.encode("utf-8"), dtype=np.uint8)})
-        else:
-            _safetensors().numpy.save_file(tensors, path, metadata={_META_NAME: meta})
+        writer = _safetensors() if kind != "npz" else None  # its ImportError before any file is made
+        with _io.replaced_atomically(path) as tmp:  # an interrupted save leaves the old file whole
+            if writer is None:
+                with open(tmp, "wb") as f:  # a file object: np.savez does not rename it
+                    np.savez(f, **tensors, **{_META_NAME: np.frombuffer(meta.encode("utf-8"), dtype=np.uint8)})
+            else:
+                writer.numpy.save_file(tensors, tmp, metadata={_META_NAME: meta})
 
     @classmethod
     def load(cls, path, *, device="cpu"):

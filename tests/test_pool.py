@@ -416,6 +416,36 @@ def test_save_load_round_trip(tmp_path, suffix):
     assert_same_state(snapshot(pool), snapshot(loaded))
 
 
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_a_save_that_fails_part_way_leaves_the_file_there_whole(tmp_path, monkeypatch, suffix):
+    if suffix == ".safetensors":
+        safetensors = pytest.importorskip("safetensors.numpy")
+    rng = np.random.default_rng(13)
+    old, new = busy_pool(rng), KeyPool(2, entries_per_block=4, head_dim=32)
+    new.append("x", gauss(rng, 5, 32))
+    path = tmp_path / f"pool{suffix}"
+    old.save(path)
+    before = path.read_bytes()
+
+    def half_then_full_disk(target, *args, **kwargs):  # np.savez(file, ...) / save_file(tensors, name, ...)
+        name = target if isinstance(target, str) else target.name
+        with open(name, "wb") as f:
+            f.write(before[: len(before) // 2])
+        raise OSError(28, "No space left on device")
+
+    if suffix == ".npz":
+        monkeypatch.setattr(np, "savez", half_then_full_disk)
+    else:
+        monkeypatch.setattr(safetensors, "save_file", lambda tensors, name, **kw: half_then_full_disk(name))
+    with pytest.raises(OSError, match="No space left"):
+        new.save(path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
+    monkeypatch.undo()
+    assert_same_state(snapshot(old), snapshot(KeyPool.load(path)))
+    new.save(path)  # and a save that succeeds replaces it
+    assert_same_state(snapshot(new), snapshot(KeyPool.load(path)))
+
+
 def test_save_and_load_need_a_known_suffix(tmp_path):
     pool = KeyPool(1, entries_per_block=4, head_dim=32)
     with pytest.raises(ValueError, match="path"):
