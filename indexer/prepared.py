@@ -260,9 +260,12 @@ class PreparedCall:
             table = ragged.expand_block_table(views[5], cu, prob.T, workspace=self.workspace)
         # a q or key_scale off the prepared 16-byte alignment may take another kernel
         plan = self._plan if cuda_ops.plan_alignment(views[0].data.ptr, views[3].data.ptr) == self._aligned else None
+        # out= apart from the inputs here too: the launches that are no replay (another
+        # alignment, another stream) never passed _replayed's check
+        readers = outbuf.extents(zip(_NAMES, views)) if out is not None else None
         return cuda_ops.run_checked(self.precision, prob, self._device, tuple(views[:5]), table, views[6], cu,
                                     given[0], out, self.return_scores, self.physical, self._budget,
-                                    self.workspace, plan=plan, ordered=ordered)
+                                    self.workspace, plan=plan, ordered=ordered, readers=readers)
 
     def _replayed(self, given, out, current):  # gpu-only
         """Whether the call ran as a replay of the CUDA graph of its pointers on stream

@@ -137,6 +137,23 @@ def test_a_query_off_the_prepared_alignment_takes_its_own_plan():
     assert not step._graphs
 
 
+def test_out_overlapping_a_query_off_the_prepared_alignment_is_refused():
+    # such a call launches eagerly (never _replayed's pointer check): run_checked checks it
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(14), T=2, H=64, D=128, E=64, L=40, lens=[2500, 900], top_k=128)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, p.top_k)
+    flat = cp.empty(p.q.size + 2 * 128, dtype=cp.float32)
+    q_off = flat[1 : 1 + p.q.size].reshape(p.q.shape)  # 4 bytes past a 16-byte boundary
+    q_off[...] = dev[0]
+    out = flat[p.q.size : p.q.size + 2 * 128].view(cp.int32).reshape(2, 128)  # from q_off's last float
+    kept = q_off.copy()
+    for _ in range(3):
+        with pytest.raises(ValueError, match="^out: expected memory of its own, got an array overlapping q$"):
+            step(q_off, *dev[1:], out=out)
+    assert (q_off == kept).all() and not step._graphs
+
+
 def test_validate_on_a_call_checks_the_values():
     p = testing.random_problem(np.random.default_rng(14), T=2, H=8, D=64, E=16, L=4, lens=[40, 64], top_k=10)
     dev = on_device(p.arrays())
