@@ -382,7 +382,15 @@ def pack(keys_path, out, E, num_blocks, as_json):
     D = next(iter(sequences.values())).shape[1]
     needed = io.blocks_needed(sequences, E)
     blocks = num_blocks if num_blocks is not None else max(1, needed)
-    pool = KeyPool(blocks, entries_per_block=E, head_dim=D)
+    try:
+        pool = KeyPool(blocks, entries_per_block=E, head_dim=D)
+    except ValueError as exc:  # named as this command's user knows them: KEYS' width, the options
+        msg = str(exc)
+        for arg, said in (("head_dim:", f"{keys_path}: its keys' dimension:"),
+                          ("entries_per_block:", "--entries-per-block:"), ("num_blocks:", "--num-blocks:")):
+            if msg.startswith(arg):
+                msg = said + msg[len(arg):]
+        raise ValueError(msg) from None
     for sid, keys in sequences.items():
         pool.append(sid, keys)
     pool.save(out)

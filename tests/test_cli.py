@@ -320,7 +320,9 @@ def test_pack_errors(run, rng, tmp_path):
     assert_error(run("pack", bad, "--out", tmp_path / "p.npz"), "'a' must be float32")
     odd = tmp_path / "k48.npz"
     io.write_arrays(odd, {"a": np.ones((3, 48), np.float32)})
-    assert_error(run("pack", odd, "--out", tmp_path / "p.npz"), "head_dim")
+    # named as the command's user knows them: the file's key width, not KeyPool's head_dim
+    assert_error(run("pack", odd, "--out", tmp_path / "p.npz"),
+                 "k48.npz: its keys' dimension: expected a positive multiple of 32 up to 256, got 48")
     assert_error(run("pack", keys_path, "--out", tmp_path / "no" / "dir" / "p.npz"))
     assert not (tmp_path / "p.npz").exists()
 
