@@ -41,6 +41,8 @@ saving.
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import arrays, ops, outbuf, ragged, streams, validate as _validate
 from .workspace import Workspace
 
@@ -115,7 +117,9 @@ class PreparedCall:
         self.workspace = workspace if workspace is not None else Workspace()
         self._budget = workspace_budget
         self._kinds = tuple(arrays.framework_of(x) for x in given)
-        self._signature = tuple((type(x), tuple(int(n) for n in x.shape), x.dtype) for x in given)
+        # NumPy arrays by their base class: a memory-mapped array (np.memmap) is one too
+        self._signature = tuple((np.ndarray if isinstance(x, np.ndarray) else type(x), tuple(int(n) for n in x.shape),
+                                 x.dtype) for x in given)
         self.shapes = {name: sig[1] for name, sig in zip(_NAMES, self._signature)}
         # the short path: every array a CuPy array or a PyTorch CUDA tensor (a KeyPool's CuPy
         # arrays beside a model's tensors, say), on the GPU
@@ -192,7 +196,7 @@ class PreparedCall:
         """Each array against the prepared signature: TypeError or ValueError naming it."""
         for i, x in enumerate(given):
             typ, shape, dtype = self._signature[i]
-            if type(x) is not typ:
+            if type(x) is not typ and not (typ is np.ndarray and isinstance(x, np.ndarray)):
                 raise TypeError(f"{_NAMES[i]}: expected a {typ.__module__}.{typ.__name__} as prepared, "
                                 f"got {type(x).__module__}.{type(x).__name__}")
             if x.shape != shape:
@@ -349,7 +353,7 @@ class PreparedCall:
         parts = outbuf.split(out, self.return_scores)
         pointers = ()
         for name, x, dtype in zip(names, parts, _OUT_DTYPES):
-            if type(x) is not typ:
+            if type(x) is not typ and not (typ is np.ndarray and isinstance(x, np.ndarray)):
                 raise TypeError(f"{name}: expected a {typ.__module__}.{typ.__name__} like q, "
                                 f"got {type(x).__module__}.{type(x).__name__}")
             if x.shape != shape or str(x.dtype).rpartition(".")[2] != dtype:

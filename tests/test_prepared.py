@@ -28,6 +28,22 @@ def test_calls_equal_score_topk_on_fresh_problems_of_the_prepared_shapes():
         testing.check_topk(p, got, got_sc)
 
 
+def test_memory_mapped_arrays_are_numpy_arrays_both_ways(tmp_path):
+    # a pool read with np.load(mmap_mode=...) passes a call prepared on plain arrays, and back
+    p = problem(4)
+    mapped = []
+    for name, a in zip(testing.ARRAY_NAMES, p.arrays()):
+        m = np.lib.format.open_memmap(tmp_path / f"{name}.npy", mode="w+", dtype=a.dtype, shape=a.shape)
+        m[...] = a
+        mapped.append(m)
+    want = reference.score_topk(*p.args())
+    for prepared_on, called_with in ((p.arrays(), mapped), (mapped, p.arrays())):
+        step = indexer.prepare(*prepared_on, p.top_k, backend="numpy")
+        np.testing.assert_array_equal(step(*called_with), want)
+    with pytest.raises(TypeError, match="^q: expected a numpy.ndarray as prepared, got builtins.list$"):
+        step(p.q.tolist(), *p.arrays()[1:])
+
+
 def test_physical_and_out_are_taken_as_score_topk_takes_them():
     p = problem(4)
     step = indexer.prepare(*p.args(), backend="numpy", physical=True)
