@@ -387,7 +387,9 @@ def pack(keys_path, out, E, num_blocks, as_json):
     except ValueError as exc:  # named as this command's user knows them: KEYS' width, the options
         msg = str(exc)
         for arg, said in (("head_dim:", f"{keys_path}: its keys' dimension:"),
-                          ("entries_per_block:", "--entries-per-block:"), ("num_blocks:", "--num-blocks:")):
+                          ("entries_per_block:", "--entries-per-block:"),
+                          ("num_blocks:", "--num-blocks:" if num_blocks is not None
+                           else f"--entries-per-block (KEYS need {blocks} blocks of {E} entries):")):
             if msg.startswith(arg):
                 msg = said + msg[len(arg):]
         raise ValueError(msg) from None

@@ -43,6 +43,7 @@ import contextlib
 import math
 import os
 import re
+import stat
 import tempfile
 import zipfile
 from pathlib import Path
@@ -205,15 +206,23 @@ def write_arrays(path, arrays: dict) -> None:
 
 @contextlib.contextmanager
 def replaced_atomically(path):
-    """Yield the name of a new temporary file beside ``path``; when the block succeeds, give it
-    the usual mode and move it onto ``path`` (one rename: a reader sees the old file or the
-    new one, never half of one); when it fails, remove it and leave ``path`` as it was."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    """Yield the name of a new temporary file beside ``path``; when the block succeeds, move it
+    onto ``path`` (one rename: a reader sees the old file or the new one, never half of one)
+    with the replaced file's permissions (or the umask's for a new file); when it fails,
+    remove it and leave ``path`` as it was. A symbolic link's target is replaced, not the
+    link; the new file is the writer's (owner, hard links: those of a new file)."""
+    p = Path(os.path.realpath(path))  # through a symbolic link: the file it names is replaced
+    if not p.parent.is_dir():
+        raise FileNotFoundError(f"{path}: folder {str(Path(path).parent)!r} does not exist")
+    try:
+        mode = stat.S_IMODE(os.stat(p).st_mode)  # a file replaced keeps its permissions
+    except OSError:
+        mode = 0o666 & ~_umask()  # a new file gets the usual ones (mkstemp makes 0600)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=p.parent)
     os.close(fd)
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files: give the usual mode
+        os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -249,6 +249,7 @@ class KeyPool:
             self.keys_fp4 = xp.zeros((P, E, D // 2), dtype=xp.uint8)
             self.key_scale = xp.zeros((P, E, D // nvfp4.GROUP), dtype=xp.uint8)
             self.key_gscale = xp.ones((P,), dtype=xp.float32)
+            self._filled()
         # a stack: pop() hands out the last element, so a fresh pool gives 0, 1, 2, ...
         self._free = list(range(P - 1, -1, -1))
         self._blocks = {}  # seq id -> physical blocks in logical order (insertion = first append)
@@ -320,7 +321,10 @@ class KeyPool:
             PyTorch's current stream when ``keys`` is a PyTorch tensor, else CuPy's current
             stream). They wait for the pool's previous writes, on whatever stream those ran;
             score on the same stream, or order the two, so that the scoring reads the keys
-            once written. Checked and ignored on the CPU.
+            once written. The other way round is the caller's: a write fills the sequence's
+            last block in place (and may rescale it), so a scoring call still reading the
+            pool on another stream must be ordered before the append. Checked and ignored on
+            the CPU.
 
         The sequence's last, partly filled block is filled first; then blocks come off the
         free list. Raises PoolFullError, changing nothing, when the free list is too short.
@@ -401,6 +405,12 @@ class KeyPool:
                 yield
             finally:  # a write that failed part-way may still have queued some
                 self._last_write = self._xp.cuda.get_current_stream().record()
+
+    def _filled(self):
+        """A GPU pool's arrays were just filled on CuPy's current stream (made or loaded):
+        the first write, on whatever stream, waits for that as for a write."""
+        if self._device_id is not None:  # pragma: no cover  (needs a GPU)
+            self._last_write = self._xp.cuda.get_current_stream().record()
 
     def _after_last_write(self, stream):  # pragma: no cover  (needs a GPU)
         """Make ``stream`` wait for the pool's last write (no-op before the first)."""
@@ -550,6 +560,8 @@ class KeyPool:
         """
         path = os.fspath(path)
         kind = _file_kind(path)
+        if self._last_write is not None:  # pragma: no cover  (a GPU pool: writes on any stream done)
+            self._last_write.synchronize()
         tensors = {name: np.ascontiguousarray(arrays.to_numpy(getattr(self, name))) for name in _ARRAY_NAMES}
         meta = json.dumps(self._meta(), separators=(",", ":"))
         writer = _safetensors() if kind != "npz" else None  # its ImportError before any file is made
@@ -685,6 +697,7 @@ class KeyPool:
         with pool._on_device():
             for name in _ARRAY_NAMES:
                 setattr(pool, name, pool._xp.ascontiguousarray(pool._xp.asarray(tensors[name])))
+            pool._filled()  # the copies, not the constructor's fill, are what a write must follow
         pool._blocks, pool._lengths, pool._free = blocks_of, lengths, list(free)
         return pool
 

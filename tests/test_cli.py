@@ -323,7 +323,14 @@ def test_pack_errors(run, rng, tmp_path):
     # named as the command's user knows them: the file's key width, not KeyPool's head_dim
     assert_error(run("pack", odd, "--out", tmp_path / "p.npz"),
                  "k48.npz: its keys' dimension: expected a positive multiple of 32 up to 256, got 48")
-    assert_error(run("pack", keys_path, "--out", tmp_path / "no" / "dir" / "p.npz"))
+    # blocks too large for int32 slots: --num-blocks named only where it was given
+    two = tmp_path / "two.npz"
+    io.write_arrays(two, {"a": np.ones((1, 64), np.float32), "b": np.ones((1, 64), np.float32)})
+    huge_e = ("--entries-per-block", str(2**30))
+    assert_error(run("pack", two, "--out", tmp_path / "p.npz", *huge_e),
+                 "--entries-per-block (KEYS need 2 blocks of 1073741824 entries): 2 blocks")
+    assert_error(run("pack", two, "--out", tmp_path / "p.npz", *huge_e, "--num-blocks", "2"), "--num-blocks: 2 blocks")
+    assert_error(run("pack", keys_path, "--out", tmp_path / "no" / "dir" / "p.npz"), "p.npz: folder")
     assert not (tmp_path / "p.npz").exists()
 
 

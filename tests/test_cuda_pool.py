@@ -66,7 +66,8 @@ def test_writes_run_on_the_stream_asked_and_after_the_pools_last_write(monkeypat
     keys = rng.standard_normal((20, 64)).astype(np.float32)
     host.append("a", keys)
     dev.append("a", keys, stream=side)  # two new blocks
-    assert seen == [("_write_new", side.ptr)] and waits == [(side.ptr, False)]
+    # the first write waits too: for the pool's zero fill, queued on CuPy's current stream
+    assert seen == [("_write_new", side.ptr)] and waits == [(side.ptr, True)]
     more = rng.standard_normal((5, 64)).astype(np.float32)
     host.append("a", more)
     dev.append("a", more, stream=other)  # into the second block, after the first write
@@ -87,3 +88,26 @@ def test_writes_run_on_the_stream_asked_and_after_the_pools_last_write(monkeypat
     side.synchronize()
     for name in ("keys_fp4", "key_scale", "key_gscale"):
         np.testing.assert_array_equal(getattr(host, name), getattr(dev, name).get())
+
+
+def test_a_loaded_pool_orders_its_copies_and_save_waits_for_side_stream_writes(tmp_path):
+    """load's host-to-device copies (on CuPy's current stream) come before a write on another
+    stream; save, on the host, waits for writes on any stream."""
+    cp = arrays.cupy()
+    rng = np.random.default_rng(23)
+    host = KeyPool(64, entries_per_block=16, head_dim=64)
+    host.append("a", rng.standard_normal((500, 64)).astype(np.float32))
+    host.save(tmp_path / "a.npz")
+    dev = KeyPool.load(tmp_path / "a.npz", device="cuda")
+    assert dev._last_write is not None  # the copies' event: the next write waits for it
+    side = cp.cuda.Stream(non_blocking=True)
+    more = rng.standard_normal((300, 64)).astype(np.float32) * 50  # rescales a's last block
+    host.append("a", more)
+    host.append("b", more[:40])
+    dev.append("a", more, stream=side)
+    dev.append("b", more[:40], stream=side)
+    dev.save(tmp_path / "b.npz")  # no synchronize here: save waits for the side stream's writes
+    host.save(tmp_path / "h.npz")
+    saved, want = KeyPool.load(tmp_path / "b.npz"), KeyPool.load(tmp_path / "h.npz")
+    for name in ("keys_fp4", "key_scale", "key_gscale"):
+        np.testing.assert_array_equal(getattr(saved, name), getattr(want, name))

@@ -144,6 +144,36 @@ def test_write_overwrites_in_place(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.npz"]
 
 
+@pytest.mark.parametrize("writer", ["write_arrays", "KeyPool.save"])
+def test_a_file_replaced_keeps_its_mode_and_links_and_long_names_work(tmp_path, writer):
+    def write(path, n):
+        if writer == "write_arrays":
+            io.write_arrays(path, {"a": np.arange(n, dtype=np.int32)})
+        else:
+            KeyPool(n, entries_per_block=4, head_dim=32).save(path)
+
+    def written(path):
+        arrays = io.read_arrays(path)
+        return arrays["a"].size if writer == "write_arrays" else arrays["key_gscale"].size
+
+    path = tmp_path / "m.npz"
+    write(path, 3)
+    os.chmod(path, 0o640)
+    write(path, 4)
+    assert (path.stat().st_mode & 0o777) == 0o640 and written(path) == 4
+    link = tmp_path / "link.npz"  # a symbolic link: its target is replaced, the link kept
+    link.symlink_to(path)
+    write(link, 5)
+    assert link.is_symlink() and written(path) == 5
+    long = tmp_path / ("x" * 240 + ".npz")  # near NAME_MAX: the temporary name stays short
+    write(long, 2)
+    assert written(long) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, link.name, long.name])
+    absent = tmp_path / "no" / "p.npz"  # the error names the path asked for, not a temporary file
+    with pytest.raises((ValueError, FileNotFoundError), match=f"^{absent}: folder .* does not exist$"):
+        write(absent, 1)
+
+
 # ----------------------------------------------------------------------------- bad files
 
 
