@@ -218,6 +218,9 @@ def replaced_atomically(path):
         mode = stat.S_IMODE(os.stat(p).st_mode)  # a file replaced keeps its permissions
     except OSError:
         mode = 0o666 & ~_umask()  # a new file gets the usual ones (mkstemp makes 0600)
+    else:  # a rename needs only the folder's permission: honour a read-only file's as open() would
+        if not os.access(p, os.W_OK):
+            raise PermissionError(f"{path}: the file is not writable")
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=p.parent)
     os.close(fd)
     try:

@@ -145,7 +145,7 @@ def test_write_overwrites_in_place(tmp_path):
 
 
 @pytest.mark.parametrize("writer", ["write_arrays", "KeyPool.save"])
-def test_a_file_replaced_keeps_its_mode_and_links_and_long_names_work(tmp_path, writer):
+def test_a_file_replaced_keeps_its_mode_and_links_and_long_names_work(tmp_path, monkeypatch, writer):
     def write(path, n):
         if writer == "write_arrays":
             io.write_arrays(path, {"a": np.arange(n, dtype=np.int32)})
@@ -172,6 +172,13 @@ def test_a_file_replaced_keeps_its_mode_and_links_and_long_names_work(tmp_path, 
     absent = tmp_path / "no" / "p.npz"  # the error names the path asked for, not a temporary file
     with pytest.raises((ValueError, FileNotFoundError), match=f"^{absent}: folder .* does not exist$"):
         write(absent, 1)
+    os.chmod(path, 0o440)  # read-only: refused as writing into it would be, left as it was
+    before = path.read_bytes()
+    if os.access(path, os.W_OK):  # root writes to any file: read-only as another user sees it
+        monkeypatch.setattr(os, "access", lambda p, mode: mode != os.W_OK)
+    with pytest.raises(PermissionError, match=f"^{path}: the file is not writable$"):
+        write(path, 7)
+    assert path.read_bytes() == before
 
 
 # ----------------------------------------------------------------------------- bad files
