@@ -78,6 +78,12 @@ def prepare(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_
                         workspace_budget=workspace_budget, graphs=graphs)
 
 
+def _numpy_alike(x, typ) -> bool:
+    """Whether ``x``, not exactly of the prepared type ``typ``, is still taken for it: where
+    ``typ`` is NumPy's ndarray, any subclass (an np.memmap is one)."""
+    return typ is np.ndarray and isinstance(x, np.ndarray)
+
+
 class PreparedCall:
     """A score + top-k call for arrays of fixed shapes (see ``indexer.prepare``).
 
@@ -196,7 +202,7 @@ class PreparedCall:
         """Each array against the prepared signature: TypeError or ValueError naming it."""
         for i, x in enumerate(given):
             typ, shape, dtype = self._signature[i]
-            if type(x) is not typ and not (typ is np.ndarray and isinstance(x, np.ndarray)):
+            if type(x) is not typ and not _numpy_alike(x, typ):  # the exact test first: the hot path
                 raise TypeError(f"{_NAMES[i]}: expected a {typ.__module__}.{typ.__name__} as prepared, "
                                 f"got {type(x).__module__}.{type(x).__name__}")
             if x.shape != shape:
@@ -353,7 +359,7 @@ class PreparedCall:
         parts = outbuf.split(out, self.return_scores)
         pointers = ()
         for name, x, dtype in zip(names, parts, _OUT_DTYPES):
-            if type(x) is not typ and not (typ is np.ndarray and isinstance(x, np.ndarray)):
+            if type(x) is not typ and not _numpy_alike(x, typ):  # the exact test first: the hot path
                 raise TypeError(f"{name}: expected a {typ.__module__}.{typ.__name__} like q, "
                                 f"got {type(x).__module__}.{type(x).__name__}")
             if x.shape != shape or str(x.dtype).rpartition(".")[2] != dtype:
