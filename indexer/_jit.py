@@ -107,13 +107,32 @@ def compile_options(compute_capability: int) -> tuple:
     return ("-std=c++17", f"-arch={arch_for(compute_capability)}")
 
 
+#: the query's element type by dtype name: the kernels' template argument (kernels/common.cuh)
+QUERY_ELEMENTS = {"float32": "float", "float16": "half_bits", "bfloat16": "bf16_bits"}
+
+
+def query_instance(name: str, query_dtype: str) -> str:
+    """``name`` (every template argument written out) for a query of ``query_dtype`` (a
+    ``QUERY_ELEMENTS`` key): float32 keeps the name (the default argument, float); the 16-bit
+    types append their element type as the last template argument."""
+    if query_dtype == "float32":
+        return name
+    return f"{name[:-1]}, {QUERY_ELEMENTS[query_dtype]}>"
+
+
+def _typed(names):
+    """``names`` for every query element type (the instances of kernels that read q)."""
+    return [query_instance(n, dt) for n in names for dt in QUERY_ELEMENTS]
+
+
 def _heads_instances():
-    return [f"score_fp32_kernel<{hg}>" for hg in (1, 2, 4, 8, 16)]
+    return _typed([f"score_fp32_kernel<{hg}>" for hg in (1, 2, 4, 8, 16)])
 
 
 def _mma_instances():
     shapes = [(d, nb) for d in range(32, 257, 32) for nb in (2, 4, 8, 16)]
-    return [f"{k}<{d}, {nb}>" for d, nb in shapes for k in ("score_mma_kernel", "prep_query_kernel")]
+    return [f"score_mma_kernel<{d}, {nb}>" for d, nb in shapes] + _typed(
+        [f"prep_query_kernel<{d}, {nb}>" for d, nb in shapes])
 
 
 #: every template instance, by source file: the table launches and CI draw from
@@ -121,13 +140,16 @@ INSTANCES = {
     "score_fp32.cu": _heads_instances(),
     "score_mma.cu": _mma_instances(),
     # score_wgmma_kernel<d> and score_wgmma_pairs_kernel<d> take wgmma_prep_kernel<d>'s and
-    # <d, false>'s query images; <d, true> prep_query_kernel's rows and the fp32 query (A/Bs)
+    # <d, false>'s query images; <d, true> prep_query_kernel's rows and the query itself (A/Bs);
+    # the 16-bit queries' instances write every template argument out
     "score_wgmma.cu": [f"{k}<{d}{a}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel", "wgmma_prep_kernel",
                                                                              "score_wgmma_pairs_kernel")
-                       for a in ("", ", true" if k != "wgmma_prep_kernel" else ", false")],
-    "score_ws.cu": ["score_ws_kernel<128>"],
-    "score_ks.cu": ["score_ks_kernel<128>", "ks_prep_kernel<128>"],
-    "score_dense.cu": ["score_dense_kernel<128>", "dense_keys_kernel<128>"],
+                       for a in ("", ", true" if k != "wgmma_prep_kernel" else ", false")]
+    + [query_instance(f"{k}<{d}, {a}>", dt) for d in (32, 64, 96, 128) for dt in ("float16", "bfloat16")
+       for k, a in (("wgmma_prep_kernel", "true"), ("wgmma_prep_kernel", "false"), ("score_wgmma_pairs_kernel", "true"))],
+    "score_ws.cu": _typed(["score_ws_kernel<128>"]),
+    "score_ks.cu": ["score_ks_kernel<128>"] + _typed(["ks_prep_kernel<128>"]),
+    "score_dense.cu": _typed(["score_dense_kernel<128>"]) + ["dense_keys_kernel<128>"],
     "probe_wgmma.cu": ["wgmma_rate_kernel<128>"] + [f"wgmma_overlap_kernel<{m}>" for m in range(7)] + [
         f"wgmma_tile_kernel<{s}>" for s in (1, 2, 3)],  # scripts/probe_ceiling.py only
     "check_values.cu": ["check_values_kernel"],

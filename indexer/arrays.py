@@ -24,6 +24,10 @@ __all__ = [
     "check_kinds",
     "module_of",
     "to_cupy",
+    "QUERY_DTYPES",
+    "dtype_name",
+    "query_to_cupy",
+    "query_to_numpy",
     "to_numpy",
     "byte_extent",
     "framework_of",
@@ -142,6 +146,42 @@ def any_torch(xs) -> bool:
     return any(map(_is_torch_type, map(type, xs)))
 
 
+#: the query dtypes every path reads as they are (kernels/common.cuh: the kernels' element types)
+QUERY_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def dtype_name(x) -> str:
+    """The name of array ``x``'s element type, whatever its framework: 'float32', 'float16',
+    'bfloat16' (PyTorch's, JAX's, or NumPy's through ml_dtypes), 'int32', ..."""
+    return str(x.dtype).rpartition(".")[2]
+
+
+def query_to_cupy(x, *, ordered=False):
+    """``(view, dtype name)`` of a query ``x`` for the CUDA path: ``to_cupy(x)`` for float32
+    and float16 (and anything else, which the checks then refuse by name); a bfloat16 query
+    (a PyTorch tensor, or a NumPy array of ml_dtypes' bfloat16) as a uint16 CuPy array of its
+    bits, since CuPy has no bfloat16: the kernels read those bits as bf16 (``bf16_bits``)."""
+    name = dtype_name(x)
+    if name != "bfloat16":
+        return to_cupy(x, ordered=ordered), name
+    cp = cupy()
+    if cp is None:
+        raise RuntimeError("the CUDA backend needs CuPy and a CUDA GPU; neither was found")
+    kind = framework_of(x)  # gpu-only: everything below runs with CuPy and a GPU
+    if kind == "torch":
+        if x.requires_grad:  # as DLPack refuses any tensor that does
+            raise TypeError("q: expected a tensor that does not require grad (pass q.detach())")
+        import torch  # noqa: PLC0415  (only reached when the caller passed a tensor)
+
+        bits = x.view(torch.int16)  # a view of the same memory (the same strides)
+    elif isinstance(x, np.ndarray):
+        bits = x.view(np.uint16)
+    else:
+        raise TypeError(f"q: a bfloat16 array of {kind} cannot be read (CuPy has no bfloat16); pass a PyTorch "
+                        "tensor, or float16 or float32")
+    return to_cupy(bits, ordered=ordered).view(cp.uint16), name
+
+
 def to_cupy(x, dtype=None, *, ordered=False):
     """A CuPy view of a device array (zero copy) or a device copy of a host array.
 
@@ -239,6 +279,14 @@ def _extent(start, shape, steps, itemsize):
     low = start + sum((n - 1) * st for n, st in zip(shape, steps) if st < 0)
     high = start + sum((n - 1) * st for n, st in zip(shape, steps) if st > 0) + itemsize
     return low, high
+
+
+def query_to_numpy(x):
+    """``to_numpy(x)`` for a query: a bfloat16 PyTorch tensor, which NumPy cannot hold
+    without ml_dtypes, as float32 (every bfloat16 value is one exactly: the scores are the same)."""
+    if framework_of(x) == "torch" and dtype_name(x) == "bfloat16":  # gpu-only (PyTorch is not a dependency)
+        return x.detach().cpu().float().numpy()
+    return to_numpy(x)
 
 
 def to_numpy(x):

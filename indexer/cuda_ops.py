@@ -75,11 +75,12 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         # PyTorch tensors viewed without DLPack's stream handshake where the call runs on
         # PyTorch's current stream (out= is like q: the same framework)
         ordered = streams.on_torch_stream(given)
-        views = tuple(arrays.to_cupy(x, ordered=ordered) for x in given)
+        q_view, q_dtype = arrays.query_to_cupy(q, ordered=ordered)  # a bfloat16 query: its bits
+        views = (q_view, *(arrays.to_cupy(x, ordered=ordered) for x in given[1:]))
         q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = views
         cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens, ordered=ordered)
         prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
-                                          top_k, values=validate, cu_seqlens=cu_seqlens)
+                                          top_k, values=validate, cu_seqlens=cu_seqlens, q_dtype=q_dtype)
         check_key_alignment(prob, keys_fp4, key_scale)
         return run_checked(precision, prob, q.data.device_id, (q, w, keys_fp4, key_scale, key_gscale),
                            block_table, valid_lens, cu_seqlens, like, out, return_scores, physical,
@@ -421,6 +422,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
 
     # (score_wgmma_kernel<D> takes the query images; <D, true> the staged rows)
     name = sl.name if kind not in ("wgmma", "pairs") or p.wgmma_image else f"{sl.name[:-1]}, true>"
+    if kind in ("fp32", "ws", "dense") or (kind == "pairs" and not p.wgmma_image):  # it reads q itself
+        name = _jit.query_instance(name, prob.q_dtype)
     p.score_k = _kernel(_SCORING_SOURCES[kind], name, device_id, sl.smem)
     if exact:
         p.shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
@@ -431,12 +434,16 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
             p.keys_k = _kernel(_SCORING_SOURCES[kind], f"dense_keys_kernel<{prob.D}>", device_id)
             p.units = i32(geometry.dense_units(prob.max_len))
         if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
-            p.prep_k = _kernel(_SCORING_SOURCES[kind], f"ks_prep_kernel<{prob.D}>", device_id)
+            p.prep_k = _kernel(_SCORING_SOURCES[kind], _jit.query_instance(f"ks_prep_kernel<{prob.D}>", prob.q_dtype),
+                               device_id)
         if p.wgmma_image:  # the same for the wgmma kernels (weights halved for the single-query one)
-            p.prep_k = _kernel(_SCORING_SOURCES[kind],
-                               f"wgmma_prep_kernel<{prob.D}{'' if kind == 'wgmma' else ', false'}>", device_id)
+            halved = "true" if kind == "wgmma" else "false"
+            prep = (f"wgmma_prep_kernel<{prob.D}{'' if kind == 'wgmma' else ', false'}>" if prob.q_dtype == "float32"
+                    else _jit.query_instance(f"wgmma_prep_kernel<{prob.D}, {halved}>", prob.q_dtype))
+            p.prep_k = _kernel(_SCORING_SOURCES[kind], prep, device_id)
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
-            p.prep_k = _kernel("score_mma.cu", f"prep_query_kernel<{prob.D}, {heads // 8}>", device_id)
+            p.prep_k = _kernel("score_mma.cu", _jit.query_instance(f"prep_query_kernel<{prob.D}, {heads // 8}>",
+                                                                   prob.q_dtype), device_id)
         e_shift = prob.E.bit_length() - 1 if prob.E & (prob.E - 1) == 0 else -1
         p.shape_args = (i32(prob.P), i32(prob.E), i32(e_shift), i32(prob.L))
     # only the select this call takes is compiled and looked up

@@ -49,7 +49,7 @@ def _check_flag(name, value):
 def _host_array(name, x):
     """``arrays.to_numpy(x)``; what NumPy cannot make an array of (a ragged list) is refused by name."""
     try:
-        return arrays.to_numpy(x)
+        return arrays.query_to_numpy(x) if name == "q" else arrays.to_numpy(x)
     except (ValueError, TypeError) as exc:
         raise TypeError(f"{name}: expected a NumPy or CuPy array, got a {type(x).__name__} NumPy cannot "
                         f"read as one ({exc})") from None
@@ -67,7 +67,12 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
 
     Parameters
     ----------
-    q : float32 (T, H, D)            index queries, D a multiple of 32
+    q : float32, float16 or bfloat16 (T, H, D)
+                                     index queries, D a multiple of 32. The 16-bit types are
+                                     read as they lie (no cast kernel, no copy): bfloat16 as a
+                                     PyTorch tensor, or a NumPy array of ml_dtypes' bfloat16.
+                                     Every value of each is a float32 value, scored exactly as
+                                     that float32 query would be.
     w : float32 (T, H)               per-token, per-head weights
     keys_fp4 : uint8 (P, E, D/2)     packed E2M1 codes of the pool
     key_scale : uint8 (P, E, D/16)   float8_e4m3fn block scales
@@ -155,8 +160,8 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
 
     Parameters
     ----------
-    q : float32 (T, H, D); w : float32 (T, H); keys_fp4, key_scale, key_gscale : the pool
-        (as ``score_topk``)
+    q : float32, float16 or bfloat16 (T, H, D); w : float32 (T, H); keys_fp4, key_scale,
+        key_gscale : the pool (as ``score_topk``)
     block_table : int32 (B, L)       logical -> physical block, per sequence
     cu_seqlens_q : int32 (B+1,)      query row offsets: 0 = cu[0] <= cu[1] <= ... <= cu[B] = T
     valid_lens : int32 (T,)          entries visible to each query token

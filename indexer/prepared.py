@@ -145,7 +145,7 @@ class PreparedCall:
 
     def _check_host(self, given, validate):
         """The checks of the NumPy backend's call (values always, as there)."""
-        host = [arrays.to_numpy(x) for x in given]
+        host = [arrays.query_to_numpy(given[0])] + [arrays.to_numpy(x) for x in given[1:]]
         table = host[5]
         if self._grouped:
             _validate.check_groups(host[7], host[5], host[0].shape[0])
@@ -158,7 +158,8 @@ class PreparedCall:
 
         with streams.using(None, given):
             ordered = streams.on_torch_stream(given)
-            views = [arrays.to_cupy(x, ordered=ordered) for x in given]
+            q_view, q_dtype = arrays.query_to_cupy(given[0], ordered=ordered)  # a bfloat16 query: its bits
+            views = [q_view] + [arrays.to_cupy(x, ordered=ordered) for x in given[1:]]
             table, cu = views[5], None
             if self._grouped:
                 cu = views[7]
@@ -166,7 +167,7 @@ class PreparedCall:
                 _validate.check_groups(cu, views[5], T, values=False)
                 table = ragged.expand_block_table(views[5], cu, T, workspace=self.workspace)
             prob = _validate.check_score_topk(*views[:5], table, views[6], self.top_k, values=validate,
-                                              cu_seqlens=cu)
+                                              cu_seqlens=cu, q_dtype=q_dtype)
             cuda_ops.check_key_alignment(prob, views[2], views[3])
             device_id = views[0].data.device_id
             plan = cuda_ops.launch_plan(self.precision, prob, device_id, views[0], views[3],
@@ -237,13 +238,17 @@ class PreparedCall:
         (its shape and dtype checked equal by ``_match``), else a new one."""
         if not self._torch_slots[i]:
             return x
+        if i == 0 and self._prob.q_dtype == "bfloat16":  # a bfloat16 query's bits (arrays.query_to_cupy)
+            convert = lambda x, ordered=False: arrays.query_to_cupy(x, ordered=ordered)[0]  # noqa: E731
+        else:
+            convert = arrays.to_cupy
         if not ordered:  # another stream: DLPack orders the two
-            return arrays.to_cupy(x)
+            return convert(x)
         ptr = x.data_ptr()
         held = self._views[i]
         if held is not None and held[0] == ptr:
             return held[1]
-        view = arrays.to_cupy(x, ordered=True)
+        view = convert(x, ordered=True)
         self._views[i] = (ptr, view)
         return view
 

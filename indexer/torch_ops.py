@@ -109,6 +109,8 @@ def _host_view(name, t, dtypes):
     another device, or a dtype NumPy lacks (bfloat16), ``dtypes`` saying what it expects."""
     if t.device.type != "cpu":
         raise ValueError(f"{name}: expected a tensor on q's device (cpu), got {t.device}")
+    if name == "q" and t.dtype == torch.bfloat16:  # NumPy has none: widened exactly (arrays.query_to_numpy)
+        return t.float().numpy()
     try:
         return t.numpy()
     except TypeError as exc:

@@ -40,6 +40,7 @@ class Problem(NamedTuple):
     E: int  # entries per block
     L: int  # logical blocks per block-table row
     top_k: int
+    q_dtype: str = "float32"  # the query's element type (arrays.QUERY_DTYPES): the kernels' instances
 
     @property
     def max_len(self) -> int:
@@ -64,7 +65,7 @@ def _kind(x) -> str:
 def _check_array(name, x, dtype, ndim, xp):
     if not (isinstance(x, np.ndarray) or arrays.is_cupy(x)):
         raise TypeError(f"{name}: expected a NumPy or CuPy array, got {type(x).__name__}")
-    if x.dtype != dtype:
+    if dtype is not None and x.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {x.dtype}")
     if x.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
@@ -85,9 +86,25 @@ def check_top_k(top_k) -> int:
     return int(top_k)
 
 
+def _query_dtype(q, q_dtype):
+    """The query's dtype name, ``q_dtype`` (the caller's, where ``q`` is a CuPy view of a
+    bfloat16 query's bits: ``arrays.query_to_cupy``) or ``q``'s own; TypeError unless one of
+    ``arrays.QUERY_DTYPES``."""
+    name = arrays.dtype_name(q) if q_dtype is None else q_dtype
+    if name not in arrays.QUERY_DTYPES:
+        raise TypeError(f"q: expected dtype float32, float16 or bfloat16, got {name}")
+    if q_dtype is not None and arrays.dtype_name(q) not in (q_dtype, "uint16" if q_dtype == "bfloat16" else q_dtype):
+        raise TypeError(f"q: expected {q_dtype} or the uint16 bits of a bfloat16 query, got {arrays.dtype_name(q)}")
+    return name
+
+
 def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
-                     *, values: bool = True, cu_seqlens=None) -> Problem:
+                     *, values: bool = True, cu_seqlens=None, q_dtype=None) -> Problem:
     """Check the arguments of ``score_topk`` and return the problem's shape.
+
+    ``q`` may be float32, float16 or bfloat16 (NumPy's through ml_dtypes); ``q_dtype``: the
+    caller's query dtype where ``q`` is the uint16 CuPy view of a bfloat16 query's bits
+    (``arrays.query_to_cupy``), None for ``q``'s own.
 
     ``values=False`` keeps the shape, dtype and device checks and skips the reductions
     over values (valid_lens range, block ids, global scales), which are the only ones
@@ -96,8 +113,10 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
     values are then checked first, on device arrays in the same launch as the others.
     """
     top_k = check_top_k(top_k)
+    if isinstance(q, np.ndarray) or arrays.is_cupy(q):  # (else refused by name below)
+        q_dtype = _query_dtype(q, q_dtype)
     args = {
-        "q": (q, np.float32, 3),
+        "q": (q, None, 3),  # its dtype checked above
         "w": (w, np.float32, 2),
         "keys_fp4": (keys_fp4, np.uint8, 3),
         "key_scale": (key_scale, np.uint8, 3),
@@ -137,7 +156,7 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
     if L * E > MAX_ROW_ENTRIES:
         raise ValueError(f"block_table: L * E = {L * E} entries per row exceeds the supported {MAX_ROW_ENTRIES} "
                          "(2**31 - 2**20)")
-    prob = Problem(T=T, H=H, D=D, P=P, E=E, L=L, top_k=top_k)
+    prob = Problem(T=T, H=H, D=D, P=P, E=E, L=L, top_k=top_k, q_dtype=q_dtype)
     if values:
         _check_values(prob, key_gscale, block_table, valid_lens, cu_seqlens)
     return prob

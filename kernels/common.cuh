@@ -128,6 +128,47 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
 // ---------------------------------------------------------------------------
+// The query's element type: a template argument (class QT, float by default) of every
+// kernel that reads q, so that float16 and bfloat16 queries are read where they lie (no
+// cast kernel before the call). half_bits and bf16_bits are the 16-bit patterns (NVRTC
+// needs no fp16 header for them); query_float widens any of them exactly to float, and
+// query_float4 four consecutive values (16 bytes of float, 8 of the 16-bit types: the
+// caller's row is aligned to that).
+// ---------------------------------------------------------------------------
+struct half_bits {
+    unsigned short bits;
+};
+struct bf16_bits {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float query_float(float x) { return x; }
+__device__ __forceinline__ float query_float(half_bits x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ float query_float(bf16_bits x) { return __uint_as_float((u32)x.bits << 16); }
+
+// the two 16-bit values of a 32-bit word (low half first) as floats
+__device__ __forceinline__ float2 query_float2(u32 v, half_bits) {
+    return make_float2(query_float(half_bits{(unsigned short)(v & 0xffffu)}),
+                       query_float(half_bits{(unsigned short)(v >> 16)}));
+}
+__device__ __forceinline__ float2 query_float2(u32 v, bf16_bits) {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
+// values 4i .. 4i + 3 of a row of queries, as floats
+__device__ __forceinline__ float4 query_float4(const float* row, int i) { return reinterpret_cast<const float4*>(row)[i]; }
+template <class QT>
+__device__ __forceinline__ float4 query_float4(const QT* row, int i) {
+    const uint2 v = reinterpret_cast<const uint2*>(row)[i];
+    const float2 lo = query_float2(v.x, QT{}), hi = query_float2(v.y, QT{});
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// ---------------------------------------------------------------------------
 // NVFP4 element and scale decoding
 // ---------------------------------------------------------------------------
 

@@ -186,7 +186,7 @@ __device__ __forceinline__ u32 scaled_half2_bits(float lo, float hi, Pow2Scale s
 }
 
 // ---------------------------------------------------------------------------
-// Query staging, once per call: q[t] (H x D float32) -> fp16 [kHeads][D + 8] in the K order
+// Query staging, once per call: q[t] (H x D float32, float16 or bfloat16) -> fp16 [kHeads][D + 8] in the K order
 // of the register-A decode of the mma.sync and wgmma kernels, each head scaled by a power
 // of two 2^e that brings max |q| into [2^14, 2^15); and w[t, h] * 2^(8 - e) (folding back
 // that power and the 2^-8 of the keys). K slot kk of k-step s = 2*wd + hh holds
@@ -216,8 +216,8 @@ struct PrepToRows {
     __device__ __forceinline__ void weight(int t, int h, float v) const { w_scaled[(long long)t * kHeads + h] = v; }
 };
 
-template <int kDim, int kNBlocks, class Out>
-__device__ __forceinline__ void prep_query_row(const float* __restrict__ q, const float* __restrict__ w, int H,
+template <int kDim, int kNBlocks, class Out, class QT>
+__device__ __forceinline__ void prep_query_row(const QT* __restrict__ q, const float* __restrict__ w, int H,
                                                const Out out) {
     // grid (T, kHeads / 16), 8 warps of two heads each. Both heads' loads are in flight
     // together (latency, not bandwidth, bounds this kernel: it ran at ~2/3 of the copy rate
@@ -230,9 +230,9 @@ __device__ __forceinline__ void prep_query_row(const float* __restrict__ q, cons
     float v[kHpw][kPer];
 #pragma unroll
     for (int k = 0; k < kHpw; ++k) {
-        const float* qh = q + ((long long)t * H + h0 + k) * kDim;
+        const QT* qh = q + ((long long)t * H + h0 + k) * kDim;
 #pragma unroll
-        for (int j = 0; j < kPer; ++j) v[k][j] = h0 + k < H ? qh[lane + 32 * j] : 0.0f;
+        for (int j = 0; j < kPer; ++j) v[k][j] = h0 + k < H ? query_float(qh[lane + 32 * j]) : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < kHpw; ++k) {

@@ -137,9 +137,9 @@ __global__ void __launch_bounds__(256) dense_keys_kernel(const u8* __restrict__ 
 // grid (C,): one CTA an SM, score_dense::kThreads threads, DenseSmem::kBytes of dynamic
 // shared memory; q 16-byte aligned (the launcher checks), kimg from dense_keys_kernel for
 // the same run. Row t's scores are stored for s < valid_lens[t] only.
-template <int kDim>
+template <int kDim, class QT = float>
 __global__ void __launch_bounds__(score_dense::kThreads, 1)
-score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the run's rows, staged here
+score_dense_kernel(const QT* __restrict__ q,                // [T, H, kDim] (float, half_bits or bf16_bits): staged here
                    const float* __restrict__ w,             // [T, H]
                    int H,
                    const unsigned char* __restrict__ kimg,  // [n_seq][J][kImg]
@@ -245,7 +245,7 @@ score_dense_kernel(const float* __restrict__ q,             // [T, H, kDim]: the
             for (; ahead < n_items && start[ahead] < u1; ++ahead)
                 if (has_units(ahead)) {
                     const Item it = item_at(ahead++);
-                    const u32 bytes = (u32)(it.rows * H * kDim * 4);
+                    const u32 bytes = (u32)(it.rows * H * kDim * sizeof(QT));
                     bulk_prefetch_l2(q + (long long)it.first * H * kDim, bytes);
                     return;
                 }

@@ -38,9 +38,9 @@ struct Fp32Smem {
 };
 
 // kHeadGroups = Hpad / 8 (1, 2, 4, 8 or 16); the CTA has 32 * kHeadGroups threads.
-template <int kHeadGroups>
+template <int kHeadGroups, class QT = float>
 __global__ void __launch_bounds__(32 * kHeadGroups)
-score_fp32_kernel(const float* __restrict__ q,            // [T, H, D]
+score_fp32_kernel(const QT* __restrict__ q,               // [T, H, D]: float, half_bits or bf16_bits
                   const float* __restrict__ w,            // [T, H]
                   const u8* __restrict__ keys_fp4,        // [P, E, D/2]
                   const u8* __restrict__ key_scale,       // [P, E, D/16]
@@ -76,10 +76,10 @@ score_fp32_kernel(const float* __restrict__ q,            // [T, H, D]
     const int last_tile = min(first_tile + tiles_per_cta, (n + kTileEntries - 1) / kTileEntries);
 
     // ---- stage the query, transposed and zero-padded to kHpad heads, and the weights
-    const float* qt = q + (long long)t * H * D;
+    const QT* qt = q + (long long)t * H * D;
     for (int i = tid; i < D * kHpad; i += kThreads) {
         const int d = i / kHpad, h = i % kHpad;
-        qs[i] = h < H ? qt[h * D + d] : 0.0f;
+        qs[i] = h < H ? query_float(qt[h * D + d]) : 0.0f;
     }
     for (int h = tid; h < kHpad; h += kThreads) ws[h] = h < H ? w[(long long)t * H + h] : 0.0f;
     for (int b = tid; b < 256; b += kThreads) lut[b] = make_float2(e2m1_to_float(b & 15u), e2m1_to_float(b >> 4));

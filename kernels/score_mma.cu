@@ -21,9 +21,10 @@
 // Query staging, once per call: prep_query_row (fast_common.cuh) into the rows
 // [T][kHeads][D + 8] and weights [T][kHeads] that the mma.sync and single-query wgmma kernels
 // read.
-template <int kDim, int kNBlocks>
+template <int kDim, int kNBlocks, class QT = float>
 __global__ void __launch_bounds__(256)
-prep_query_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
+prep_query_kernel(const QT* __restrict__ q,  // [T, H, kDim]: float, half_bits or bf16_bits
+                  const float* __restrict__ w, int H,
                   unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8]
                   float* __restrict__ w_scaled)      // [T, kHeads]
 {

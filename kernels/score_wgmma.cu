@@ -56,8 +56,8 @@ struct PrepToWgmmaImage {
 // staging of prep_query_kernel (the same fp16 values), written as the wgmma kernels' query
 // images (kHalved: score_wgmma_kernel's; else score_wgmma_pairs_kernel's). grid (T, 64 / 16),
 // 256 threads.
-template <int kDim, bool kHalved = true>
-__global__ void __launch_bounds__(256) wgmma_prep_kernel(const float* __restrict__ q, const float* __restrict__ w, int H,
+template <int kDim, bool kHalved = true, class QT = float>  // q: float, half_bits or bf16_bits (common.cuh)
+__global__ void __launch_bounds__(256) wgmma_prep_kernel(const QT* __restrict__ q, const float* __restrict__ w, int H,
                                                          unsigned char* __restrict__ qimg) {
     // the scoring kernel after this one, launched programmatically in graphs, may be placed
     // now: it schedules its tiles and starts its key copies, then waits for this grid
@@ -436,9 +436,9 @@ __device__ __forceinline__ void flush_packed_histogram(u32* h, u32* row_hist, in
 // taken as qimg [T][PrepToWgmmaImage<kDim, false>::kBytes], w unused) by bulk copies, a K
 // chunk each, on a barrier whose phase `piece` & 1 they complete (piece: the CTA's pieces
 // before this one).
-template <int kDim, bool kStagedQueries>
+template <int kDim, bool kStagedQueries, class QT>
 __device__ __forceinline__ void score_pair_segment(
-    unsigned char* smem, const float* __restrict__ q, const float* __restrict__ w, int H,
+    unsigned char* smem, const QT* __restrict__ q, const float* __restrict__ w, int H,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
     const int* __restrict__ block_table, int ta, int tb, int na, int nb, int first_tile, int num_tiles, int jbase,
     int P, int E, int e_shift, int L, float* __restrict__ scores, long long ld, u32* __restrict__ hist, int rot,
@@ -614,9 +614,10 @@ __device__ __forceinline__ void score_pair_segment(
 // row0 + t of a call whose sequences start at rows cu_seqlens[0 .. n_seq] (varlen layout);
 // rows 2u and 2u + 1 share keys when they belong to the same sequence (no sequence starts at
 // row 2u + 1). T <= kMaxRows (8,192).
-template <int kDim, bool kStagedQueries = false>
+template <int kDim, bool kStagedQueries = false, class QT = float>
 __global__ void __launch_bounds__(128, 3)
-score_wgmma_pairs_kernel(const float* __restrict__ q,             // kStagedQueries: [T, H, kDim], staged here; else the images
+score_wgmma_pairs_kernel(const QT* __restrict__ q,                // kStagedQueries: [T, H, kDim] (QT: float, half_bits or
+                                                                  // bf16_bits), staged here; else the images
                                                                   // [T][PrepToWgmmaImage<kDim, false>::kBytes] of wgmma_prep_kernel<kDim, false>
                          const float* __restrict__ w,             // kStagedQueries: [T, H]; else unused
                          int H,                                   // H <= 64

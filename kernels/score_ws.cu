@@ -179,8 +179,9 @@ __device__ __forceinline__ void ws_produce(unsigned char* smem, const int* start
 }
 
 // Consumer warpgroup: the MMAs and the epilogue of every tile of [g0, g1).
+template <class QT>
 __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start, int g0, int g1,
-                                           const float* __restrict__ q, const float* __restrict__ w, int H,
+                                           const QT* __restrict__ q, const float* __restrict__ w, int H,
                                            const int* row_len,
                                            float* __restrict__ scores, long long ld, u32* __restrict__ hist) {
     using namespace score_ws;
@@ -280,9 +281,9 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
 
 // grid (G,), 256 threads, WsSmem::kBytes of dynamic shared memory (two CTAs per SM),
 // T <= kMaxBalancedRows; keys_fp4 16-byte and key_scale 2-byte aligned.
-template <int kDim>
+template <int kDim, class QT = float>
 __global__ void __launch_bounds__(score_ws::kThreads, 2)
-score_ws_kernel(const float* __restrict__ q,             // [T, H, kDim]: staged here, no prep kernel
+score_ws_kernel(const QT* __restrict__ q,                // [T, H, kDim] (float, half_bits or bf16_bits): staged here
                 const float* __restrict__ w,             // [T, H]
                 int H,                                   // H <= 64
                 const u8* __restrict__ keys_fp4,         // [P, E, D/2]

@@ -247,15 +247,18 @@ struct QueryStaging {
     __device__ static int head(int j) { return 16 * ((threadIdx.x >> 5) & 3) + 4 * j + ((threadIdx.x & 31) >> 3); }
     __device__ static int lane_in_head() { return threadIdx.x & 7; }
 
-    __device__ __forceinline__ void load(const float* __restrict__ q, const float* __restrict__ w, int H, long long t) {
+    // q: [T, H, kDim] of float, half_bits or bf16_bits (common.cuh), 4-element aligned
+    template <class QT>
+    __device__ __forceinline__ void load(const QT* __restrict__ q, const float* __restrict__ w, int H, long long t) {
         const int r = lane_in_head();
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) {
             const int h = head(j);
             const bool mine = h < H && r < kLanes;
-            const float4* src = reinterpret_cast<const float4*>(q + (t * H + h) * kDim) + r;
+            const QT* row = q + (t * H + h) * kDim;
 #pragma unroll
-            for (int qd = 0; qd < 4; ++qd) v[j][qd] = mine ? src[qd * kLanes] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int qd = 0; qd < 4; ++qd)
+                v[j][qd] = mine ? query_float4(row, r + qd * kLanes) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             wv[j] = h < H && r == 0 ? w[t * H + h] : 0.0f;
         }
     }

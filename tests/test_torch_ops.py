@@ -109,7 +109,9 @@ def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match="top_k"):
         iops.score_topk(*x, 0)
     with pytest.raises(TypeError, match="^q: expected a NumPy dtype"):
-        iops.score_topk(x[0].to(torch.bfloat16), *x[1:], 8)
+        iops.score_topk(x[0].to(torch.float8_e4m3fn), *x[1:], 8)
+    with pytest.raises(TypeError, match="^w: expected a NumPy dtype"):  # bfloat16 is a query's dtype only
+        iops.score_topk(x[0], x[1].to(torch.bfloat16), *x[2:], 8)
     with pytest.raises(TypeError, match="^w: expected dtype float32"):
         iops.score_topk(x[0], x[1].double(), *x[2:], 8)
     bad = p.valid_lens.copy()

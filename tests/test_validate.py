@@ -81,7 +81,8 @@ def _heads(h):
 CATALOGUE = [
     # q
     ("q-float64", _set("q", lambda a: a["q"].astype(np.float64)), TypeError, "q"),
-    ("q-float16", _set("q", lambda a: a["q"].astype(np.float16)), TypeError, "q"),
+    ("q-int16", _set("q", lambda a: a["q"].astype(np.int16)), TypeError, "q"),
+    ("q-uint16", _set("q", lambda a: a["q"].view(np.uint16)[..., ::2].copy()), TypeError, "q"),  # not a bfloat16's bits
     ("q-rank2", _set("q", lambda a: a["q"].reshape(T, H * D)), ValueError, "q"),
     ("q-noncontig", _set("q", lambda a: _noncontig(a["q"])), ValueError, "q"),
     ("q-fortran", _set("q", lambda a: np.asfortranarray(a["q"])), ValueError, "q"),

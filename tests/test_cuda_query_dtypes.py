@@ -1,0 +1,189 @@
+"""float16 and bfloat16 queries, read by the kernels where they lie (kernels/common.cuh:
+half_bits, bf16_bits): every kernel that reads q (the exact path's, the staging kernels', and
+the scoring kernels that stage the query themselves) must give bit for bit what it gives
+for the same values widened to float32, and the reference's top-k. float16 queries come as
+CuPy arrays, bfloat16 ones as PyTorch tensors (CuPy has none)."""
+
+import numpy as np
+import pytest
+
+import indexer
+from indexer import arrays, geometry, testing
+from tests.gpu import requires_gpu
+from tests.test_ragged import as_problem, grouped_problem
+
+pytestmark = [requires_gpu, pytest.mark.gpu]
+
+DTYPES = ("float16", "bfloat16")
+
+
+def _hopper():
+    from indexer import cuda_ops
+
+    cp = arrays.cupy()
+    return geometry.ws_supported(64, 128, cuda_ops.device_facts(cp.cuda.Device().id))
+
+
+def narrowed(q, dtype):
+    """(the 16-bit query on the GPU, its values widened to float32 on the host): a CuPy
+    float16 array, or a PyTorch bfloat16 tensor."""
+    cp = arrays.cupy()
+    if dtype == "float16":
+        q16 = cp.asarray(q.astype(np.float16))
+        return q16, q16.get().astype(np.float32)
+    torch = pytest.importorskip("torch")
+    q16 = torch.from_numpy(q).cuda().to(torch.bfloat16)
+    return q16, q16.float().cpu().numpy()
+
+
+def on_gpu(arrays_, like):
+    """The other arrays on the GPU, in ``like``'s framework (PyTorch with a tensor query)."""
+    cp = arrays.cupy()
+    dev = [cp.asarray(a) for a in arrays_]
+    if arrays.framework_of(like) == "torch":
+        import torch
+
+        return [torch.from_dlpack(x) for x in dev]
+    return dev
+
+
+def host(x):
+    return x.get() if arrays.is_cupy(x) else x.cpu().numpy()
+
+
+def both(p, dtype, call):
+    """``call(q, rest)`` with the 16-bit query and with its float32 widening: both results
+    (host arrays) and the problem of the widened values (the reference's)."""
+    q16, q32 = narrowed(p.q, dtype)
+    rest = on_gpu(p.arrays()[1:], q16)
+    got = [host(x) for x in call(q16, rest)]
+    want = [host(x) for x in call(on_gpu([q32], q16)[0], rest)]
+    widened = testing.Problem(q32, *p.arrays()[1:], p.top_k)
+    return got, want, widened
+
+
+def assert_same(got, want):
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1].tobytes() == want[1].tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel,precision", [("auto", "fast"), ("mma", "fast"), ("wgmma-single", "fast"),
+                                              ("ws", "fast"), ("auto", "exact")])
+@pytest.mark.parametrize("H,D,E,T,lens", [
+    (64, 128, 64, 3, [20_000, 129, 0]),  # long and off-edge rows, an empty one
+    (64, 128, 64, 1, [65_536]),          # batch 1: the warp-specialised kernel's case
+    (33, 64, 16, 4, [700, 1, 300, 5]),   # fewer heads than a block of them, another head dim
+    (8, 256, 32, 2, [400, 90]),          # the largest head dim (mma.sync and the exact path only)
+])
+def test_single_rows_match_the_float32_query(dtype, kernel, precision, H, D, E, T, lens):
+    from indexer import cuda_ops
+
+    takes = {"ws": geometry.ws_supported, "wgmma-single": geometry.wgmma_supported}.get(kernel)
+    if takes is not None and not (_hopper() and takes(H, D, geometry.H200, E)):
+        pytest.skip("the wgmma kernels need Hopper, and take this shape only there")
+    rng = np.random.default_rng(H * 31 + D + E + T)
+    p = testing.random_problem(rng, T=T, H=H, D=D, E=E, lens=lens, top_k=64)
+    p.q *= 3.0  # values past float16's 2**-14 normals and up to tens: the staging's scaling at work
+
+    def call(q, rest):
+        return cuda_ops.score_topk(q, *rest, p.top_k, precision=precision, return_scores=True, _fast_kernel=kernel)
+
+    got, want, widened = both(p, dtype, call)
+    assert_same(got, want)
+    testing.check_topk(widened, got[0], got[1], tol=testing.TOL_FAST if precision == "fast" else testing.TOL_EXACT)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kernel,image", [("pairs", True), ("pairs", False), ("ks", True), ("dense", True),
+                                          ("wgmma-single", False)])
+def test_grouped_rows_match_the_float32_query(dtype, kernel, image, monkeypatch):
+    """The pair kernel from its images and staging the query itself, the keys-stationary and
+    dense kernels (which take the rows of sequences), and the single-query wgmma kernel from
+    prep_query_kernel's rows."""
+    from indexer import cuda_ops
+
+    if not _hopper():
+        pytest.skip("Hopper's wgmma kernels")
+    monkeypatch.setattr(cuda_ops, "_QUERY_IMAGE", image)
+    cuda_ops.clear_plans()
+    rng = np.random.default_rng(len(kernel) * 7 + image)
+    counts, entries = [2, 3, 1, 40], [9_001, 700, 129, 2_048]
+    args = grouped_problem(rng, counts, H=64, D=128, E=64, seq_entries=entries, top_k=48)
+    p = as_problem(*args, 48)
+    cp = arrays.cupy()
+
+    def call(q, rest):
+        cu = cp.asarray(args[6])
+        return cuda_ops.score_topk(q, *rest, p.top_k, return_scores=True, _cu_seqlens=cu, _fast_kernel=kernel)
+
+    try:
+        got, want, widened = both(p, dtype, call)
+    finally:
+        cuda_ops.clear_plans()
+    assert_same(got, want)
+    testing.check_topk(widened, got[0], got[1], tol=testing.TOL_FAST)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_extreme_and_nan_queries(dtype):
+    """Heads of very different magnitudes (each scaled apart by its power of two), float16's
+    subnormals and largest values, bfloat16 past float16's range, and a NaN (never selected)."""
+    rng = np.random.default_rng(5)
+    p = testing.random_problem(rng, T=3, H=64, D=128, E=64, lens=[5_000, 3_000, 64], top_k=40)
+    big = 6e4 if dtype == "float16" else 1e30
+    p.q[0, :8] *= 1e-6
+    p.q[0, 8:16] = np.clip(p.q[0, 8:16] * big, -big, big)
+    p.q[1, 3, 7] = np.nan
+
+    def call(q, rest):
+        return indexer.score_topk(q, *rest, p.top_k, return_scores=True)
+
+    got, want, widened = both(p, dtype, call)
+    assert_same(got, want)
+    testing.check_topk(widened, got[0], got[1], tol=testing.TOL_FAST)
+
+
+def test_a_bfloat16_query_off_16_byte_alignment_and_a_prepared_call():
+    """A bfloat16 view 8 bytes into its buffer (the kernels that stage q by 16-byte loads then
+    step aside for the staging kernels), and a prepared call replayed from its CUDA graph."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    p = testing.random_problem(rng, T=2, H=64, D=128, E=64, lens=[9_000, 4_000], top_k=32)
+    q16, q32 = narrowed(p.q, "bfloat16")
+    rest = on_gpu(p.arrays()[1:], q16)
+    want = [host(x) for x in indexer.score_topk(on_gpu([q32], q16)[0], *rest, p.top_k, return_scores=True)]
+
+    def shifted(q):  # q's values 8 bytes into a buffer of their dtype
+        buf = torch.empty(q.numel() * q.element_size() + 8, dtype=torch.uint8, device="cuda")
+        view = buf[8:].view(q.dtype).view(q.shape)
+        view.copy_(q)
+        assert view.data_ptr() % 16 == 8
+        return view
+
+    # the same kernels as the float32 query 8 bytes off, and its scores bit for bit
+    off = [host(x) for x in indexer.score_topk(shifted(q16), *rest, p.top_k, return_scores=True)]
+    assert_same(off, [host(x) for x in indexer.score_topk(shifted(on_gpu([q32], q16)[0]), *rest, p.top_k,
+                                                          return_scores=True)])
+    testing.check_topk(testing.Problem(q32, *p.arrays()[1:], p.top_k), off[0], off[1], tol=testing.TOL_FAST)
+
+    step = indexer.prepare(q16, *rest, p.top_k, return_scores=True)
+    out = (torch.empty((2, 32), dtype=torch.int32, device="cuda"), torch.empty((2, 32), device="cuda"))
+    for _ in range(3):  # eager, captured, replayed
+        out[0].fill_(-7)
+        step(q16, *rest, out=out)
+        assert_same([host(x) for x in out], want)
+    assert len(step._graphs) == 1
+
+
+def test_query_dtypes_refused_by_name():
+    torch = pytest.importorskip("torch")
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(3), T=2, H=8, D=64, E=16, lens=40, top_k=8)
+    rest = [cp.asarray(a) for a in p.arrays()[1:]]
+    with pytest.raises(TypeError, match="^q: expected dtype float32, float16 or bfloat16, got uint16"):
+        indexer.score_topk(cp.asarray(p.q).view(cp.uint16)[..., ::2].copy(), *rest, 8)  # bits, but not a bfloat16's
+    with pytest.raises(TypeError, match="^q: expected dtype float32, float16 or bfloat16, got float64"):
+        indexer.score_topk(cp.asarray(p.q, dtype=cp.float64), *rest, 8)
+    with pytest.raises(TypeError, match="^q: expected a tensor that does not require grad"):
+        indexer.score_topk(torch.from_numpy(p.q).cuda().to(torch.bfloat16).requires_grad_(), *rest, 8)
