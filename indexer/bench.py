@@ -78,7 +78,7 @@ DEFAULT_CASES = "decode-1M,decode-128K,decode-latency,decode-ragged,decode-E256,
 DEFAULT_PATHS = "fast,fast-score,exact,torch-composed,torch-topk"
 KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-mma-score", "fast-single",
                 "fast-single-score", "fast-ws", "fast-ws-score", "fast-wgmma", "fast-wgmma-score", "fast-ks",
-                "fast-ks-score", "fast-dense", "fast-dense-score")
+                "fast-ks-score", "fast-dense", "fast-dense-score", "fast-f16", "fast-f16-score")
 # "prepared": an indexer.prepare-d call given out=, launched from Python each time (host time
 # included), which replays a graph of its own once an input set's arrays come a second time
 PATHS = KERNEL_PATHS + ("prepared", "torch-composed", "torch-topk")
@@ -442,12 +442,15 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
         # one workspace a path, as an engine replaying decode steps from graphs holds one:
         # scratch memory that stays its own, and the select's counters zero at rest
         ws = Workspace()
+        if "-f16" in path:  # the query as a model may give it: float16, read by the kernels where it lies
+            sets = [dict(x, q=x["q"].astype(cp.float16)) for x in sets]
 
         def fn(x, _p=path.split("-")[0], _only=path.endswith("-score"),
                _k="mma" if "-mma" in path else "wgmma-single" if "-single" in path else "ws" if "-ws" in path
                else "wgmma" if "-wgmma" in path else "ks" if "-ks" in path else "dense" if "-dense" in path
                else "auto"):
-            # fast-single: rows of a sequence scored one by one (no shared key tiles); fast-ws,
+            # fast-single: rows of a sequence scored one by one (no shared key tiles); fast-f16:
+            # the default kernels on a float16 query; fast-ws,
             # fast-wgmma, fast-ks, fast-dense: that scoring kernel forced
             return call_case(cuda_ops, x, case.top_k, precision=_p, validate=False, _score_only=_only,
                              _fast_kernel=_k, workspace=ws)
