@@ -23,7 +23,8 @@ The two forms of a ``score`` input file
   ``valid_lens`` (the README's argument table gives their shapes and dtypes);
 * **pool form** (``pool_meta`` present): a saved ``KeyPool`` (``KeyPool.save``: arrays
   ``keys_fp4``, ``key_scale``, ``key_gscale`` and the uint8 JSON ``pool_meta``) plus
-  ``q`` float32 (T, H, D), ``w`` float32 (T, H) and ``seqs`` (T,), the id of the pool
+  ``q`` (T, H, D) of float32, float16 or bfloat16 (``.safetensors`` reads bfloat16 through
+  ml_dtypes), ``w`` float32 (T, H) and ``seqs`` (T,), the id of the pool
   sequence each query row reads. ``seqs`` is an integer array (int ids); in ``.npz`` a
   NumPy string array (dtype ``<U``) also works for str ids (a string of decimal digits
   the pool holds no str id of names the int id, as ``indexer pack`` makes of such array

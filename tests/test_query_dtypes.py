@@ -66,3 +66,28 @@ def test_the_problem_names_its_query_dtype_and_bits_are_no_query():
     assert validate.check_score_topk(bits, *p.arrays()[1:], p.top_k, q_dtype="bfloat16").q_dtype == "bfloat16"
     with pytest.raises(TypeError, match="^q: expected bfloat16 or the uint16 bits of a bfloat16 query, got float32"):
         validate.check_score_topk(p.q, *p.arrays()[1:], p.top_k, q_dtype="bfloat16")
+
+
+def test_the_cli_scores_a_bfloat16_query_saved_by_safetensors(tmp_path):
+    """A model's saved query, bfloat16 in .safetensors (read through ml_dtypes), scored as
+    its float32 values."""
+    pytest.importorskip("safetensors")
+    from click.testing import CliRunner
+
+    from indexer import cli, io
+
+    p = testing.random_problem(np.random.default_rng(4), T=3, H=4, D=32, E=8, lens=[30, 7, 0], top_k=5)
+    q16, q32 = narrowed(p.q, "bfloat16")
+    outs = []
+    for q in (q16, q32):
+        path = tmp_path / f"problem-{q.dtype}.safetensors"
+        io.write_arrays(path, dict(zip(io.PROBLEM_NAMES, (q, *p.arrays()[1:]))))
+        assert io.read_arrays(path)["q"].dtype == q.dtype
+        out = tmp_path / f"topk-{q.dtype}.npz"
+        result = CliRunner().invoke(cli.main, ["score", str(path), "--top-k", "5", "--backend", "numpy",
+                                               "--scores", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        outs.append(io.read_arrays(out))
+    np.testing.assert_array_equal(outs[0]["indices"], outs[1]["indices"])
+    assert outs[0]["scores"].tobytes() == outs[1]["scores"].tobytes()
+    testing.check_topk(testing.Problem(q32, *p.arrays()[1:], p.top_k), outs[0]["indices"], outs[0]["scores"])
