@@ -157,13 +157,13 @@ def dtype_name(x) -> str:
 
 
 def query_to_cupy(x, *, ordered=False):
-    """``(view, dtype name)`` of a query ``x`` for the CUDA path: ``to_cupy(x)`` for float32
-    and float16 (and anything else, which the checks then refuse by name); a bfloat16 query
-    (a PyTorch tensor, or a NumPy array of ml_dtypes' bfloat16) as a uint16 CuPy array of its
-    bits, since CuPy has no bfloat16: the kernels read those bits as bf16 (``bf16_bits``)."""
-    name = dtype_name(x)
-    if name != "bfloat16":
-        return to_cupy(x, ordered=ordered), name
+    """``(view, bits_of)`` of a query ``x`` for the CUDA path: ``(to_cupy(x), None)`` for
+    anything but bfloat16 (its dtype is the view's: the checks refuse all but float32 and
+    float16 by name); a bfloat16 query (a PyTorch tensor, or a NumPy array of ml_dtypes'
+    bfloat16) as ``(a uint16 CuPy array of its bits, "bfloat16")``, since CuPy has no
+    bfloat16: the kernels read those bits as bf16 (``bf16_bits``)."""
+    if getattr(x, "dtype", None) is None or dtype_name(x) != "bfloat16":
+        return to_cupy(x, ordered=ordered), None
     cp = cupy()
     if cp is None:
         raise RuntimeError("the CUDA backend needs CuPy and a CUDA GPU; neither was found")
@@ -179,7 +179,7 @@ def query_to_cupy(x, *, ordered=False):
     else:
         raise TypeError(f"q: a bfloat16 array of {kind} cannot be read (CuPy has no bfloat16); pass a PyTorch "
                         "tensor, or float16 or float32")
-    return to_cupy(bits, ordered=ordered).view(cp.uint16), name
+    return to_cupy(bits, ordered=ordered).view(cp.uint16), "bfloat16"
 
 
 def to_cupy(x, dtype=None, *, ordered=False):

@@ -75,12 +75,12 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         # PyTorch tensors viewed without DLPack's stream handshake where the call runs on
         # PyTorch's current stream (out= is like q: the same framework)
         ordered = streams.on_torch_stream(given)
-        q_view, q_dtype = arrays.query_to_cupy(q, ordered=ordered)  # a bfloat16 query: its bits
+        q_view, bits_of = arrays.query_to_cupy(q, ordered=ordered)  # a bfloat16 query: its bits
         views = (q_view, *(arrays.to_cupy(x, ordered=ordered) for x in given[1:]))
         q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = views
         cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens, ordered=ordered)
         prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
-                                          top_k, values=validate, cu_seqlens=cu_seqlens, q_dtype=q_dtype)
+                                          top_k, values=validate, cu_seqlens=cu_seqlens, q_bits_of=bits_of)
         check_key_alignment(prob, keys_fp4, key_scale)
         return run_checked(precision, prob, q.data.device_id, (q, w, keys_fp4, key_scale, key_gscale),
                            block_table, valid_lens, cu_seqlens, like, out, return_scores, physical,

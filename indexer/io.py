@@ -23,8 +23,9 @@ The two forms of a ``score`` input file
   ``valid_lens`` (the README's argument table gives their shapes and dtypes);
 * **pool form** (``pool_meta`` present): a saved ``KeyPool`` (``KeyPool.save``: arrays
   ``keys_fp4``, ``key_scale``, ``key_gscale`` and the uint8 JSON ``pool_meta``) plus
-  ``q`` (T, H, D) of float32, float16 or bfloat16 (``.safetensors`` reads bfloat16 through
-  ml_dtypes), ``w`` float32 (T, H) and ``seqs`` (T,), the id of the pool
+  ``q`` (T, H, D) of float32, float16 or bfloat16 (bfloat16 in ``.safetensors`` only, read
+  through ml_dtypes where it is installed: ``.npz`` keeps no bfloat16), ``w`` float32 (T, H)
+  and ``seqs`` (T,), the id of the pool
   sequence each query row reads. ``seqs`` is an integer array (int ids); in ``.npz`` a
   NumPy string array (dtype ``<U``) also works for str ids (a string of decimal digits
   the pool holds no str id of names the int id, as ``indexer pack`` makes of such array
@@ -41,6 +42,7 @@ shapes and dtypes are checked by ``indexer.validate`` when scoring, never conver
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import re
@@ -146,6 +148,10 @@ def read_arrays(path) -> dict[str, np.ndarray]:
 
 def _read_safetensors(path, p):
     st = _safetensors(path)
+    try:  # NumPy reads safetensors' bfloat16 (a model's saved query) once ml_dtypes has named it
+        importlib.import_module("ml_dtypes")  # optional
+    except ImportError:
+        pass
     try:
         with st.safe_open(str(p), framework="numpy") as f:
             meta = f.metadata() or {}

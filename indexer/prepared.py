@@ -158,7 +158,7 @@ class PreparedCall:
 
         with streams.using(None, given):
             ordered = streams.on_torch_stream(given)
-            q_view, q_dtype = arrays.query_to_cupy(given[0], ordered=ordered)  # a bfloat16 query: its bits
+            q_view, bits_of = arrays.query_to_cupy(given[0], ordered=ordered)  # a bfloat16 query: its bits
             views = [q_view] + [arrays.to_cupy(x, ordered=ordered) for x in given[1:]]
             table, cu = views[5], None
             if self._grouped:
@@ -167,7 +167,7 @@ class PreparedCall:
                 _validate.check_groups(cu, views[5], T, values=False)
                 table = ragged.expand_block_table(views[5], cu, T, workspace=self.workspace)
             prob = _validate.check_score_topk(*views[:5], table, views[6], self.top_k, values=validate,
-                                              cu_seqlens=cu, q_dtype=q_dtype)
+                                              cu_seqlens=cu, q_bits_of=bits_of)
             cuda_ops.check_key_alignment(prob, views[2], views[3])
             device_id = views[0].data.device_id
             plan = cuda_ops.launch_plan(self.precision, prob, device_id, views[0], views[3],

@@ -86,25 +86,28 @@ def check_top_k(top_k) -> int:
     return int(top_k)
 
 
-def _query_dtype(q, q_dtype):
-    """The query's dtype name, ``q_dtype`` (the caller's, where ``q`` is a CuPy view of a
-    bfloat16 query's bits: ``arrays.query_to_cupy``) or ``q``'s own; TypeError unless one of
-    ``arrays.QUERY_DTYPES``."""
-    name = arrays.dtype_name(q) if q_dtype is None else q_dtype
+def _query_dtype(q, bits_of):
+    """The query's dtype name: "bfloat16" where ``q`` is the uint16 CuPy view of a bfloat16
+    query's bits (``bits_of``, from ``arrays.query_to_cupy``), else ``q``'s own; TypeError
+    unless one of ``arrays.QUERY_DTYPES``."""
+    if bits_of is not None:
+        if bits_of != "bfloat16" or not arrays.is_cupy(q) or q.dtype != np.uint16:
+            raise TypeError(f"q: expected the uint16 CuPy bits of a bfloat16 query, got {q.dtype} "
+                            f"({type(q).__name__}) as {bits_of}")
+        return bits_of
+    name = arrays.dtype_name(q)
     if name not in arrays.QUERY_DTYPES:
         raise TypeError(f"q: expected dtype float32, float16 or bfloat16, got {name}")
-    if q_dtype is not None and arrays.dtype_name(q) not in (q_dtype, "uint16" if q_dtype == "bfloat16" else q_dtype):
-        raise TypeError(f"q: expected {q_dtype} or the uint16 bits of a bfloat16 query, got {arrays.dtype_name(q)}")
     return name
 
 
 def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
-                     *, values: bool = True, cu_seqlens=None, q_dtype=None) -> Problem:
+                     *, values: bool = True, cu_seqlens=None, q_bits_of=None) -> Problem:
     """Check the arguments of ``score_topk`` and return the problem's shape.
 
-    ``q`` may be float32, float16 or bfloat16 (NumPy's through ml_dtypes); ``q_dtype``: the
-    caller's query dtype where ``q`` is the uint16 CuPy view of a bfloat16 query's bits
-    (``arrays.query_to_cupy``), None for ``q``'s own.
+    ``q`` may be float32, float16 or bfloat16 (NumPy's through ml_dtypes); ``q_bits_of``:
+    "bfloat16" where ``q`` is the uint16 CuPy view of a bfloat16 query's bits
+    (``arrays.query_to_cupy``), else None.
 
     ``values=False`` keeps the shape, dtype and device checks and skips the reductions
     over values (valid_lens range, block ids, global scales), which are the only ones
@@ -114,7 +117,7 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
     """
     top_k = check_top_k(top_k)
     if isinstance(q, np.ndarray) or arrays.is_cupy(q):  # (else refused by name below)
-        q_dtype = _query_dtype(q, q_dtype)
+        q_dtype = _query_dtype(q, q_bits_of)
     args = {
         "q": (q, None, 3),  # its dtype checked above
         "w": (w, np.float32, 2),

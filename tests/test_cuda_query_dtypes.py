@@ -145,14 +145,19 @@ def test_extreme_and_nan_queries(dtype):
 
 
 def test_a_bfloat16_query_off_16_byte_alignment_and_a_prepared_call():
-    """A bfloat16 view 8 bytes into its buffer (the kernels that stage q by 16-byte loads then
-    step aside for the staging kernels), and a prepared call replayed from its CUDA graph."""
+    """Batch 1: the warp-specialised kernel stages an aligned query by 8-byte loads of its
+    bits; a bfloat16 view 8 bytes into its buffer takes the staging kernel's path instead
+    (as a float32 query 8 bytes off does); a prepared call replayed from its CUDA graph."""
     torch = pytest.importorskip("torch")
+    from indexer import cuda_ops
+
+    if not _hopper():
+        pytest.skip("the warp-specialised kernel is a Hopper kernel")
     rng = np.random.default_rng(11)
-    p = testing.random_problem(rng, T=2, H=64, D=128, E=64, lens=[9_000, 4_000], top_k=32)
+    p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[40_000], top_k=32)
     q16, q32 = narrowed(p.q, "bfloat16")
     rest = on_gpu(p.arrays()[1:], q16)
-    want = [host(x) for x in indexer.score_topk(on_gpu([q32], q16)[0], *rest, p.top_k, return_scores=True)]
+    widened = testing.Problem(q32, *p.arrays()[1:], p.top_k)
 
     def shifted(q):  # q's values 8 bytes into a buffer of their dtype
         buf = torch.empty(q.numel() * q.element_size() + 8, dtype=torch.uint8, device="cuda")
@@ -161,14 +166,23 @@ def test_a_bfloat16_query_off_16_byte_alignment_and_a_prepared_call():
         assert view.data_ptr() % 16 == 8
         return view
 
-    # the same kernels as the float32 query 8 bytes off, and its scores bit for bit
-    off = [host(x) for x in indexer.score_topk(shifted(q16), *rest, p.top_k, return_scores=True)]
-    assert_same(off, [host(x) for x in indexer.score_topk(shifted(on_gpu([q32], q16)[0]), *rest, p.top_k,
-                                                          return_scores=True)])
-    testing.check_topk(testing.Problem(q32, *p.arrays()[1:], p.top_k), off[0], off[1], tol=testing.TOL_FAST)
+    def call(q):
+        cuda_ops.clear_plans()
+        got = [host(x) for x in indexer.score_topk(q, *rest, p.top_k, return_scores=True)]
+        (plan,) = cuda_ops._PLANS.values()
+        return plan.kind, got
 
+    q32_dev = on_gpu([q32], q16)[0]
+    for make, kind in ((lambda q: q, "ws"), (shifted, "wgmma")):
+        kind16, got = call(make(q16))
+        kind32, want = call(make(q32_dev))
+        assert kind16 == kind32 == kind
+        assert_same(got, want)
+        testing.check_topk(widened, got[0], got[1], tol=testing.TOL_FAST)
+
+    want = [host(x) for x in indexer.score_topk(q32_dev, *rest, p.top_k, return_scores=True)]
     step = indexer.prepare(q16, *rest, p.top_k, return_scores=True)
-    out = (torch.empty((2, 32), dtype=torch.int32, device="cuda"), torch.empty((2, 32), device="cuda"))
+    out = (torch.empty((1, 32), dtype=torch.int32, device="cuda"), torch.empty((1, 32), device="cuda"))
     for _ in range(3):  # eager, captured, replayed
         out[0].fill_(-7)
         step(q16, *rest, out=out)

@@ -2,6 +2,11 @@
 so a call on them must give exactly what it gives on those values widened to float32 (the
 GPU's side: tests/test_cuda_query_dtypes.py); other dtypes are refused by name."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -62,10 +67,9 @@ def test_the_problem_names_its_query_dtype_and_bits_are_no_query():
     bits = p.q.astype(ml_dtypes.bfloat16).view(np.uint16)
     with pytest.raises(TypeError, match="^q: expected dtype float32, float16 or bfloat16, got uint16"):
         validate.check_score_topk(bits, *p.arrays()[1:], p.top_k)
-    # the CUDA path's view of a bfloat16 query's bits is named by its caller; float32 values are not bits
-    assert validate.check_score_topk(bits, *p.arrays()[1:], p.top_k, q_dtype="bfloat16").q_dtype == "bfloat16"
-    with pytest.raises(TypeError, match="^q: expected bfloat16 or the uint16 bits of a bfloat16 query, got float32"):
-        validate.check_score_topk(p.q, *p.arrays()[1:], p.top_k, q_dtype="bfloat16")
+    # only the CUDA path's CuPy view of a bfloat16 query's bits is taken as bits: host uint16 values are not
+    with pytest.raises(TypeError, match="^q: expected the uint16 CuPy bits of a bfloat16 query, got uint16"):
+        validate.check_score_topk(bits, *p.arrays()[1:], p.top_k, q_bits_of="bfloat16")
 
 
 def test_the_cli_scores_a_bfloat16_query_saved_by_safetensors(tmp_path):
@@ -83,6 +87,11 @@ def test_the_cli_scores_a_bfloat16_query_saved_by_safetensors(tmp_path):
         path = tmp_path / f"problem-{q.dtype}.safetensors"
         io.write_arrays(path, dict(zip(io.PROBLEM_NAMES, (q, *p.arrays()[1:]))))
         assert io.read_arrays(path)["q"].dtype == q.dtype
+        # and in a process that has not imported ml_dtypes itself (the CLI's)
+        code = f"from indexer import io; print(io.read_arrays({str(path)!r})['q'].dtype)"
+        fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+        assert fresh.stdout.strip() == str(q.dtype), fresh.stderr
         out = tmp_path / f"topk-{q.dtype}.npz"
         result = CliRunner().invoke(cli.main, ["score", str(path), "--top-k", "5", "--backend", "numpy",
                                                "--scores", "--out", str(out)])
