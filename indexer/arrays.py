@@ -156,7 +156,7 @@ def dtype_name(x) -> str:
     return str(x.dtype).rpartition(".")[2]
 
 
-def query_to_cupy(x, *, ordered=False):
+def query_to_cupy(x, *, ordered=False):  # gpu-only
     """``(view, bits_of)`` of a query ``x`` for the CUDA path: ``(to_cupy(x), None)`` for
     anything but bfloat16 (its dtype is the view's: the checks refuse all but float32 and
     float16 by name); a bfloat16 query (a PyTorch tensor, or a NumPy array of ml_dtypes'
@@ -167,7 +167,7 @@ def query_to_cupy(x, *, ordered=False):
     cp = cupy()
     if cp is None:
         raise RuntimeError("the CUDA backend needs CuPy and a CUDA GPU; neither was found")
-    kind = framework_of(x)  # gpu-only: everything below runs with CuPy and a GPU
+    kind = framework_of(x)
     if kind == "torch":
         if x.requires_grad:  # as DLPack refuses any tensor that does
             raise TypeError("q: expected a tensor that does not require grad (pass q.detach())")

@@ -220,3 +220,15 @@ def test_bad_out_is_refused_by_name_and_left_as_it_was():
                              fullgraph=True)
     with pytest.raises(Exception, match="top_k"):
         compiled(*x, torch.zeros((2, 5000), dtype=torch.int32))
+
+
+def test_a_bfloat16_query_on_the_cpu_is_scored_as_its_float32_values():
+    """NumPy has no bfloat16: a CPU tensor's values are widened exactly, by the operators and
+    by the public call alike, and both give what the float32 values give."""
+    p = testing.random_problem(np.random.default_rng(75), T=3, H=8, D=64, E=16, lens=[90, 3, 0], top_k=10)
+    x = tensors(p)
+    q16 = x[0].to(torch.bfloat16)
+    want = score_topk(q16.float().numpy(), *p.arrays()[1:], 10, backend="numpy", return_scores=True)
+    for got in (iops.score_topk(q16, *x[1:], 10), score_topk(q16, *x[1:], 10, backend="numpy", return_scores=True)):
+        np.testing.assert_array_equal(np.asarray(got[0]), want[0])
+        assert np.asarray(got[1]).tobytes() == want[1].tobytes()
