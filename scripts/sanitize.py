@@ -216,6 +216,23 @@ def cases():
             graph.launch(stream)
             stream.synchronize()
             ran += 3
+    # float16 queries through every kernel that reads q (the 16-bit instances): the exact
+    # path, mma.sync's and the wgmma kernels' staging, the warp-specialised kernel's own;
+    # the pair kernel staging them itself, the keys-stationary and dense kernels
+    p = testing.random_problem(rng, T=3, H=64, D=128, E=64, lens=[5000, 0, 777], top_k=50)
+    half = [cp.asarray(p.q.astype(np.float16))] + [cp.asarray(a) for a in p.arrays()[1:]]
+    for kernel, precision in (("auto", "exact"), ("mma", "fast"), ("wgmma-single", "fast"), ("ws", "fast")):
+        cuda_ops.score_topk(*half, p.top_k, precision=precision, return_scores=True, _fast_kernel=kernel)
+        ran += 1
+    q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [3, 1, 20], 64, [3000, 500, 2048])
+    x = [cp.asarray(a) for a in (q.astype(np.float16), w, k, s, g, np.repeat(table, np.diff(cu), 0), lens)]
+    for kernel in ("pairs", "ks", "dense"):
+        cuda_ops._QUERY_IMAGE = kernel != "pairs"
+        cuda_ops.clear_plans()
+        cuda_ops.score_topk(*x, 40, _cu_seqlens=cp.asarray(cu), _fast_kernel=kernel)
+        ran += 1
+    cuda_ops._QUERY_IMAGE = True
+    cuda_ops.clear_plans()
     # validation off, bad inputs, both paths
     p = bad_inputs(rng, H=8, D=64, top_k=64)
     for precision in ("exact", "fast"):
