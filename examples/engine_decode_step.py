@@ -4,7 +4,8 @@ in a CUDA graph.
 Each step of a toy model:
 
 1. projects the hidden state h (B, hidden) of every request to index queries
-   q (B, H=64, D=128), head weights w (B, 64), one new index key and one new value;
+   q (B, H=64, D=128) in bfloat16 (as a bf16 model gives them: the indexer reads them as
+   they are, no cast), head weights w (B, 64), one new index key and one new value;
 2. appends the key to the request's sequence in a GPU ``indexer.KeyPool`` (NVFP4 on write)
    and the value to a value cache addressed by the same physical slots;
 3. selects the top_k entries per request with
@@ -73,7 +74,7 @@ def main(steps=16, device=0, batch=4, context=4096, top_k=512, heads=64, head_di
         values[slots(0, context).reshape(-1)] = randn(B * context, value_dim)
 
         # static buffers: what the captured graph reads and writes, at fixed addresses
-        q_buf = torch.zeros(B, H, D, device=dev)
+        q_buf = torch.zeros(B, H, D, device=dev, dtype=torch.bfloat16)
         w_buf = torch.zeros(B, H, device=dev)
         table_buf = torch.full((B, L), -1, dtype=torch.int32, device=dev)
         lens_buf = torch.zeros(B, dtype=torch.int32, device=dev)
@@ -93,7 +94,7 @@ def main(steps=16, device=0, batch=4, context=4096, top_k=512, heads=64, head_di
         replay_ms, eager_ms, prepared_ms = [], [], []
         for step in range(steps):
             # 1. the model: index queries, weights, the new key and value
-            q = (h @ W_q).view(B, H, D)
+            q = (h @ W_q).view(B, H, D).to(torch.bfloat16)
             w = (h @ W_w) * H ** -0.5
             k_new, v_new = h @ W_k, h @ W_v
             # 2. write the step's entries; refresh the static inputs in place
