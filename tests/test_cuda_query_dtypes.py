@@ -201,3 +201,22 @@ def test_query_dtypes_refused_by_name():
         indexer.score_topk(cp.asarray(p.q, dtype=cp.float64), *rest, 8)
     with pytest.raises(TypeError, match="^q: expected a tensor that does not require grad"):
         indexer.score_topk(torch.from_numpy(p.q).cuda().to(torch.bfloat16).requires_grad_(), *rest, 8)
+
+
+def test_the_pytorch_operator_takes_a_bfloat16_query_in_a_compiled_graph():
+    """A bf16 model's layer: the query straight from a bfloat16 projection into the operator,
+    under torch.compile (one graph) and eagerly; both as the float32 widening scores."""
+    torch = pytest.importorskip("torch")
+    iops = pytest.importorskip("indexer.torch_ops")
+    p = testing.random_problem(np.random.default_rng(13), T=3, H=64, D=128, E=64, lens=[6000, 0, 900], top_k=64)
+    q16, q32 = narrowed(p.q, "bfloat16")
+    rest = on_gpu(p.arrays()[1:], q16)
+
+    def layer(q, *pool_and_tables):
+        return iops.score_topk(q, *pool_and_tables, 64)
+
+    want = [host(x) for x in layer(on_gpu([q32], q16)[0], *rest)]
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)
+    for got in (layer(q16, *rest), compiled(q16, *rest)):
+        assert_same([host(x) for x in got], want)
