@@ -509,8 +509,8 @@ class KeyPool:
 
         q : float32, float16 or bfloat16 (T, H, D); w : float32 (T, H). Keyword arguments
         (backend, precision, return_scores, physical, validate, out, workspace, stream,
-        workspace_budget) go to the scoring function. Returns int32 indices (T, top_k) (and float32 scores with
-        ``return_scores``), or ``out`` itself when given.
+        workspace_budget) go to the scoring function. Returns int32 indices (T, top_k) (and
+        float32 scores with ``return_scores``), or ``out`` itself when given.
 
         The block table and lengths are built from the host bookkeeping on every call (a
         host-to-device copy for a GPU pool), so this call cannot be captured in a CUDA

@@ -84,6 +84,11 @@ def _numpy_alike(x, typ) -> bool:
     return typ is np.ndarray and isinstance(x, np.ndarray)
 
 
+def _bits_view(x, ordered=False):  # gpu-only
+    """The uint16 CuPy view of a bfloat16 query tensor's bits (``arrays.query_to_cupy``)."""
+    return arrays.query_to_cupy(x, ordered=ordered)[0]
+
+
 class PreparedCall:
     """A score + top-k call for arrays of fixed shapes (see ``indexer.prepare``).
 
@@ -238,10 +243,7 @@ class PreparedCall:
         (its shape and dtype checked equal by ``_match``), else a new one."""
         if not self._torch_slots[i]:
             return x
-        if i == 0 and self._prob.q_dtype == "bfloat16":  # a bfloat16 query's bits (arrays.query_to_cupy)
-            convert = lambda x, ordered=False: arrays.query_to_cupy(x, ordered=ordered)[0]  # noqa: E731
-        else:
-            convert = arrays.to_cupy
+        convert = _bits_view if i == 0 and self._prob.q_dtype == "bfloat16" else arrays.to_cupy
         if not ordered:  # another stream: DLPack orders the two
             return convert(x)
         ptr = x.data_ptr()

@@ -44,7 +44,7 @@ if not hasattr(torch.library, "register_fake"):  # the fake implementations belo
     raise ImportError(f"indexer.torch_ops: needs PyTorch 2.4 or later (torch.library.register_fake), "
                       f"found {torch.__version__}")
 
-from . import ops, validate as _validate  # noqa: E402
+from . import arrays, ops, validate as _validate  # noqa: E402
 from .workspace import Workspace  # noqa: E402
 
 __all__ = ["score_topk", "score_topk_ragged", "workspace"]
@@ -109,10 +109,8 @@ def _host_view(name, t, dtypes):
     another device, or a dtype NumPy lacks (bfloat16), ``dtypes`` saying what it expects."""
     if t.device.type != "cpu":
         raise ValueError(f"{name}: expected a tensor on q's device (cpu), got {t.device}")
-    if name == "q" and t.dtype == torch.bfloat16:  # NumPy has none: widened exactly (arrays.query_to_numpy)
-        return t.float().numpy()
-    try:
-        return t.numpy()
+    try:  # (a bfloat16 query, which NumPy cannot hold, widened exactly)
+        return arrays.query_to_numpy(t) if name == "q" else t.numpy()
     except TypeError as exc:
         raise TypeError(f"{name}: expected {dtypes}, got {t.dtype} ({exc})") from None
 
