@@ -241,11 +241,12 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
         if cu_seqlens is None or not 2 <= cu_seqlens.shape[0] <= max_seqs + 1:
             raise ValueError(f"fast_kernel: '{fast_kernel}' scores the rows of 1 to {max_seqs} sequences "
                              f"(cu_seqlens of 2 to {max_seqs + 1} offsets)")
-        # the dense kernel stages the fp32 query by 16-byte loads; the keys-stationary kernel
-        # copies whole blocks' scale rows in 16-byte pieces
+        # the dense kernel stages the query by 16-byte loads (8-byte ones of a 16-bit query)
+        # and prefetches its rows in 16-byte aligned bulk; the keys-stationary kernel copies
+        # whole blocks' scale rows in 16-byte pieces
         _check_alignment(*(("q", q) if fast_kernel == "dense" else ("key_scale", key_scale)), 16)
         return fast_kernel
-    # the warp-specialised and pair kernels stage the fp32 query themselves by 16-byte
+    # the warp-specialised and pair kernels stage the query themselves by 16-byte (16-bit: 8-byte)
     # loads; a query view off that alignment takes the kernels that read it through the
     # staging kernel instead
     q_aligned = q.data.ptr % 16 == 0
@@ -263,7 +264,7 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
         return "ws"
     if not use_wgmma:
         return "mma"
-    if fast_kernel == "pairs":  # forced: it stages the fp32 query by 16-byte loads
+    if fast_kernel == "pairs":  # forced: it stages the query by 16-byte loads
         if cu_seqlens is None:
             raise ValueError("fast_kernel: 'pairs' scores the rows of sequences (cu_seqlens)")
         _check_alignment("q", q, 16)
@@ -334,7 +335,7 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # (sizing it for all T rows would give a run of few rows a grid of few CTAs)
     ld = geometry.tiles_per_row(prob.max_len) * geometry.TILE_ENTRIES
     # heads of the fp16 query that prep_query_kernel stages for the kernel as rows (0: the
-    # kernel reads the fp32 query itself, or, keys-stationary, ks_prep_kernel writes the
+    # kernel reads the query itself, or, keys-stationary, ks_prep_kernel writes the
     # kernel's query images instead)
     # (or, the wgmma kernels with _QUERY_IMAGE, wgmma_prep_kernel writes them as an image a row)
     p.wgmma_image = kind in ("wgmma", "pairs") and _QUERY_IMAGE
