@@ -109,6 +109,10 @@ def compile_options(compute_capability: int) -> tuple:
 
 #: the query's element type by dtype name: the kernels' template argument (kernels/common.cuh)
 QUERY_ELEMENTS = {"float32": "float", "float16": "half_bits", "bfloat16": "bf16_bits"}
+#: the template arguments each q-reading kernel takes before its query's element type
+_QUERY_TEMPLATE_ARITY = {"score_fp32_kernel": 1, "prep_query_kernel": 2, "wgmma_prep_kernel": 2,
+                         "score_wgmma_pairs_kernel": 2, "score_ws_kernel": 1, "ks_prep_kernel": 1,
+                         "score_dense_kernel": 1}
 
 
 def query_instance(name: str, query_dtype: str) -> str:
@@ -117,6 +121,12 @@ def query_instance(name: str, query_dtype: str) -> str:
     types append their element type as the last template argument."""
     if query_dtype == "float32":
         return name
+    # the element type is the last template parameter: a name that leaves a defaulted
+    # argument before it out would put the type in that argument's place
+    kernel = name.split("<")[0]
+    if kernel not in _QUERY_TEMPLATE_ARITY or name.count(",") + 1 != _QUERY_TEMPLATE_ARITY[kernel]:
+        raise ValueError(f"{name}: not a q-reading kernel with every template argument before the "
+                         f"query's element type written out")
     return f"{name[:-1]}, {QUERY_ELEMENTS[query_dtype]}>"
 
 

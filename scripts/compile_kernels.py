@@ -155,7 +155,9 @@ class Nvrtc:
 
 def nvrtc_options(arch: str) -> list[str]:
     """NVRTC options for target ``arch`` (e.g. sm_90a): the run-time compile's options
-    (indexer._jit.compile_options) with that target."""
+    (indexer._jit.compile_options) with that target, and the ``-ftz=true`` that CuPy's
+    RawModule appends to every NVRTC compile (cupy/cuda/compiler.py), so that the machine
+    code built here is the code that runs."""
     cc = int(arch[3:5])
     return [o for o in _jit.compile_options(cc) if not o.startswith("-arch=")] + [f"-arch={arch}", "-ftz=true"]
 
