@@ -22,6 +22,9 @@ __all__ = [
     "is_cupy",
     "is_device_array",
     "check_kinds",
+    "check_torch_dtype",
+    "check_element_aligned",
+    "ARGUMENT_DTYPES",
     "module_of",
     "to_cupy",
     "QUERY_DTYPES",
@@ -101,12 +104,40 @@ def is_device_array(x) -> bool:
     return hasattr(x, "__cuda_array_interface__")
 
 
+#: each array argument's dtype, as the errors name it
+ARGUMENT_DTYPES = {"q": "float32, float16 or bfloat16", "w": "float32", "keys_fp4": "uint8", "key_scale": "uint8",
+                   "key_gscale": "float32", "block_table": "int32", "valid_lens": "int32", "cu_seqlens_q": "int32"}
+
+
 def check_kinds(names, xs) -> None:
     """TypeError naming the first of ``xs`` that is neither a NumPy or CuPy array nor a
-    DLPack CUDA array (what the GPU path takes)."""
+    DLPack CUDA array (what the GPU path takes), or a PyTorch tensor of a dtype NumPy and
+    CuPy lack (``check_torch_dtype``)."""
     for name, x in zip(names, xs):
         if not (isinstance(x, np.ndarray) or is_cupy(x) or is_device_array(x)):
             raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
+        check_torch_dtype(name, x)
+
+
+def check_torch_dtype(name, x) -> None:
+    """TypeError naming ``x``, a PyTorch tensor of a dtype NumPy and CuPy cannot hold (a
+    bfloat16 ``w``, say), where the conversion would fail with a message of its own that
+    names no argument. ``q``'s bfloat16 is read as its bits (``query_to_cupy``)."""
+    if _is_torch_type(type(x)) and not (name == "q" and dtype_name(x) in QUERY_DTYPES):  # gpu-only
+        torch = sys.modules["torch"]
+        if x.dtype not in _torch_dtypes(torch):
+            raise TypeError(f"{name}: expected dtype {ARGUMENT_DTYPES.get(name, 'of NumPy')}, got {x.dtype}")
+
+
+def check_element_aligned(name, x) -> None:
+    """ValueError naming ``x``, a device array (CuPy) whose address is not a multiple of its
+    element size: the kernels load elements whole, and a misaligned load is a fault that
+    ends the process's CUDA context, not an error one can catch. (A view cut at an odd byte
+    offset of a buffer, e.g. ``cupy.ndarray(..., memptr=buf.data + 1)``.) Host arrays are
+    copied to the device, aligned, so they pass."""
+    if not isinstance(x, np.ndarray) and x.data.ptr % x.dtype.itemsize:
+        raise ValueError(f"{name}: expected a device array aligned to its {x.dtype.itemsize}-byte elements, "
+                         f"got one at address {x.data.ptr:#x}")
 
 
 def module_of(*xs):
@@ -285,6 +316,8 @@ def query_to_numpy(x):
     """``to_numpy(x)`` for a query: a bfloat16 PyTorch tensor, which NumPy cannot hold
     without ml_dtypes, as float32 (every bfloat16 value is one exactly: the scores are the same)."""
     if framework_of(x) == "torch" and dtype_name(x) == "bfloat16":  # gpu-only (PyTorch is not a dependency)
+        if not x.is_contiguous():  # as a float32 one is: the widening below would copy it into order
+            raise ValueError("q: expected a C-contiguous array")
         return x.detach().cpu().float().numpy()
     return to_numpy(x)
 

@@ -47,6 +47,7 @@ import math
 import os
 import re
 import stat
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -163,6 +164,24 @@ def _read_safetensors(path, p):
     return out
 
 
+def _bfloat16_host(path, fmt, name, a):
+    """A bfloat16 array (ml_dtypes' NumPy one, or a PyTorch tensor's bits viewed as one) for
+    ``.safetensors``; refused by name for ``.npz`` and ``.npy``, where NumPy would save it as
+    raw bytes (``|V2``) that no reader takes for bfloat16 again."""
+    if fmt != ".safetensors":
+        raise ValueError(f"{path}: array {name!r} is bfloat16, which {fmt} cannot hold (NumPy saves it as raw "
+                         "bytes); use .safetensors")
+    if _arrays.framework_of(a) != "torch":
+        return _arrays.to_numpy(a)  # NumPy's (ml_dtypes'), or JAX's, which NumPy reads as ml_dtypes' too
+    try:
+        ml_dtypes = importlib.import_module("ml_dtypes")
+    except ImportError:
+        raise ValueError(f"{path}: array {name!r} is bfloat16, which NumPy holds only through ml_dtypes "
+                         "(pip install ml_dtypes)") from None
+    torch = sys.modules["torch"]  # imported: ``a`` is its tensor
+    return a.detach().cpu().contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
 def write_arrays(path, arrays: dict) -> None:
     """Write ``{name: array}`` to ``path``: ``.npz``, ``.safetensors`` or ``.npy``.
 
@@ -180,7 +199,7 @@ def write_arrays(path, arrays: dict) -> None:
     for name, a in arrays.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"{path}: array names must be non-empty strings, got {name!r}")
-        a = _arrays.to_numpy(a)
+        a = _bfloat16_host(path, fmt, name, a) if _arrays.dtype_name(a) == "bfloat16" else _arrays.to_numpy(a)
         if a.dtype.hasobject:
             raise ValueError(f"{path}: array {name!r} is an object array; refusing to pickle it")
         host[name] = a

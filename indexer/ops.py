@@ -48,9 +48,12 @@ def _check_flag(name, value):
 
 def _host_array(name, x):
     """``arrays.to_numpy(x)``; what NumPy cannot make an array of (a ragged list) is refused by name."""
+    arrays.check_torch_dtype(name, x)
     try:
         return arrays.query_to_numpy(x) if name == "q" else arrays.to_numpy(x)
     except (ValueError, TypeError) as exc:
+        if str(exc).startswith(f"{name}: "):  # the conversion's own check, already by name
+            raise
         raise TypeError(f"{name}: expected a NumPy or CuPy array, got a {type(x).__name__} NumPy cannot "
                         f"read as one ({exc})") from None
 
@@ -68,9 +71,9 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     Parameters
     ----------
     q : float32, float16 or bfloat16 (T, H, D)
-                                     index queries, D a multiple of 32. The 16-bit types are
-                                     read as they lie (no cast kernel, no copy): bfloat16 as a
-                                     PyTorch tensor, or a NumPy array of ml_dtypes' bfloat16.
+                                     index queries, D a multiple of 32. A 16-bit device query
+                                     is read as it lies (no cast kernel, no copy); bfloat16 as
+                                     a PyTorch tensor, or a NumPy array of ml_dtypes' bfloat16.
                                      Every value of each is a float32 value, scored exactly as
                                      that float32 query would be.
     w : float32 (T, H)               per-token, per-head weights
@@ -195,8 +198,10 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
     checks done once above. ``ordered``: as ``arrays.to_cupy`` takes it (the CUDA path runs
     on PyTorch's current stream)."""
     if arrays.framework_of(cu_seqlens_q) == "torch" or arrays.framework_of(block_table) == "torch":
-        cu_seqlens_q, block_table = (arrays.to_cupy(x, ordered=ordered)  # gpu-only
-                                     for x in (cu_seqlens_q, block_table))
+        # gpu-only (PyTorch is not a dependency): device views for the CUDA path, host arrays
+        # for NumPy's (the per-token table is built where the call runs)
+        cu_seqlens_q, block_table = (arrays.to_cupy(x, ordered=ordered) if on_gpu else _host_array(name, x)
+                                     for name, x in (("cu_seqlens_q", cu_seqlens_q), ("block_table", block_table)))
     shape = getattr(q, "shape", None)
     if shape is None or isinstance(q, np.generic):  # before its rows are counted; the call checks the rest
         raise TypeError(f"q: expected a NumPy or CuPy array (or a GPU tensor), got {type(q).__name__}")

@@ -37,15 +37,20 @@ def split(out, return_scores: bool):
     return out, None
 
 
+def _wrong_array(name, x, dtype, shape):
+    return ValueError(f"{name}: expected {np.dtype(dtype).name} of shape (T, top_k) = {shape}, "
+                      f"got {x.dtype} of shape {tuple(x.shape)}")
+
+
 def _check(name, x, dtype, shape):
     """dtype, shape, contiguity and (NumPy) writeability of a NumPy or CuPy array."""
     if x.dtype != dtype or tuple(x.shape) != shape:
-        raise ValueError(f"{name}: expected {np.dtype(dtype).name} of shape (T, top_k) = {shape}, "
-                         f"got {x.dtype} of shape {tuple(x.shape)}")
+        raise _wrong_array(name, x, dtype, shape)
     if not x.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array")
     if isinstance(x, np.ndarray) and not x.flags.writeable:
         raise ValueError(f"{name}: expected a writeable array, got a read-only one")
+    arrays.check_element_aligned(name, x)
 
 
 def _names(return_scores):
@@ -80,6 +85,8 @@ def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: 
             expected = _WANT.get(want, "a CuPy array (JAX arrays are immutable)" if want == "jax"
                                  else "a CuPy array (or a device array of q's library)")
             raise TypeError(f"{name}: expected {expected} like q, got {type(x).__name__}")
+        if arrays.dtype_name(x) != np.dtype(dtype).name:  # before a conversion that may fail with no name
+            raise _wrong_array(name, x, dtype, (T, top_k))
         view = arrays.to_cupy(x, ordered=ordered)
         _check(name, view, dtype, (T, top_k))
         if view.data.device_id != device_id:

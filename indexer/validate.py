@@ -71,6 +71,7 @@ def _check_array(name, x, dtype, ndim, xp):
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
     if not x.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array")
+    arrays.check_element_aligned(name, x)
 
 
 def _check_shape(name, x, expected):

@@ -132,3 +132,23 @@ def test_tensors_of_torch_are_found_among_the_inputs(monkeypatch):
     assert streams._has_torch(plain + [FakeTensor()]) is fake_torch
     monkeypatch.delitem(sys.modules, "torch")
     assert streams._has_torch(plain + [FakeTensor()]) is None
+
+
+def test_a_device_array_off_its_element_alignment_is_refused_by_name():
+    """A misaligned load faults and ends the CUDA context: refused before any launch, by name
+    (a stand-in for a CuPy array cut at an odd byte offset; host arrays pass: they are copied)."""
+    class Pointer:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    class DeviceArray:
+        def __init__(self, ptr, dtype):
+            self.data, self.dtype = Pointer(ptr), np.dtype(dtype)
+
+    arrays.check_element_aligned("w", DeviceArray(0x7000_0000_0004, np.float32))
+    arrays.check_element_aligned("q", DeviceArray(0x7000_0000_0002, np.float16))
+    with pytest.raises(ValueError, match=r"^w: expected a device array aligned to its 4-byte elements"):
+        arrays.check_element_aligned("w", DeviceArray(0x7000_0000_0002, np.float32))
+    with pytest.raises(ValueError, match=r"^q: .* 2-byte elements, got one at address 0x700000000001"):
+        arrays.check_element_aligned("q", DeviceArray(0x7000_0000_0001, np.float16))
+    arrays.check_element_aligned("w", np.frombuffer(bytes(9), np.uint8)[1:].view(np.float32)[:1])

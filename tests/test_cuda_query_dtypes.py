@@ -203,6 +203,45 @@ def test_query_dtypes_refused_by_name():
         indexer.score_topk(torch.from_numpy(p.q).cuda().to(torch.bfloat16).requires_grad_(), *rest, 8)
 
 
+def test_arrays_off_their_element_alignment_and_dtypes_cupy_lacks_are_refused_by_name():
+    """A CuPy view cut at an odd byte offset would fault the kernels' whole-element loads
+    (a sticky error that ends the CUDA context): refused before any launch, by the public
+    call and by a prepared call's eager and replayed paths alike; a bfloat16 ``w`` or ``out``
+    (CuPy has no bfloat16) is refused by name too, where CuPy's own conversion error named
+    nothing. The call after them still gives the right answer."""
+    torch = pytest.importorskip("torch")
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(5), T=2, H=8, D=64, E=16, lens=[50, 20], top_k=8)
+    dev = [cp.asarray(a) for a in p.arrays()]
+
+    def off_by(x, nbytes):  # x's values nbytes into a buffer
+        buf = cp.empty(x.nbytes + 8, cp.uint8)
+        view = cp.ndarray(x.shape, x.dtype, memptr=buf.data + nbytes)
+        view[...] = x
+        return view
+
+    for i, name, nbytes in ((0, "q", 2), (1, "w", 1), (4, "key_gscale", 2), (6, "valid_lens", 3)):
+        args = list(dev)
+        args[i] = off_by(dev[i], nbytes)
+        with pytest.raises(ValueError, match=f"^{name}: expected a device array aligned to its"):
+            indexer.score_topk(*args, 8, validate=False)
+    step = indexer.prepare(*dev, 8)
+    with pytest.raises(ValueError, match="^w: expected a device array aligned to its 4-byte elements"):
+        step(dev[0], off_by(dev[1], 2), *dev[2:])
+    odd_out = off_by(cp.empty((2, 8), cp.int32), 2)
+    with pytest.raises(ValueError, match="^out: expected a device array aligned to its 4-byte elements"):
+        indexer.score_topk(*dev, 8, out=odd_out)
+    tensors = [torch.from_numpy(a).cuda() for a in p.arrays()]
+    with pytest.raises(TypeError, match="^w: expected dtype float32, got torch.bfloat16"):
+        indexer.score_topk(tensors[0], tensors[1].to(torch.bfloat16), *tensors[2:], 8)
+    with pytest.raises(ValueError, match=r"^out\[1\]: expected float32 of shape \(T, top_k\) = \(2, 8\), got torch.bfloat16"):
+        indexer.score_topk(*tensors, 8, return_scores=True,
+                           out=(torch.empty((2, 8), dtype=torch.int32, device="cuda"),
+                                torch.empty((2, 8), dtype=torch.bfloat16, device="cuda")))
+    got = indexer.score_topk(*dev, 8, return_scores=True)
+    testing.check_topk(p, host(got[0]), host(got[1]), tol=testing.TOL_FAST)
+
+
 def test_the_pytorch_operator_takes_a_bfloat16_query_in_a_compiled_graph():
     """A bf16 model's layer: the query straight from a bfloat16 projection into the operator,
     under torch.compile (one graph) and eagerly; both as the float32 widening scores."""

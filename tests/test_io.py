@@ -78,6 +78,31 @@ def test_safetensors_round_trip(tmp_path, rng):
     _assert_same(arrays, io.read_arrays(path))
 
 
+def test_bfloat16_goes_to_safetensors_bit_for_bit_and_is_refused_by_npz_and_npy(tmp_path, rng):
+    """A bf16 model's query: .safetensors keeps its bits (from ml_dtypes' NumPy array, or
+    from a PyTorch tensor where one is installed); .npz and .npy would save raw bytes that
+    read back as no float type, so the write is refused by name."""
+    pytest.importorskip("safetensors")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q = rng.standard_normal((2, 4, 32)).astype(ml_dtypes.bfloat16)
+    forms = [q]
+    try:
+        import torch  # noqa: PLC0415  (optional)
+    except ImportError:
+        torch = None
+    if torch is not None:
+        forms.append(torch.from_numpy(q.view(np.int16)).view(torch.bfloat16))
+    for i, a in enumerate(forms):
+        path = tmp_path / f"q{i}.safetensors"
+        io.write_arrays(path, {"q": a})
+        back = io.read_arrays(path)["q"]
+        assert back.dtype == q.dtype and back.tobytes() == q.tobytes()
+    for fmt in (".npz", ".npy"):
+        with pytest.raises(ValueError, match=f"array 'q' is bfloat16, which \\{fmt} cannot hold"):
+            io.write_arrays(tmp_path / f"q{fmt}", {"q": q})
+        assert not (tmp_path / f"q{fmt}").exists()
+
+
 def test_safetensors_zero_d_comes_back_as_one_element(tmp_path):
     pytest.importorskip("safetensors")
     io.write_arrays(tmp_path / "k.safetensors", {"top_k": np.array(5, dtype=np.int32)})

@@ -232,3 +232,27 @@ def test_a_bfloat16_query_on_the_cpu_is_scored_as_its_float32_values():
     for got in (iops.score_topk(q16, *x[1:], 10), score_topk(q16, *x[1:], 10, backend="numpy", return_scores=True)):
         np.testing.assert_array_equal(np.asarray(got[0]), want[0])
         assert np.asarray(got[1]).tobytes() == want[1].tobytes()
+
+
+def test_public_calls_take_cpu_tensors_and_refuse_what_numpy_cannot_hold_by_name():
+    """The public calls on CPU tensors (the NumPy backend): the grouped call with its table
+    and offsets as tensors gives the arrays' answer; a bfloat16 ``w`` (NumPy has none) and a
+    sliced bfloat16 query (its widening would copy it into order) are refused by name, as
+    their float32 forms are."""
+    arrays = grouped_problem(np.random.default_rng(72), [2, 3], seq_entries=[50, 21], ratio=1)
+    got = score_topk_ragged(*(torch.from_numpy(a) for a in arrays), 8, backend="numpy", return_scores=True)
+    want = score_topk_ragged(*arrays, 8, backend="numpy", return_scores=True)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+    p = testing.random_problem(np.random.default_rng(76), T=3, H=8, D=64, E=16, lens=[40, 3, 0], top_k=4)
+    x = tensors(p)
+    with pytest.raises(TypeError, match=r"^w: expected dtype float32, got torch.bfloat16"):
+        score_topk(x[0], x[1].to(torch.bfloat16), *x[2:], 4, backend="numpy")
+    scales = x[3].view(torch.float8_e4m3fn)  # the scales' bits as PyTorch's float8: uint8 is asked
+    with pytest.raises(TypeError, match=r"^key_scale: expected dtype uint8, got torch.float8_e4m3fn"):
+        score_topk(*x[:3], scales, *x[4:], 4, backend="numpy")
+    for q in (torch.cat([x[0], x[0]], dim=2)[:, :, ::2], torch.cat([x[0], x[0]], dim=2).to(torch.bfloat16)[:, :, ::2]):
+        assert not q.is_contiguous()
+        with pytest.raises(ValueError, match=r"^q: expected a C-contiguous array"):
+            score_topk(q, *x[1:], 4, backend="numpy")
