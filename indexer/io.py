@@ -199,7 +199,8 @@ def write_arrays(path, arrays: dict) -> None:
     for name, a in arrays.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"{path}: array names must be non-empty strings, got {name!r}")
-        a = _bfloat16_host(path, fmt, name, a) if _arrays.dtype_name(a) == "bfloat16" else _arrays.to_numpy(a)
+        kind = _arrays.dtype_name(a) if getattr(a, "dtype", None) is not None else None  # (a list has none)
+        a = _bfloat16_host(path, fmt, name, a) if kind == "bfloat16" else _arrays.to_numpy(a)
         if a.dtype.hasobject:
             raise ValueError(f"{path}: array {name!r} is an object array; refusing to pickle it")
         host[name] = a

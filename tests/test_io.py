@@ -103,6 +103,12 @@ def test_bfloat16_goes_to_safetensors_bit_for_bit_and_is_refused_by_npz_and_npy(
         assert not (tmp_path / f"q{fmt}").exists()
 
 
+def test_plain_lists_are_written_as_arrays(tmp_path):
+    for fmt in (".npz", ".npy"):
+        io.write_arrays(tmp_path / f"a{fmt}", {"top_k": [7]})
+        np.testing.assert_array_equal(next(iter(io.read_arrays(tmp_path / f"a{fmt}").values())), [7])
+
+
 def test_safetensors_zero_d_comes_back_as_one_element(tmp_path):
     pytest.importorskip("safetensors")
     io.write_arrays(tmp_path / "k.safetensors", {"top_k": np.array(5, dtype=np.int32)})
