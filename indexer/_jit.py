@@ -108,7 +108,7 @@ def compile_options(compute_capability: int) -> tuple:
 
 
 #: the query's element type by dtype name: the kernels' template argument (kernels/common.cuh)
-QUERY_ELEMENTS = {"float32": "float", "float16": "half_bits", "bfloat16": "bf16_bits"}
+QUERY_ELEMENTS = {"float32": "float", "float16": "half_bits", "bfloat16": "bf16_bits", "float8_e4m3fn": "e4m3_bits"}
 #: the template arguments each q-reading kernel takes before its query's element type
 _QUERY_TEMPLATE_ARITY = {"score_fp32_kernel": 1, "prep_query_kernel": 2, "wgmma_prep_kernel": 2,
                          "score_wgmma_pairs_kernel": 2, "score_ws_kernel": 1, "ks_prep_kernel": 1,
@@ -117,8 +117,8 @@ _QUERY_TEMPLATE_ARITY = {"score_fp32_kernel": 1, "prep_query_kernel": 2, "wgmma_
 
 def query_instance(name: str, query_dtype: str) -> str:
     """``name`` (every template argument written out) for a query of ``query_dtype`` (a
-    ``QUERY_ELEMENTS`` key): float32 keeps the name (the default argument, float); the 16-bit
-    types append their element type as the last template argument."""
+    ``QUERY_ELEMENTS`` key): float32 keeps the name (the default argument, float); the
+    narrower types append their element type as the last template argument."""
     if query_dtype == "float32":
         return name
     # the element type is the last template parameter: a name that leaves a defaulted
@@ -151,11 +151,11 @@ INSTANCES = {
     "score_mma.cu": _mma_instances(),
     # score_wgmma_kernel<d> and score_wgmma_pairs_kernel<d> take wgmma_prep_kernel<d>'s and
     # <d, false>'s query images; <d, true> prep_query_kernel's rows and the query itself (A/Bs);
-    # the 16-bit queries' instances write every template argument out
+    # the narrower queries' instances write every template argument out
     "score_wgmma.cu": [f"{k}<{d}{a}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel", "wgmma_prep_kernel",
                                                                              "score_wgmma_pairs_kernel")
                        for a in ("", ", true" if k != "wgmma_prep_kernel" else ", false")]
-    + [query_instance(f"{k}<{d}, {a}>", dt) for d in (32, 64, 96, 128) for dt in ("float16", "bfloat16")
+    + [query_instance(f"{k}<{d}, {a}>", dt) for d in (32, 64, 96, 128) for dt in list(QUERY_ELEMENTS)[1:]
        for k, a in (("wgmma_prep_kernel", "true"), ("wgmma_prep_kernel", "false"), ("score_wgmma_pairs_kernel", "true"))],
     "score_ws.cu": _typed(["score_ws_kernel<128>"]),
     "score_ks.cu": ["score_ks_kernel<128>"] + _typed(["ks_prep_kernel<128>"]),

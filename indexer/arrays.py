@@ -28,6 +28,7 @@ __all__ = [
     "module_of",
     "to_cupy",
     "QUERY_DTYPES",
+    "BITS_DTYPES",
     "dtype_name",
     "query_to_cupy",
     "query_to_numpy",
@@ -105,7 +106,7 @@ def is_device_array(x) -> bool:
 
 
 #: each array argument's dtype, as the errors name it
-ARGUMENT_DTYPES = {"q": "float32, float16 or bfloat16", "w": "float32", "keys_fp4": "uint8", "key_scale": "uint8",
+ARGUMENT_DTYPES = {"q": "float32, float16, bfloat16 or float8_e4m3fn", "w": "float32", "keys_fp4": "uint8", "key_scale": "uint8",
                    "key_gscale": "float32", "block_table": "int32", "valid_lens": "int32", "cu_seqlens_q": "int32"}
 
 
@@ -122,7 +123,7 @@ def check_kinds(names, xs) -> None:
 def check_torch_dtype(name, x) -> None:
     """TypeError naming ``x``, a PyTorch tensor of a dtype NumPy and CuPy cannot hold (a
     bfloat16 ``w``, say), where the conversion would fail with a message of its own that
-    names no argument. ``q``'s bfloat16 is read as its bits (``query_to_cupy``)."""
+    names no argument. ``q``'s bfloat16 and float8_e4m3fn are read as their bits (``query_to_cupy``)."""
     if _is_torch_type(type(x)) and not (name == "q" and dtype_name(x) in QUERY_DTYPES):  # gpu-only
         torch = sys.modules["torch"]
         if x.dtype not in _torch_dtypes(torch):
@@ -178,22 +179,28 @@ def any_torch(xs) -> bool:
 
 
 #: the query dtypes every path reads as they are (kernels/common.cuh: the kernels' element types)
-QUERY_DTYPES = ("float32", "float16", "bfloat16")
+QUERY_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn")
+#: the query dtypes CuPy lacks, by the unsigned integer type of their bits: the CUDA path
+#: views such a query as those bits, which the kernels read as the type
+#: (``query_to_cupy``; kernels/common.cuh: bf16_bits, e4m3_bits)
+BITS_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}
 
 
 def dtype_name(x) -> str:
     """The name of array ``x``'s element type, whatever its framework: 'float32', 'float16',
-    'bfloat16' (PyTorch's, JAX's, or NumPy's through ml_dtypes), 'int32', ..."""
+    'bfloat16', 'float8_e4m3fn' (PyTorch's, JAX's, or NumPy's through ml_dtypes), 'int32', ..."""
     return str(x.dtype).rpartition(".")[2]
 
 
 def query_to_cupy(x, *, ordered=False):  # gpu-only
     """``(view, bits_of)`` of a query ``x`` for the CUDA path: ``(to_cupy(x), None)`` for
-    anything but bfloat16 (its dtype is the view's: the checks refuse all but float32 and
-    float16 by name); a bfloat16 query (a PyTorch tensor, or a NumPy array of ml_dtypes'
-    bfloat16) as ``(a uint16 CuPy array of its bits, "bfloat16")``, since CuPy has no
-    bfloat16: the kernels read those bits as bf16 (``bf16_bits``)."""
-    if getattr(x, "dtype", None) is None or dtype_name(x) != "bfloat16":
+    anything but bfloat16 and float8_e4m3fn (its dtype is the view's: the checks refuse all
+    but float32 and float16 by name); a bfloat16 or float8_e4m3fn query (a PyTorch tensor,
+    or a NumPy array of ml_dtypes' type) as ``(a CuPy array of its bits, the dtype's name)``
+    (uint16 or uint8: ``BITS_DTYPES``), since CuPy has neither type: the kernels read those
+    bits as the type (``bf16_bits``, ``e4m3_bits``)."""
+    name = dtype_name(x) if getattr(x, "dtype", None) is not None else None
+    if name not in BITS_DTYPES:
         return to_cupy(x, ordered=ordered), None
     cp = cupy()
     if cp is None:
@@ -204,13 +211,14 @@ def query_to_cupy(x, *, ordered=False):  # gpu-only
             raise TypeError("q: expected a tensor that does not require grad (pass q.detach())")
         import torch  # noqa: PLC0415  (only reached when the caller passed a tensor)
 
-        bits = x.view(torch.int16)  # a view of the same memory (the same strides)
+        # a view of the same memory (the same strides), in a type DLPack and CuPy both take
+        bits = x.view(torch.int16 if BITS_DTYPES[name] == "uint16" else torch.uint8)
     elif isinstance(x, np.ndarray):
-        bits = x.view(np.uint16)
+        bits = x.view(BITS_DTYPES[name])
     else:
-        raise TypeError(f"q: a bfloat16 array of {kind} cannot be read (CuPy has no bfloat16); pass a PyTorch "
+        raise TypeError(f"q: a {name} array of {kind} cannot be read (CuPy has no {name}); pass a PyTorch "
                         "tensor, or float16 or float32")
-    return to_cupy(bits, ordered=ordered).view(cp.uint16), "bfloat16"
+    return to_cupy(bits, ordered=ordered).view(BITS_DTYPES[name]), name
 
 
 def to_cupy(x, dtype=None, *, ordered=False):
@@ -313,9 +321,10 @@ def _extent(start, shape, steps, itemsize):
 
 
 def query_to_numpy(x):
-    """``to_numpy(x)`` for a query: a bfloat16 PyTorch tensor, which NumPy cannot hold
-    without ml_dtypes, as float32 (every bfloat16 value is one exactly: the scores are the same)."""
-    if framework_of(x) == "torch" and dtype_name(x) == "bfloat16":  # gpu-only (PyTorch is not a dependency)
+    """``to_numpy(x)`` for a query: a bfloat16 or float8_e4m3fn PyTorch tensor, which NumPy
+    cannot hold without ml_dtypes, as float32 (every value of either is one exactly: the
+    scores are the same)."""
+    if framework_of(x) == "torch" and dtype_name(x) in BITS_DTYPES:  # gpu-only (PyTorch is not a dependency)
         if not x.is_contiguous():  # as a float32 one is: the widening below would copy it into order
             raise ValueError("q: expected a C-contiguous array")
         return x.detach().cpu().float().numpy()

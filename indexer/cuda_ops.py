@@ -75,7 +75,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         # PyTorch tensors viewed without DLPack's stream handshake where the call runs on
         # PyTorch's current stream (out= is like q: the same framework)
         ordered = streams.on_torch_stream(given)
-        q_view, bits_of = arrays.query_to_cupy(q, ordered=ordered)  # a bfloat16 query: its bits
+        q_view, bits_of = arrays.query_to_cupy(q, ordered=ordered)  # a bfloat16 or float8 query: its bits
         views = (q_view, *(arrays.to_cupy(x, ordered=ordered) for x in given[1:]))
         q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = views
         cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens, ordered=ordered)

@@ -200,6 +200,9 @@ def write_arrays(path, arrays: dict) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"{path}: array names must be non-empty strings, got {name!r}")
         kind = _arrays.dtype_name(a) if getattr(a, "dtype", None) is not None else None  # (a list has none)
+        if kind == "float8_e4m3fn":  # NumPy writes it as raw bytes, and safetensors' NumPy reader cannot read it back
+            raise ValueError(f"{path}: array {name!r} is float8_e4m3fn, which no format here reads back; save it "
+                             "as float32 (every float8 value is one, and scores the same)")
         a = _bfloat16_host(path, fmt, name, a) if kind == "bfloat16" else _arrays.to_numpy(a)
         if a.dtype.hasobject:
             raise ValueError(f"{path}: array {name!r} is an object array; refusing to pickle it")

@@ -70,10 +70,12 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
 
     Parameters
     ----------
-    q : float32, float16 or bfloat16 (T, H, D)
-                                     index queries, D a multiple of 32. A 16-bit device query
-                                     is read as it lies (no cast kernel, no copy); bfloat16 as
-                                     a PyTorch tensor, or a NumPy array of ml_dtypes' bfloat16.
+    q : float32, float16, bfloat16 or float8_e4m3fn (T, H, D)
+                                     index queries, D a multiple of 32. A narrower device query
+                                     is read as it lies (no cast kernel, no copy); bfloat16 and
+                                     float8_e4m3fn as PyTorch tensors, or NumPy arrays of
+                                     ml_dtypes' types. float8_e4m3fn is the form of DeepSeek's
+                                     FP8 indexer queries, their per-head scale folded into w.
                                      Every value of each is a float32 value, scored exactly as
                                      that float32 query would be.
     w : float32 (T, H)               per-token, per-head weights
@@ -163,7 +165,7 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
 
     Parameters
     ----------
-    q : float32, float16 or bfloat16 (T, H, D); w : float32 (T, H); keys_fp4, key_scale,
+    q : float32, float16, bfloat16 or float8_e4m3fn (T, H, D); w : float32 (T, H); keys_fp4, key_scale,
         key_gscale : the pool (as ``score_topk``)
     block_table : int32 (B, L)       logical -> physical block, per sequence
     cu_seqlens_q : int32 (B+1,)      query row offsets: 0 = cu[0] <= cu[1] <= ... <= cu[B] = T

@@ -507,7 +507,7 @@ class KeyPool:
         (T,), e.g. from ``indexer.causal_lens``) says how much each row sees (default: the
         whole sequence).
 
-        q : float32, float16 or bfloat16 (T, H, D); w : float32 (T, H). Keyword arguments
+        q : float32, float16, bfloat16 or float8_e4m3fn (T, H, D); w : float32 (T, H). Keyword arguments
         (backend, precision, return_scores, physical, validate, out, workspace, stream,
         workspace_budget) go to the scoring function. Returns int32 indices (T, top_k) (and
         float32 scores with ``return_scores``), or ``out`` itself when given.

@@ -85,7 +85,7 @@ def _numpy_alike(x, typ) -> bool:
 
 
 def _bits_view(x, ordered=False):  # gpu-only
-    """The uint16 CuPy view of a bfloat16 query tensor's bits (``arrays.query_to_cupy``)."""
+    """The CuPy view of a bfloat16 or float8_e4m3fn query tensor's bits (``arrays.query_to_cupy``)."""
     return arrays.query_to_cupy(x, ordered=ordered)[0]
 
 
@@ -243,7 +243,7 @@ class PreparedCall:
         (its shape and dtype checked equal by ``_match``), else a new one."""
         if not self._torch_slots[i]:
             return x
-        convert = _bits_view if i == 0 and self._prob.q_dtype == "bfloat16" else arrays.to_cupy
+        convert = _bits_view if i == 0 and self._prob.q_dtype in arrays.BITS_DTYPES else arrays.to_cupy
         if not ordered:  # another stream: DLPack orders the two
             return convert(x)
         ptr = x.data_ptr()

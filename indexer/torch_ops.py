@@ -106,10 +106,10 @@ def _host_views(public, tensors):
 
 def _host_view(name, t, dtypes):
     """The NumPy view of CPU tensor ``t``, argument ``name``; errors name it: a tensor on
-    another device, or a dtype NumPy lacks (bfloat16), ``dtypes`` saying what it expects."""
+    another device, or a dtype NumPy lacks (bfloat16, float8), ``dtypes`` saying what it expects."""
     if t.device.type != "cpu":
         raise ValueError(f"{name}: expected a tensor on q's device (cpu), got {t.device}")
-    try:  # (a bfloat16 query, which NumPy cannot hold, widened exactly)
+    try:  # (a bfloat16 or float8 query, which NumPy cannot hold, widened exactly)
         return arrays.query_to_numpy(t) if name == "q" else t.numpy()
     except TypeError as exc:
         raise TypeError(f"{name}: expected {dtypes}, got {t.dtype} ({exc})") from None

@@ -88,17 +88,20 @@ def check_top_k(top_k) -> int:
 
 
 def _query_dtype(q, bits_of):
-    """The query's dtype name: "bfloat16" where ``q`` is the uint16 CuPy view of a bfloat16
-    query's bits (``bits_of``, from ``arrays.query_to_cupy``), else ``q``'s own; TypeError
-    unless one of ``arrays.QUERY_DTYPES``."""
+    """The query's dtype name: ``bits_of`` ("bfloat16" or "float8_e4m3fn") where ``q`` is the
+    CuPy view of such a query's bits (from ``arrays.query_to_cupy``), else ``q``'s own;
+    TypeError unless one of ``arrays.QUERY_DTYPES``."""
     if bits_of is not None:
-        if bits_of != "bfloat16" or not arrays.is_cupy(q) or q.dtype != np.uint16:
-            raise TypeError(f"q: expected the uint16 CuPy bits of a bfloat16 query, got {q.dtype} "
+        bits = arrays.BITS_DTYPES.get(bits_of)
+        if bits is None:
+            raise TypeError(f"q: a {bits_of} query is not read as bits (only {', '.join(arrays.BITS_DTYPES)} are)")
+        if not arrays.is_cupy(q) or q.dtype != bits:
+            raise TypeError(f"q: expected the {bits} CuPy bits of a {bits_of} query, got {q.dtype} "
                             f"({type(q).__name__}) as {bits_of}")
         return bits_of
     name = arrays.dtype_name(q)
     if name not in arrays.QUERY_DTYPES:
-        raise TypeError(f"q: expected dtype float32, float16 or bfloat16, got {name}")
+        raise TypeError(f"q: expected dtype float32, float16, bfloat16 or float8_e4m3fn, got {name}")
     return name
 
 
@@ -106,9 +109,9 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
                      *, values: bool = True, cu_seqlens=None, q_bits_of=None) -> Problem:
     """Check the arguments of ``score_topk`` and return the problem's shape.
 
-    ``q`` may be float32, float16 or bfloat16 (NumPy's through ml_dtypes); ``q_bits_of``:
-    "bfloat16" where ``q`` is the uint16 CuPy view of a bfloat16 query's bits
-    (``arrays.query_to_cupy``), else None.
+    ``q`` may be float32, float16, bfloat16 or float8_e4m3fn (the last two NumPy's through
+    ml_dtypes); ``q_bits_of``: "bfloat16" or "float8_e4m3fn" where ``q`` is the CuPy view of
+    such a query's bits (uint16 or uint8, ``arrays.query_to_cupy``), else None.
 
     ``values=False`` keeps the shape, dtype and device checks and skips the reductions
     over values (valid_lens range, block ids, global scales), which are the only ones

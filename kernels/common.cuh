@@ -129,11 +129,11 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // ---------------------------------------------------------------------------
 // The query's element type: a template argument (class QT, float by default) of every
-// kernel that reads q, so that float16 and bfloat16 queries are read where they lie (no
-// cast kernel before the call). half_bits and bf16_bits are the 16-bit patterns (NVRTC
-// needs no fp16 header for them); query_float widens any of them exactly to float, and
-// query_float4 four consecutive values (16 bytes of float, 8 of the 16-bit types: the
-// caller's row is aligned to that).
+// kernel that reads q, so that float16, bfloat16 and float8_e4m3fn queries are read where
+// they lie (no cast kernel before the call). half_bits, bf16_bits and e4m3_bits are the bit
+// patterns (NVRTC needs no fp16 or fp8 header for them); query_float widens any of them
+// exactly to float, and query_float4 four consecutive values (16 bytes of float, 8 of the
+// 16-bit types, 4 of e4m3: the caller's row is aligned to that).
 // ---------------------------------------------------------------------------
 struct half_bits {
     unsigned short bits;
@@ -141,6 +141,10 @@ struct half_bits {
 struct bf16_bits {
     unsigned short bits;
 };
+struct e4m3_bits {
+    unsigned char bits;
+};
+__device__ __forceinline__ float e4m3_to_float(u32 b);  // below, with the key scales' decoding
 
 __device__ __forceinline__ float query_float(float x) { return x; }
 __device__ __forceinline__ float query_float(half_bits x) {
@@ -159,8 +163,15 @@ __device__ __forceinline__ float2 query_float2(u32 v, bf16_bits) {
     return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
+__device__ __forceinline__ float query_float(e4m3_bits x) { return e4m3_to_float(x.bits); }
+
 // values 4i .. 4i + 3 of a row of queries, as floats
 __device__ __forceinline__ float4 query_float4(const float* row, int i) { return reinterpret_cast<const float4*>(row)[i]; }
+__device__ __forceinline__ float4 query_float4(const e4m3_bits* row, int i) {
+    const u32 v = reinterpret_cast<const u32*>(row)[i];
+    return make_float4(e4m3_to_float(v & 255u), e4m3_to_float((v >> 8) & 255u), e4m3_to_float((v >> 16) & 255u),
+                       e4m3_to_float(v >> 24));
+}
 template <class QT>
 __device__ __forceinline__ float4 query_float4(const QT* row, int i) {
     const uint2 v = reinterpret_cast<const uint2*>(row)[i];

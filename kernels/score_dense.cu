@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(256) dense_keys_kernel(const u8* __restrict__ 
 // the same run. Row t's scores are stored for s < valid_lens[t] only.
 template <int kDim, class QT = float>
 __global__ void __launch_bounds__(score_dense::kThreads, 1)
-score_dense_kernel(const QT* __restrict__ q,                // [T, H, kDim] (float, half_bits or bf16_bits): staged here
+score_dense_kernel(const QT* __restrict__ q,                // [T, H, kDim] (float, half_bits, bf16_bits or e4m3_bits): staged here
                    const float* __restrict__ w,             // [T, H]
                    int H,
                    const unsigned char* __restrict__ kimg,  // [n_seq][J][kImg]

@@ -40,7 +40,7 @@ struct Fp32Smem {
 // kHeadGroups = Hpad / 8 (1, 2, 4, 8 or 16); the CTA has 32 * kHeadGroups threads.
 template <int kHeadGroups, class QT = float>
 __global__ void __launch_bounds__(32 * kHeadGroups)
-score_fp32_kernel(const QT* __restrict__ q,               // [T, H, D]: float, half_bits or bf16_bits
+score_fp32_kernel(const QT* __restrict__ q,               // [T, H, D]: float, half_bits, bf16_bits or e4m3_bits
                   const float* __restrict__ w,            // [T, H]
                   const u8* __restrict__ keys_fp4,        // [P, E, D/2]
                   const u8* __restrict__ key_scale,       // [P, E, D/16]

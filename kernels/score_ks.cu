@@ -78,7 +78,7 @@ struct PrepToKsImage {
 // and no staged rows; and row t's visible length (valid_lens[t] clamped to [0, max_len]),
 // which the scoring kernel then reads from shared memory with the query. grid (T, 64 / 16),
 // 256 threads.
-template <int kDim, class QT = float>  // q: float, half_bits or bf16_bits (common.cuh)
+template <int kDim, class QT = float>  // q: float, half_bits, bf16_bits or e4m3_bits (common.cuh)
 __global__ void __launch_bounds__(256) ks_prep_kernel(const QT* __restrict__ q, const float* __restrict__ w, int H,
                                                       const int* __restrict__ valid_lens, int max_len,
                                                       unsigned char* __restrict__ qimg) {

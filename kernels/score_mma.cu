@@ -23,7 +23,7 @@
 // read.
 template <int kDim, int kNBlocks, class QT = float>
 __global__ void __launch_bounds__(256)
-prep_query_kernel(const QT* __restrict__ q,  // [T, H, kDim]: float, half_bits or bf16_bits
+prep_query_kernel(const QT* __restrict__ q,  // [T, H, kDim]: float, half_bits, bf16_bits or e4m3_bits
                   const float* __restrict__ w, int H,
                   unsigned short* __restrict__ q16,  // [T, kHeads, kDim + 8]
                   float* __restrict__ w_scaled)      // [T, kHeads]

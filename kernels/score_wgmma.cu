@@ -56,7 +56,7 @@ struct PrepToWgmmaImage {
 // staging of prep_query_kernel (the same fp16 values), written as the wgmma kernels' query
 // images (kHalved: score_wgmma_kernel's; else score_wgmma_pairs_kernel's). grid (T, 64 / 16),
 // 256 threads.
-template <int kDim, bool kHalved = true, class QT = float>  // q: float, half_bits or bf16_bits (common.cuh)
+template <int kDim, bool kHalved = true, class QT = float>  // q: float, half_bits, bf16_bits or e4m3_bits (common.cuh)
 __global__ void __launch_bounds__(256) wgmma_prep_kernel(const QT* __restrict__ q, const float* __restrict__ w, int H,
                                                          unsigned char* __restrict__ qimg) {
     // the scoring kernel after this one, launched programmatically in graphs, may be placed

@@ -283,7 +283,7 @@ __device__ __forceinline__ void ws_consume(unsigned char* smem, const int* start
 // T <= kMaxBalancedRows; keys_fp4 16-byte and key_scale 2-byte aligned.
 template <int kDim, class QT = float>
 __global__ void __launch_bounds__(score_ws::kThreads, 2)
-score_ws_kernel(const QT* __restrict__ q,                // [T, H, kDim] (float, half_bits or bf16_bits): staged here
+score_ws_kernel(const QT* __restrict__ q,                // [T, H, kDim] (float, half_bits, bf16_bits or e4m3_bits): staged here
                 const float* __restrict__ w,             // [T, H]
                 int H,                                   // H <= 64
                 const u8* __restrict__ keys_fp4,         // [P, E, D/2]

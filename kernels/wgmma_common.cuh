@@ -247,7 +247,7 @@ struct QueryStaging {
     __device__ static int head(int j) { return 16 * ((threadIdx.x >> 5) & 3) + 4 * j + ((threadIdx.x & 31) >> 3); }
     __device__ static int lane_in_head() { return threadIdx.x & 7; }
 
-    // q: [T, H, kDim] of float, half_bits or bf16_bits (common.cuh), 4-element aligned
+    // q: [T, H, kDim] of float, half_bits, bf16_bits or e4m3_bits (common.cuh), 4-element aligned
     template <class QT>
     __device__ __forceinline__ void load(const QT* __restrict__ q, const float* __restrict__ w, int H, long long t) {
         const int r = lane_in_head();

@@ -347,7 +347,7 @@ def test_score_errors(run, rng, tmp_path, no_gpu):
     io.write_arrays(no_q, data)
     assert_error(run("score", no_q), "no_q.npz: missing array 'valid_lens'")
     _, f64 = problem_file(tmp_path, rng, top_k=4, name="f64.npz", q=p.q.astype(np.float64))
-    assert_error(run("score", f64), "q: expected dtype float32, float16 or bfloat16, got float64")
+    assert_error(run("score", f64), "q: expected dtype float32, float16, bfloat16 or float8_e4m3fn, got float64")
     _, shape = problem_file(tmp_path, rng, top_k=4, name="shape.npz", w=p.w[:, :2].copy())
     assert_error(run("score", shape), "w: expected shape")
     assert_error(run("score", path, "--top-k", "0"), "top_k: expected 1 <= top_k")

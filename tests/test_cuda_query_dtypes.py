@@ -1,8 +1,9 @@
-"""float16 and bfloat16 queries, read by the kernels where they lie (kernels/common.cuh:
-half_bits, bf16_bits): every kernel that reads q (the exact path's, the staging kernels', and
-the scoring kernels that stage the query themselves) must give bit for bit what it gives
-for the same values widened to float32, and the reference's top-k. float16 queries come as
-CuPy arrays, bfloat16 ones as PyTorch tensors (CuPy has none)."""
+"""float16, bfloat16 and float8_e4m3fn queries, read by the kernels where they lie
+(kernels/common.cuh: half_bits, bf16_bits, e4m3_bits): every kernel that reads q (the exact
+path's, the staging kernels', and the scoring kernels that stage the query themselves) must
+give bit for bit what it gives for the same values widened to float32, and the reference's
+top-k. float16 queries come as CuPy arrays, bfloat16 and float8 ones as PyTorch tensors
+(CuPy has neither)."""
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
-DTYPES = ("float16", "bfloat16")
+DTYPES = ("float16", "bfloat16", "float8_e4m3fn")
 
 
 def _hopper():
@@ -25,14 +26,14 @@ def _hopper():
 
 
 def narrowed(q, dtype):
-    """(the 16-bit query on the GPU, its values widened to float32 on the host): a CuPy
-    float16 array, or a PyTorch bfloat16 tensor."""
+    """(the narrower query on the GPU, its values widened to float32 on the host): a CuPy
+    float16 array, or a PyTorch bfloat16 or float8_e4m3fn tensor."""
     cp = arrays.cupy()
     if dtype == "float16":
         q16 = cp.asarray(q.astype(np.float16))
         return q16, q16.get().astype(np.float32)
     torch = pytest.importorskip("torch")
-    q16 = torch.from_numpy(q).cuda().to(torch.bfloat16)
+    q16 = torch.from_numpy(q).cuda().to(getattr(torch, dtype))
     return q16, q16.float().cpu().numpy()
 
 
@@ -131,7 +132,7 @@ def test_extreme_and_nan_queries(dtype):
     subnormals and largest values, bfloat16 past float16's range, and a NaN (never selected)."""
     rng = np.random.default_rng(5)
     p = testing.random_problem(rng, T=3, H=64, D=128, E=64, lens=[5_000, 3_000, 64], top_k=40)
-    big = 6e4 if dtype == "float16" else 1e30
+    big = {"float16": 6e4, "float8_e4m3fn": 448.0}.get(dtype, 1e30)
     p.q[0, :8] *= 1e-6
     p.q[0, 8:16] = np.clip(p.q[0, 8:16] * big, -big, big)
     p.q[1, 3, 7] = np.nan
@@ -144,10 +145,12 @@ def test_extreme_and_nan_queries(dtype):
     testing.check_topk(widened, got[0], got[1], tol=testing.TOL_FAST)
 
 
-def test_a_bfloat16_query_off_16_byte_alignment_and_a_prepared_call():
-    """Batch 1: the warp-specialised kernel stages an aligned query by 8-byte loads of its
-    bits; a bfloat16 view 8 bytes into its buffer takes the staging kernel's path instead
-    (as a float32 query 8 bytes off does); a prepared call replayed from its CUDA graph."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_a_narrow_query_off_16_byte_alignment_and_a_prepared_call(dtype):
+    """Batch 1: the warp-specialised kernel stages an aligned query by 8-byte (bfloat16) or
+    4-byte (float8) loads of its bits; a view 8 bytes into its buffer takes the staging
+    kernel's path instead (as a float32 query 8 bytes off does); a prepared call replayed
+    from its CUDA graph."""
     torch = pytest.importorskip("torch")
     from indexer import cuda_ops
 
@@ -155,7 +158,7 @@ def test_a_bfloat16_query_off_16_byte_alignment_and_a_prepared_call():
         pytest.skip("the warp-specialised kernel is a Hopper kernel")
     rng = np.random.default_rng(11)
     p = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[40_000], top_k=32)
-    q16, q32 = narrowed(p.q, "bfloat16")
+    q16, q32 = narrowed(p.q, dtype)
     rest = on_gpu(p.arrays()[1:], q16)
     widened = testing.Problem(q32, *p.arrays()[1:], p.top_k)
 
@@ -195,9 +198,11 @@ def test_query_dtypes_refused_by_name():
     cp = arrays.cupy()
     p = testing.random_problem(np.random.default_rng(3), T=2, H=8, D=64, E=16, lens=40, top_k=8)
     rest = [cp.asarray(a) for a in p.arrays()[1:]]
-    with pytest.raises(TypeError, match="^q: expected dtype float32, float16 or bfloat16, got uint16"):
+    with pytest.raises(TypeError, match="^q: expected dtype float32, float16, bfloat16 or float8_e4m3fn, got uint16"):
         indexer.score_topk(cp.asarray(p.q).view(cp.uint16)[..., ::2].copy(), *rest, 8)  # bits, but not a bfloat16's
-    with pytest.raises(TypeError, match="^q: expected dtype float32, float16 or bfloat16, got float64"):
+    with pytest.raises(TypeError, match="^q: expected dtype float32, float16, bfloat16 or float8_e4m3fn, got uint8"):
+        indexer.score_topk(cp.asarray(p.q).view(cp.uint8)[..., ::4].copy(), *rest, 8)  # nor a float8's
+    with pytest.raises(TypeError, match="^q: expected dtype float32, float16, bfloat16 or float8_e4m3fn, got float64"):
         indexer.score_topk(cp.asarray(p.q, dtype=cp.float64), *rest, 8)
     with pytest.raises(TypeError, match="^q: expected a tensor that does not require grad"):
         indexer.score_topk(torch.from_numpy(p.q).cuda().to(torch.bfloat16).requires_grad_(), *rest, 8)

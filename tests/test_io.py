@@ -101,6 +101,11 @@ def test_bfloat16_goes_to_safetensors_bit_for_bit_and_is_refused_by_npz_and_npy(
         with pytest.raises(ValueError, match=f"array 'q' is bfloat16, which \\{fmt} cannot hold"):
             io.write_arrays(tmp_path / f"q{fmt}", {"q": q})
         assert not (tmp_path / f"q{fmt}").exists()
+    # float8: safetensors' NumPy reader cannot read it back, nor anything .npz's raw bytes
+    for fmt in (".npz", ".npy", ".safetensors"):
+        with pytest.raises(ValueError, match="array 'q' is float8_e4m3fn, which no format here reads back"):
+            io.write_arrays(tmp_path / f"q8{fmt}", {"q": q.astype(ml_dtypes.float8_e4m3fn)})
+        assert not (tmp_path / f"q8{fmt}").exists()
 
 
 def test_plain_lists_are_written_as_arrays(tmp_path):

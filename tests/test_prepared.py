@@ -103,7 +103,7 @@ def test_prepare_checks_what_score_topk_checks():
     bad[4][int(p.block_table[0, 0])] = -1.0  # a visible block's global scale
     with pytest.raises(ValueError, match="^key_gscale: expected finite values > 0"):
         indexer.prepare(*bad, p.top_k, backend="numpy")
-    with pytest.raises(TypeError, match="^q: expected dtype float32, float16 or bfloat16, got float64"):
+    with pytest.raises(TypeError, match="^q: expected dtype float32, float16, bfloat16 or float8_e4m3fn, got float64"):
         indexer.prepare(p.q.astype(np.float64), *p.arrays()[1:], p.top_k, backend="numpy")
     with pytest.raises(TypeError, match="^w: expected a NumPy, CuPy or DLPack CUDA array, got list"):
         indexer.prepare(p.q, p.w.tolist(), *p.arrays()[2:], p.top_k, backend="numpy")

@@ -15,7 +15,7 @@ from indexer import testing, validate
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
-DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float8_e4m3fn": ml_dtypes.float8_e4m3fn}
 
 
 def narrowed(q, dtype):
@@ -61,15 +61,20 @@ def test_prepared_and_ragged_calls_take_a_16_bit_query(dtype):
 
 def test_the_problem_names_its_query_dtype_and_bits_are_no_query():
     p = testing.random_problem(np.random.default_rng(2), T=2, H=4, D=32, E=8, lens=9, top_k=4)
-    for dtype, want in ((np.float32, "float32"), (np.float16, "float16"), (ml_dtypes.bfloat16, "bfloat16")):
+    for dtype, want in ((np.float32, "float32"), (np.float16, "float16"), (ml_dtypes.bfloat16, "bfloat16"),
+                        (ml_dtypes.float8_e4m3fn, "float8_e4m3fn")):
         prob = validate.check_score_topk(p.q.astype(dtype), *p.arrays()[1:], p.top_k)
         assert prob.q_dtype == want
     bits = p.q.astype(ml_dtypes.bfloat16).view(np.uint16)
-    with pytest.raises(TypeError, match="^q: expected dtype float32, float16 or bfloat16, got uint16"):
+    with pytest.raises(TypeError, match="^q: expected dtype float32, float16, bfloat16 or float8_e4m3fn, got uint16"):
         validate.check_score_topk(bits, *p.arrays()[1:], p.top_k)
     # only the CUDA path's CuPy view of a bfloat16 query's bits is taken as bits: host uint16 values are not
     with pytest.raises(TypeError, match="^q: expected the uint16 CuPy bits of a bfloat16 query, got uint16"):
         validate.check_score_topk(bits, *p.arrays()[1:], p.top_k, q_bits_of="bfloat16")
+    with pytest.raises(TypeError, match="^q: expected the uint8 CuPy bits of a float8_e4m3fn query, got uint16"):
+        validate.check_score_topk(bits, *p.arrays()[1:], p.top_k, q_bits_of="float8_e4m3fn")
+    with pytest.raises(TypeError, match="^q: a float16 query is not read as bits"):
+        validate.check_score_topk(bits, *p.arrays()[1:], p.top_k, q_bits_of="float16")
 
 
 def test_the_cli_scores_a_bfloat16_query_saved_by_safetensors(tmp_path):

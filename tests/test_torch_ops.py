@@ -109,7 +109,7 @@ def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match="top_k"):
         iops.score_topk(*x, 0)
     with pytest.raises(TypeError, match="^q: expected a NumPy dtype"):
-        iops.score_topk(x[0].to(torch.float8_e4m3fn), *x[1:], 8)
+        iops.score_topk(x[0].to(torch.float8_e5m2), *x[1:], 8)  # float8_e4m3fn is a query's: e5m2 is not
     with pytest.raises(TypeError, match="^w: expected a NumPy dtype"):  # bfloat16 is a query's dtype only
         iops.score_topk(x[0], x[1].to(torch.bfloat16), *x[2:], 8)
     with pytest.raises(TypeError, match="^w: expected dtype float32"):
@@ -222,12 +222,13 @@ def test_bad_out_is_refused_by_name_and_left_as_it_was():
         compiled(*x, torch.zeros((2, 5000), dtype=torch.int32))
 
 
-def test_a_bfloat16_query_on_the_cpu_is_scored_as_its_float32_values():
-    """NumPy has no bfloat16: a CPU tensor's values are widened exactly, by the operators and
-    by the public call alike, and both give what the float32 values give."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_a_narrow_query_on_the_cpu_is_scored_as_its_float32_values(dtype):
+    """NumPy has no bfloat16 or float8: a CPU tensor's values are widened exactly, by the
+    operators and by the public call alike, and both give what the float32 values give."""
     p = testing.random_problem(np.random.default_rng(75), T=3, H=8, D=64, E=16, lens=[90, 3, 0], top_k=10)
     x = tensors(p)
-    q16 = x[0].to(torch.bfloat16)
+    q16 = x[0].to(getattr(torch, dtype))
     want = score_topk(q16.float().numpy(), *p.arrays()[1:], 10, backend="numpy", return_scores=True)
     for got in (iops.score_topk(q16, *x[1:], 10), score_topk(q16, *x[1:], 10, backend="numpy", return_scores=True)):
         np.testing.assert_array_equal(np.asarray(got[0]), want[0])
