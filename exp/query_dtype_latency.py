@@ -1,5 +1,5 @@
 """Batch 1 decode (decode-latency's shape: 262,144 entries, H 64, D 128, k 1024) from a
-bfloat16 or float16 query: read by the kernels where it lies, against the cast an engine
+bfloat16, float16 or float8_e4m3fn query: read by the kernels where it lies, against the cast an engine
 pays otherwise (q.float() into a kept buffer, then the float32 call), and the float32 call
 alone. Each form is captured in one CUDA graph of 20 calls (torch.cuda.graph) and replayed;
 medians of 15 replays, per call.
@@ -22,7 +22,7 @@ def main():
     q32, rest = dev[0], dev[1:]
     out = (torch.empty((1, 1024), dtype=torch.int32, device="cuda"), torch.empty((1, 1024), device="cuda"))
     forms = {}
-    for name in ("bfloat16", "float16"):
+    for name in ("bfloat16", "float16", "float8_e4m3fn"):
         q16 = q32.to(getattr(torch, name))
         buf = torch.empty_like(q32)
         forms[f"{name} read in place"] = lambda q16=q16: iops.score_topk(q16, *rest, 1024, out=out)
