@@ -25,6 +25,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def _ml_dtypes():
+    """ml_dtypes where installed (NumPy's float8), else None."""
+    try:
+        import ml_dtypes  # noqa: PLC0415  (optional)
+    except ImportError:
+        return None
+    return ml_dtypes
+
+
 def bad_inputs(rng, H, D, top_k):
     """A problem whose block table has ids out of range for visible blocks (too large and
     negative) and whose lengths run past L*E and below 0: for calls with validation off."""
@@ -216,21 +225,24 @@ def cases():
             graph.launch(stream)
             stream.synchronize()
             ran += 3
-    # float16 queries through every kernel that reads q (the 16-bit instances): the exact
-    # path, mma.sync's and the wgmma kernels' staging, the warp-specialised kernel's own;
-    # the pair kernel staging them itself, the keys-stationary and dense kernels
-    p = testing.random_problem(rng, T=3, H=64, D=128, E=64, lens=[5000, 0, 777], top_k=50)
-    half = [cp.asarray(p.q.astype(np.float16))] + [cp.asarray(a) for a in p.arrays()[1:]]
-    for kernel, precision in (("auto", "exact"), ("mma", "fast"), ("wgmma-single", "fast"), ("ws", "fast")):
-        cuda_ops.score_topk(*half, p.top_k, precision=precision, return_scores=True, _fast_kernel=kernel)
-        ran += 1
-    q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [3, 1, 20], 64, [3000, 500, 2048])
-    x = [cp.asarray(a) for a in (q.astype(np.float16), w, k, s, g, np.repeat(table, np.diff(cu), 0), lens)]
-    for kernel in ("pairs", "ks", "dense"):
-        cuda_ops._QUERY_IMAGE = kernel != "pairs"
-        cuda_ops.clear_plans()
-        cuda_ops.score_topk(*x, 40, _cu_seqlens=cp.asarray(cu), _fast_kernel=kernel)
-        ran += 1
+    # float16 and float8 queries through every kernel that reads q (their instances): the
+    # exact path, mma.sync's and the wgmma kernels' staging, the warp-specialised kernel's
+    # own; the pair kernel staging them itself, the keys-stationary and dense kernels. (A
+    # float8 query as ml_dtypes' host array: its bits go to the device, read as e4m3_bits.)
+    narrow = [np.float16] + ([ml_dtypes.float8_e4m3fn] if (ml_dtypes := _ml_dtypes()) is not None else [])
+    for dtype in narrow:
+        p = testing.random_problem(rng, T=3, H=64, D=128, E=64, lens=[5000, 0, 777], top_k=50)
+        half = [p.q.astype(dtype)] + [cp.asarray(a) for a in p.arrays()[1:]]
+        for kernel, precision in (("auto", "exact"), ("mma", "fast"), ("wgmma-single", "fast"), ("ws", "fast")):
+            cuda_ops.score_topk(*half, p.top_k, precision=precision, return_scores=True, _fast_kernel=kernel)
+            ran += 1
+        q, w, k, s, g, table, cu, lens = ragged_sequences(rng, [3, 1, 20], 64, [3000, 500, 2048])
+        x = [q.astype(dtype)] + [cp.asarray(a) for a in (w, k, s, g, np.repeat(table, np.diff(cu), 0), lens)]
+        for kernel in ("pairs", "ks", "dense"):
+            cuda_ops._QUERY_IMAGE = kernel != "pairs"
+            cuda_ops.clear_plans()
+            cuda_ops.score_topk(*x, 40, _cu_seqlens=cp.asarray(cu), _fast_kernel=kernel)
+            ran += 1
     cuda_ops._QUERY_IMAGE = True
     cuda_ops.clear_plans()
     # validation off, bad inputs, both paths
