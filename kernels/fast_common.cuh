@@ -16,15 +16,7 @@
 #pragma once
 #include "common.cuh"
 
-// Whether `cvt.rn.f16x2.e4m3x2` assembles for this target: sm_90 from PTX ISA 7.8, sm_89 only
-// from PTX ISA 8.1 (CUDA 12.1; NVRTC 12.0's ptxas refuses it on sm_89). Elsewhere the
-// conversions take their logic-op forms.
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900 || (__CUDA_ARCH__ >= 890 && \
-    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 1))))
-#define INDEXER_CVT_E4M3X2 1
-#else
-#define INDEXER_CVT_E4M3X2 0
-#endif
+// INDEXER_CVT_E4M3X2: common.cuh (the float8 query's widening uses it too)
 
 namespace score_mma {
 constexpr int kWarps = 4;
