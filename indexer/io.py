@@ -23,8 +23,9 @@ The two forms of a ``score`` input file
   ``valid_lens`` (the README's argument table gives their shapes and dtypes);
 * **pool form** (``pool_meta`` present): a saved ``KeyPool`` (``KeyPool.save``: arrays
   ``keys_fp4``, ``key_scale``, ``key_gscale`` and the uint8 JSON ``pool_meta``) plus
-  ``q`` (T, H, D) of float32, float16 or bfloat16 (bfloat16 in ``.safetensors`` only, read
-  through ml_dtypes where it is installed: ``.npz`` keeps no bfloat16), ``w`` float32 (T, H)
+  ``q`` (T, H, D) of float32, float16, bfloat16 or float8_e4m3fn (the last two in
+  ``.safetensors`` only, read through ml_dtypes where it is installed: ``.npz`` keeps
+  neither), ``w`` float32 (T, H)
   and ``seqs`` (T,), the id of the pool
   sequence each query row reads. ``seqs`` is an integer array (int ids); in ``.npz`` a
   NumPy string array (dtype ``<U``) also works for str ids (a string of decimal digits
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import math
 import os
 import re
@@ -147,6 +149,11 @@ def read_arrays(path) -> dict[str, np.ndarray]:
         raise ValueError(f"{path}: not a readable {fmt} file ({_one_line(exc)})") from None
 
 
+#: safetensors dtypes that its NumPy reader cannot name (it looks them up on NumPy itself),
+#: read here as raw bytes viewed as ml_dtypes' type: an FP8 query a PyTorch pipeline saved
+_ML_DTYPES_TENSORS = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
 def _read_safetensors(path, p):
     st = _safetensors(path)
     try:  # NumPy reads safetensors' bfloat16 (a model's saved query) once ml_dtypes has named it
@@ -154,32 +161,60 @@ def _read_safetensors(path, p):
     except ImportError:
         pass
     try:
-        with st.safe_open(str(p), framework="numpy") as f:
+        with st.safe_open(str(p), framework="numpy") as f:  # checks the header against the file
             meta = f.metadata() or {}
-            out = {name: f.get_tensor(name) for name in f.keys()}
+            raw = _raw_tensors(p)
+            names = list(f.keys())
+            read = {name: f.get_tensor(name) for name in names if raw[name][0] not in _ML_DTYPES_TENSORS}
     except Exception as exc:  # SafetensorError (bad header, truncated data), OSError, ...
         raise ValueError(f"{path}: not a readable .safetensors file ({_one_line(exc)})") from None
+    out = {name: read[name] if name in read else _read_raw(path, p, name, *raw[name]) for name in names}
     if POOL_META in meta and POOL_META not in out:
         out[POOL_META] = np.frombuffer(meta[POOL_META].encode("utf-8"), dtype=np.uint8).copy()
     return out
 
 
-def _bfloat16_host(path, fmt, name, a):
-    """A bfloat16 array (ml_dtypes' NumPy one, or a PyTorch tensor's bits viewed as one) for
-    ``.safetensors``; refused by name for ``.npz`` and ``.npy``, where NumPy would save it as
-    raw bytes (``|V2``) that no reader takes for bfloat16 again."""
+def _raw_tensors(p) -> dict:
+    """``{name: (dtype, shape, file offset, byte count)}`` from a .safetensors header that
+    ``safe_open`` has already checked (its length, its JSON, every offset inside the file)."""
+    with open(p, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+    return {name: (t["dtype"], tuple(t["shape"]), 8 + n + t["data_offsets"][0],
+                   t["data_offsets"][1] - t["data_offsets"][0])
+            for name, t in header.items() if name != "__metadata__"}
+
+
+def _read_raw(path, p, name, dtype, shape, offset, count):
+    """Tensor ``name`` of dtype ``dtype`` (a key of ``_ML_DTYPES_TENSORS``) as ml_dtypes' array."""
+    kind = _ML_DTYPES_TENSORS[dtype]
+    try:
+        ml_dtypes = importlib.import_module("ml_dtypes")
+    except ImportError:
+        raise ValueError(f"{path}: array {name!r} is {kind}, which NumPy holds only through ml_dtypes "
+                         "(pip install ml_dtypes)") from None
+    bits = np.fromfile(p, dtype=np.uint8, count=count, offset=offset)
+    return bits.view(getattr(ml_dtypes, kind)).reshape(shape)
+
+
+def _bits_typed_host(path, fmt, name, a, kind):
+    """A bfloat16 or float8_e4m3fn array (``kind``; ml_dtypes' NumPy one, or a PyTorch
+    tensor's bits viewed as one) for ``.safetensors``; refused by name for ``.npz`` and
+    ``.npy``, where NumPy would save it as raw bytes (``|V2``, ``|V1``) that no reader takes
+    for that type again."""
     if fmt != ".safetensors":
-        raise ValueError(f"{path}: array {name!r} is bfloat16, which {fmt} cannot hold (NumPy saves it as raw "
+        raise ValueError(f"{path}: array {name!r} is {kind}, which {fmt} cannot hold (NumPy saves it as raw "
                          "bytes); use .safetensors")
     if _arrays.framework_of(a) != "torch":
         return _arrays.to_numpy(a)  # NumPy's (ml_dtypes'), or JAX's, which NumPy reads as ml_dtypes' too
     try:
         ml_dtypes = importlib.import_module("ml_dtypes")
     except ImportError:
-        raise ValueError(f"{path}: array {name!r} is bfloat16, which NumPy holds only through ml_dtypes "
+        raise ValueError(f"{path}: array {name!r} is {kind}, which NumPy holds only through ml_dtypes "
                          "(pip install ml_dtypes)") from None
     torch = sys.modules["torch"]  # imported: ``a`` is its tensor
-    return a.detach().cpu().contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    bits = torch.int16 if _arrays.BITS_DTYPES[kind] == "uint16" else torch.uint8
+    return a.detach().cpu().contiguous().view(bits).numpy().view(getattr(ml_dtypes, kind))
 
 
 def write_arrays(path, arrays: dict) -> None:
@@ -200,10 +235,7 @@ def write_arrays(path, arrays: dict) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"{path}: array names must be non-empty strings, got {name!r}")
         kind = _arrays.dtype_name(a) if getattr(a, "dtype", None) is not None else None  # (a list has none)
-        if kind == "float8_e4m3fn":  # NumPy writes it as raw bytes, and safetensors' NumPy reader cannot read it back
-            raise ValueError(f"{path}: array {name!r} is float8_e4m3fn, which no format here reads back; save it "
-                             "as float32 (every float8 value is one, and scores the same)")
-        a = _bfloat16_host(path, fmt, name, a) if kind == "bfloat16" else _arrays.to_numpy(a)
+        a = _bits_typed_host(path, fmt, name, a, kind) if kind in _arrays.BITS_DTYPES else _arrays.to_numpy(a)
         if a.dtype.hasobject:
             raise ValueError(f"{path}: array {name!r} is an object array; refusing to pickle it")
         host[name] = a

@@ -78,34 +78,53 @@ def test_safetensors_round_trip(tmp_path, rng):
     _assert_same(arrays, io.read_arrays(path))
 
 
-def test_bfloat16_goes_to_safetensors_bit_for_bit_and_is_refused_by_npz_and_npy(tmp_path, rng):
-    """A bf16 model's query: .safetensors keeps its bits (from ml_dtypes' NumPy array, or
-    from a PyTorch tensor where one is installed); .npz and .npy would save raw bytes that
-    read back as no float type, so the write is refused by name."""
+@pytest.mark.parametrize("kind", ("bfloat16", "float8_e4m3fn"))
+def test_bfloat16_and_float8_go_to_safetensors_bit_for_bit_and_are_refused_by_npz_and_npy(tmp_path, rng, kind):
+    """A bf16 model's query, or DeepSeek's FP8 one: .safetensors keeps its bits (from
+    ml_dtypes' NumPy array, or from a PyTorch tensor where one is installed); .npz and .npy
+    would save raw bytes that read back as no float type, so the write is refused by name."""
     pytest.importorskip("safetensors")
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    q = rng.standard_normal((2, 4, 32)).astype(ml_dtypes.bfloat16)
+    q = rng.standard_normal((2, 4, 32)).astype(getattr(ml_dtypes, kind))
+    bits = q.view(np.int16 if q.itemsize == 2 else np.uint8)
     forms = [q]
     try:
         import torch  # noqa: PLC0415  (optional)
     except ImportError:
         torch = None
     if torch is not None:
-        forms.append(torch.from_numpy(q.view(np.int16)).view(torch.bfloat16))
+        forms.append(torch.from_numpy(bits).view(getattr(torch, kind)))
     for i, a in enumerate(forms):
         path = tmp_path / f"q{i}.safetensors"
-        io.write_arrays(path, {"q": a})
-        back = io.read_arrays(path)["q"]
-        assert back.dtype == q.dtype and back.tobytes() == q.tobytes()
+        io.write_arrays(path, {"q": a, "w": np.ones((2, 4), np.float32)})
+        back = io.read_arrays(path)
+        assert list(back) == ["q", "w"]  # in the file's order, the float8 one read beside the others
+        assert back["q"].dtype == q.dtype and back["q"].shape == q.shape and back["q"].tobytes() == q.tobytes()
     for fmt in (".npz", ".npy"):
-        with pytest.raises(ValueError, match=f"array 'q' is bfloat16, which \\{fmt} cannot hold"):
+        with pytest.raises(ValueError, match=f"array 'q' is {kind}, which \\{fmt} cannot hold"):
             io.write_arrays(tmp_path / f"q{fmt}", {"q": q})
         assert not (tmp_path / f"q{fmt}").exists()
-    # float8: safetensors' NumPy reader cannot read it back, nor anything .npz's raw bytes
-    for fmt in (".npz", ".npy", ".safetensors"):
-        with pytest.raises(ValueError, match="array 'q' is float8_e4m3fn, which no format here reads back"):
-            io.write_arrays(tmp_path / f"q8{fmt}", {"q": q.astype(ml_dtypes.float8_e4m3fn)})
-        assert not (tmp_path / f"q8{fmt}").exists()
+
+
+def test_a_float8_tensor_saved_by_hand_is_read_and_a_corrupt_one_is_named(tmp_path):
+    """An F8_E4M3 tensor as any writer lays it out (header JSON, then its bytes), which
+    safetensors' NumPy reader cannot name; the same file cut short is refused by path."""
+    pytest.importorskip("safetensors")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q = np.array([[-448.0, -0.5, 0.0, 2.0**-9, 1.125, 448.0]], np.float32).astype(ml_dtypes.float8_e4m3fn)
+    head = json.dumps({"__metadata__": {"format": "pt"},
+                       "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                       "q": {"dtype": "F8_E4M3", "shape": [1, 6], "data_offsets": [8, 14]}}).encode()
+    head += b" " * (-len(head) % 8)
+    body = np.array([1.5, -2.0], np.float32).tobytes() + q.tobytes()
+    path = tmp_path / "q8.safetensors"
+    path.write_bytes(len(head).to_bytes(8, "little") + head + body)
+    back = io.read_arrays(path)
+    assert back["q"].dtype == q.dtype and back["q"].tobytes() == q.tobytes()
+    np.testing.assert_array_equal(back["a"], [1.5, -2.0])
+    path.write_bytes(len(head).to_bytes(8, "little") + head + body[:-1])
+    with pytest.raises(ValueError, match="q8.safetensors: not a readable .safetensors file"):
+        io.read_arrays(path)
 
 
 def test_plain_lists_are_written_as_arrays(tmp_path):

@@ -77,16 +77,17 @@ def test_the_problem_names_its_query_dtype_and_bits_are_no_query():
         validate.check_score_topk(bits, *p.arrays()[1:], p.top_k, q_bits_of="float16")
 
 
-def test_the_cli_scores_a_bfloat16_query_saved_by_safetensors(tmp_path):
-    """A model's saved query, bfloat16 in .safetensors (read through ml_dtypes), scored as
-    its float32 values."""
+@pytest.mark.parametrize("dtype", ("bfloat16", "float8_e4m3fn"))
+def test_the_cli_scores_a_bfloat16_or_float8_query_saved_by_safetensors(tmp_path, dtype):
+    """A model's saved query, bfloat16 or float8_e4m3fn in .safetensors (read through
+    ml_dtypes; safetensors' own NumPy reader has no float8), scored as its float32 values."""
     pytest.importorskip("safetensors")
     from click.testing import CliRunner
 
     from indexer import cli, io
 
     p = testing.random_problem(np.random.default_rng(4), T=3, H=4, D=32, E=8, lens=[30, 7, 0], top_k=5)
-    q16, q32 = narrowed(p.q, "bfloat16")
+    q16, q32 = narrowed(p.q, dtype)
     outs = []
     for q in (q16, q32):
         path = tmp_path / f"problem-{q.dtype}.safetensors"
