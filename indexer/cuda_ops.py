@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _jit, arrays, geometry, outbuf, streams, validate as _validate
 from .launch import after_previous
+from .workspace import turn_of
 
 __all__ = ["score_topk", "device_facts"]
 
@@ -71,7 +72,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     arrays.check_kinds(names, given)
     # everything from the DLPack imports to the results runs on one stream: PyTorch's current
     # one for tensors (so a torch.cuda.graph capture records it), or the one asked for
-    with streams.using(stream, given) as run_on:
+    # and the workspace's turn: calls sharing it on other streams or threads run before or after
+    with streams.using(stream, given) as run_on, turn_of(workspace):
         # PyTorch tensors viewed without DLPack's stream handshake where the call runs on
         # PyTorch's current stream (out= is like q: the same framework)
         ordered = streams.on_torch_stream(given)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import arrays, outbuf, ragged, reference, streams, validate as _validate
-from .workspace import check_budget, check_workspace
+from .workspace import check_budget, check_workspace, turn_of
 
 __all__ = ["score_topk", "score_topk_ragged", "BACKENDS", "PRECISIONS"]
 
@@ -185,7 +185,8 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
     args = (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k)
     if _pick_backend(backend, args[:-1]) == "cuda":  # gpu-only
         # the per-token table is built on the call's device and stream, like the launch
-        with streams.using(stream, args[:-1]) as run_on:
+        # (the table is the workspace's too: its turn covers both)
+        with streams.using(stream, args[:-1]) as run_on, turn_of(workspace):
             return _ragged(*args, stream=run_on, on_gpu=True, ordered=streams.on_torch_stream(args[:-1]),
                            **kwargs)
     return _ragged(*args, stream=stream, backend=backend, **kwargs)

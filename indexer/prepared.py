@@ -25,7 +25,7 @@ Each call:
 * takes its scratch memory from one ``Workspace`` (``prepare``'s ``workspace=``, or one the
   prepared call owns), so it allocates nothing else beyond its results, and can be captured
   in a CUDA graph once a call has sized the workspace (the workspace's rules apply: calls
-  on several streams need a prepared call, or a workspace, each);
+  on several streams or threads take turns on it, one after another);
 * skips the value checks (block ids, lengths, global scales) as ``score_topk`` does with
   ``validate=False``: out-of-range values still cannot make a kernel read or write outside
   the arrays. That ``out`` shares no memory with the inputs is checked once for each set
@@ -108,7 +108,8 @@ class PreparedCall:
     graphs are dropped when the workspace grows, skipped while the call's stream is itself
     capturing (the launches are then captured into the caller's graph), and kept for up
     to 128 sets of pointers (a layer's pool each, say). ``prepare(..., graphs=False)``
-    turns them off. Like a ``Workspace``, a prepared call serves one stream at a time. It
+    turns them off. Its calls and replays take their turns on the workspace (``Workspace.turn``),
+    so they may come from several streams and threads, run one after another. It
     keeps the CuPy view of the last PyTorch tensor each argument took (and so that tensor)
     until a call passes another.
     """
@@ -256,7 +257,8 @@ class PreparedCall:
 
     def _run(self, given, out, stream):  # gpu-only
         cp = arrays.cupy()
-        with streams.using(stream, given) as run_on:  # checks ``stream`` (streams.resolve)
+        # the workspace's turn (a replay's too): calls on other streams or threads run before or after
+        with streams.using(stream, given) as run_on, self.workspace.turn():  # checks ``stream`` (streams.resolve)
             ordered = self._any_torch and streams.on_torch_stream(given)
             if self._graphs_on and out is not None and ordered == self._any_torch:
                 current = run_on if run_on is not None else cp.cuda.get_current_stream()

@@ -29,8 +29,9 @@ mutation).
   cannot do. Scratch memory comes from one ``indexer.Workspace`` a device (``workspace()``),
   which grows on a call that needs more: run each shape once before a capture (PyTorch's
   warm-up iterations do; ``torch.compile(mode="reduce-overhead")`` runs them itself), or
-  ``workspace(device).reserve(nbytes)``. That workspace serves one stream at a time, as
-  every ``Workspace`` does.
+  ``workspace(device).reserve(nbytes)``. Calls on several streams or threads take turns on
+  that workspace (``Workspace.turn``): each waits for the one before, on the GPU; graphs
+  replayed by the caller are the caller's to order.
 * CPU tensors take the NumPy reference (always validated), on zero-copy NumPy views.
 
 Bad input raises the same ``ValueError`` / ``TypeError`` naming the argument as the public
