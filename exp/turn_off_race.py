@@ -2,7 +2,7 @@
 switched off (a context that neither waits nor records), each five times; prints how
 often each test's answers differed from the lone calls'. Then once more with the turn on.
 
-    PYTHONPATH=. python -W ignore exp/turn_off_race.py [0,1,4]
+    PYTHONPATH=. python -W ignore exp/turn_off_race.py [0,1,5]
 """
 
 import contextlib
@@ -13,7 +13,8 @@ from tests import test_cuda_workspace_turns as t
 TESTS = [("two streams, per-token", lambda: t.test_calls_on_two_streams_sharing_a_workspace_each_give_their_lone_answer(False)),
          ("two streams, grouped", lambda: t.test_calls_on_two_streams_sharing_a_workspace_each_give_their_lone_answer(True)),
          ("prepared replays", t.test_prepared_calls_replayed_on_another_stream_wait_for_the_workspace),
-         ("threads", t.test_threads_on_their_own_streams_sharing_a_workspace_each_give_their_lone_answers),
+         ("threads", lambda: t.test_threads_on_their_own_streams_sharing_a_workspace_each_give_their_lone_answers("own")),
+         ("threads, per-thread default", lambda: t.test_threads_on_their_own_streams_sharing_a_workspace_each_give_their_lone_answers("per-thread default")),
          ("PyTorch operators", t.test_the_pytorch_operators_on_two_torch_streams_share_their_device_workspace_safely)]
 
 

@@ -161,40 +161,49 @@ def _read_safetensors(path, p):
     except ImportError:
         pass
     try:
-        with st.safe_open(str(p), framework="numpy") as f:  # checks the header against the file
+        with st.safe_open(str(p), framework="numpy") as f, open(p, "rb") as fh:  # safe_open checks the header
             meta = f.metadata() or {}
-            raw = _raw_tensors(p)
+            raw = _raw_tensors(fh)
             names = list(f.keys())
-            read = {name: f.get_tensor(name) for name in names if raw[name][0] not in _ML_DTYPES_TENSORS}
+            out = {name: _read_raw(path, fh, name, *raw[name]) if raw[name][0] in _ML_DTYPES_TENSORS
+                   else f.get_tensor(name) for name in names}
+    except ValueError as exc:
+        if str(exc).startswith(f"{path}: "):  # _read_raw's own, naming the array
+            raise
+        raise ValueError(f"{path}: not a readable .safetensors file ({_one_line(exc)})") from None
     except Exception as exc:  # SafetensorError (bad header, truncated data), OSError, ...
         raise ValueError(f"{path}: not a readable .safetensors file ({_one_line(exc)})") from None
-    out = {name: read[name] if name in read else _read_raw(path, p, name, *raw[name]) for name in names}
     if POOL_META in meta and POOL_META not in out:
         out[POOL_META] = np.frombuffer(meta[POOL_META].encode("utf-8"), dtype=np.uint8).copy()
     return out
 
 
-def _raw_tensors(p) -> dict:
-    """``{name: (dtype, shape, file offset, byte count)}`` from a .safetensors header that
-    ``safe_open`` has already checked (its length, its JSON, every offset inside the file)."""
-    with open(p, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(n))
+def _raw_tensors(fh) -> dict:
+    """``{name: (dtype, shape, file offset, byte count)}`` from the header of the open
+    .safetensors file ``fh``, which ``safe_open`` has already checked (its length, its
+    JSON, every offset inside the file)."""
+    fh.seek(0)
+    n = int.from_bytes(fh.read(8), "little")
+    header = json.loads(fh.read(n))
     return {name: (t["dtype"], tuple(t["shape"]), 8 + n + t["data_offsets"][0],
                    t["data_offsets"][1] - t["data_offsets"][0])
             for name, t in header.items() if name != "__metadata__"}
 
 
-def _read_raw(path, p, name, dtype, shape, offset, count):
-    """Tensor ``name`` of dtype ``dtype`` (a key of ``_ML_DTYPES_TENSORS``) as ml_dtypes' array."""
+def _read_raw(path, fh, name, dtype, shape, offset, count):
+    """Tensor ``name`` of dtype ``dtype`` (a key of ``_ML_DTYPES_TENSORS``) as ml_dtypes'
+    array, read from the open file ``fh``."""
     kind = _ML_DTYPES_TENSORS[dtype]
     try:
         ml_dtypes = importlib.import_module("ml_dtypes")
     except ImportError:
         raise ValueError(f"{path}: array {name!r} is {kind}, which NumPy holds only through ml_dtypes "
                          "(pip install ml_dtypes)") from None
-    bits = np.fromfile(p, dtype=np.uint8, count=count, offset=offset)
-    return bits.view(getattr(ml_dtypes, kind)).reshape(shape)
+    fh.seek(offset)
+    data = fh.read(count)
+    if len(data) != count:  # the file changed since safe_open checked it
+        raise ValueError(f"{path}: array {name!r} is cut short ({len(data)} of its {count} bytes)")
+    return np.frombuffer(data, dtype=getattr(ml_dtypes, kind)).reshape(shape).copy()
 
 
 def _bits_typed_host(path, fmt, name, a, kind):
@@ -235,7 +244,16 @@ def write_arrays(path, arrays: dict) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"{path}: array names must be non-empty strings, got {name!r}")
         kind = _arrays.dtype_name(a) if getattr(a, "dtype", None) is not None else None  # (a list has none)
-        a = _bits_typed_host(path, fmt, name, a, kind) if kind in _arrays.BITS_DTYPES else _arrays.to_numpy(a)
+        if kind in _arrays.BITS_DTYPES:
+            a = _bits_typed_host(path, fmt, name, a, kind)
+        else:
+            try:
+                a = _arrays.to_numpy(a)
+            except TypeError as exc:  # a PyTorch dtype NumPy has no type for (float8_e5m2, ...)
+                raise ValueError(f"{path}: array {name!r} of dtype {kind} cannot be written ({_one_line(exc)})") from None
+        if fmt != ".safetensors" and not _npy_holds(a.dtype):
+            raise ValueError(f"{path}: array {name!r} is {a.dtype}, which {fmt} cannot hold (NumPy saves it as raw "
+                             "bytes); use .safetensors")
         if a.dtype.hasobject:
             raise ValueError(f"{path}: array {name!r} is an object array; refusing to pickle it")
         host[name] = a
@@ -264,6 +282,17 @@ def write_arrays(path, arrays: dict) -> None:
                 st.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=meta)
             except Exception as exc:  # unsupported dtype (strings), ...
                 raise ValueError(f"{path}: cannot write as .safetensors ({_one_line(exc)})") from None
+
+
+def _npy_holds(dtype) -> bool:
+    """Whether NumPy's .npy format reads ``dtype`` back as itself (not ml_dtypes' types,
+    which it saves as raw bytes)."""
+    if dtype.hasobject:
+        return True  # refused by name below, as an object array
+    try:
+        return np.lib.format.descr_to_dtype(np.lib.format.dtype_to_descr(dtype)) == dtype
+    except (ValueError, TypeError):
+        return False
 
 
 @contextlib.contextmanager

@@ -162,7 +162,8 @@ class PreparedCall:
         """The GPU call's checks, and its launch plan (the kernels compiled now)."""
         from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
 
-        with streams.using(None, given):
+        # the workspace's turn: the grouped call's per-token table is written into it
+        with streams.using(None, given), self.workspace.turn():
             ordered = streams.on_torch_stream(given)
             q_view, bits_of = arrays.query_to_cupy(given[0], ordered=ordered)  # a bfloat16 query: its bits
             views = [q_view] + [arrays.to_cupy(x, ordered=ordered) for x in given[1:]]

@@ -63,8 +63,8 @@ def workspace(device=None) -> Workspace:
     if index is None:
         index = torch.cuda.current_device()  # gpu-only
     ws = _WORKSPACES.get(index)
-    if ws is None:
-        ws = _WORKSPACES[index] = Workspace()
+    if ws is None:  # one for every thread that asks first (setdefault is atomic)
+        ws = _WORKSPACES.setdefault(index, Workspace())
     return ws
 
 

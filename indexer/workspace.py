@@ -94,7 +94,9 @@ class Workspace:
         self._retired = []  # outgrown buffers a captured graph used: kept while the workspace lives
         self._untracked = False  # while PreparedCall captures (its graphs are dropped on growth)
         self._lock = threading.Lock()  # growth from several threads replaces a buffer once
-        self._turn = threading.RLock()  # one call at a time: held from a call's start to its last launch
+        # one call at a time: held from a call's start to its end (its launches, and the host
+        # read-backs of validate=True and host results), over all devices
+        self._turn = threading.RLock()
         self._depth = 0  # calls inside calls (a grouped call's per-token table, then its scoring)
         self._ended = {}  # device id -> (event the last call recorded at its end, its stream's pointer)
         self._zero_at_rest = {}  # device id -> whether its "zeroed" part is all zero now
@@ -152,9 +154,9 @@ class Workspace:
         count = cp.cuda.runtime.getDeviceCount()  # gpu-only
         if device is not None and device >= count:  # gpu-only
             raise ValueError(f"device: {device}, but CuPy sees {count} CUDA device(s)")
-        with cp.cuda.Device(device if device is not None else cp.cuda.runtime.getDevice()):  # gpu-only
+        with cp.cuda.Device(device if device is not None else cp.cuda.runtime.getDevice()), self.turn():  # gpu-only
             self.buffer(int(nbytes))
-            self.claim_counters()
+            self.claim_counters()  # zero-filled on this stream: later calls on others wait for it
 
     def buffer(self, nbytes: int, part: str = "launch", granule: int = _GRANULE):  # gpu-only
         """A uint8 CuPy array of ``nbytes`` bytes: the start of this workspace's ``part``
@@ -175,6 +177,11 @@ class Workspace:
                     buf = self._buffers.pop(key, None)
                     if buf is not None and self._born.get(key, 0) <= self._captured_at.get(key[0], -1):
                         self._retired.append(buf)
+                    elif buf is not None:
+                        # CuPy's pool may hand the memory out at once on the stream that
+                        # allocated it, while an earlier call on another stream still reads
+                        # it: wait for them all (this stream waited for the last one's end)
+                        cp.cuda.get_current_stream().synchronize()
                     del buf
                     # the device's kept views may cut any of its parts: made again
                     self._views = {k: v for k, v in self._views.items() if k[0] != key[0]}
@@ -273,27 +280,30 @@ class Workspace:
 
 
 class _Turn:  # gpu-only
-    """``Workspace.turn``'s context (a class: ~1 us of host time less than a generator's)."""
+    """``Workspace.turn``'s context (a class: ~1 us of host time less than a generator's). A
+    turn inside a turn of the same thread (a grouped call's scoring inside its call) is the
+    outer one's: the library nests them on one stream only."""
 
-    __slots__ = ("ws", "stream", "device")
+    __slots__ = ("ws", "stream", "device", "counted")
 
     def __init__(self, ws):
-        self.ws, self.stream, self.device = ws, None, None
+        self.ws, self.stream, self.device, self.counted = ws, None, None, False
 
     def __enter__(self):
         ws = self.ws
         ws._turn.acquire()
-        ws._depth += 1
-        if ws._depth > 1:  # inside a call that already took its turn
-            return self
         try:
+            ws._depth += 1
+            self.counted = True
+            if ws._depth > 1:  # inside a call that already took its turn
+                return self
             cp = arrays.cupy()
             stream = cp.cuda.get_current_stream()
             if streams.capture_state(stream)[0] is not False:
                 return self  # a capture: the graph's replays are ordered by whoever launches them
             self.stream, self.device = stream, int(cp.cuda.runtime.getDevice())
             ended = ws._ended.get(self.device)
-            if ended is not None and ended[1] != stream.ptr:
+            if ended is not None and ended[1] != _stream_key(stream):
                 cp.cuda.runtime.streamWaitEvent(stream.ptr, ended[0].ptr, 0)
         except BaseException:
             self._leave()
@@ -305,11 +315,11 @@ class _Turn:  # gpu-only
             if self.stream is not None:  # what was enqueued, even by a call that raised, ends here
                 self._record()
         except Exception:
+            # no record: forget the last one, which this call's work may follow (the stream
+            # may be unusable); the call's own error, where it raised, is the one that stands
+            self.ws._ended.pop(self.device, None)
             if kind is None:
                 raise
-            # the call's own error stands (the stream may be unusable): no record, so the next
-            # call on another stream cannot wait for this one's work; nor could it run on it
-            self.ws._ended.pop(self.device, None)
         finally:
             self._leave()
         return False
@@ -319,11 +329,24 @@ class _Turn:  # gpu-only
         ended = self.ws._ended.get(self.device)
         event = ended[0] if ended is not None else cp.cuda.Event(disable_timing=True)
         cp.cuda.runtime.eventRecord(event.ptr, self.stream.ptr)
-        self.ws._ended[self.device] = (event, self.stream.ptr)
+        self.ws._ended[self.device] = (event, _stream_key(self.stream))
 
     def _leave(self):
-        self.ws._depth -= 1
+        if self.counted:
+            self.ws._depth -= 1
+            self.counted = False
         self.ws._turn.release()
+
+
+#: cudaStreamPerThread: one handle that names another stream in every thread
+_PER_THREAD_STREAM = 2
+
+
+def _stream_key(stream):  # gpu-only
+    """What tells CuPy stream ``stream`` from the others: its handle, and for the per-thread
+    default stream (the same handle in every thread) the thread too."""
+    ptr = stream.ptr
+    return (ptr, threading.get_ident()) if ptr == _PER_THREAD_STREAM else ptr
 
 
 def _refuse_during_capture(cp, nbytes, held, part):  # gpu-only

@@ -146,7 +146,10 @@ def test_prepared_calls_replayed_on_another_stream_wait_for_the_workspace():
         assert_same(out_short, want_short)
 
 
-def test_threads_on_their_own_streams_sharing_a_workspace_each_give_their_lone_answers():
+@pytest.mark.parametrize("streams", ["own", "per-thread default"])
+def test_threads_on_their_own_streams_sharing_a_workspace_each_give_their_lone_answers(streams):
+    """Each thread on a stream of its own, or on its per-thread default stream (one handle,
+    cudaStreamPerThread, that names another stream in every thread)."""
     cp = arrays.cupy()
     long, short = problems()
     dev = {"long": on_device(long), "short": on_device(short)}
@@ -157,7 +160,7 @@ def test_threads_on_their_own_streams_sharing_a_workspace_each_give_their_lone_a
              ["long", "long", "short", "short"], ["short", "short", "long", "long"]]
 
     def work(names):
-        stream = cp.cuda.Stream(non_blocking=True)
+        stream = cp.cuda.Stream(non_blocking=True) if streams == "own" else cp.cuda.Stream.ptds
         results = []
         with stream:
             for name in names:

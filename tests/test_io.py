@@ -98,7 +98,7 @@ def test_bfloat16_and_float8_go_to_safetensors_bit_for_bit_and_are_refused_by_np
         path = tmp_path / f"q{i}.safetensors"
         io.write_arrays(path, {"q": a, "w": np.ones((2, 4), np.float32)})
         back = io.read_arrays(path)
-        assert list(back) == ["q", "w"]  # in the file's order, the float8 one read beside the others
+        assert list(back) == ["q", "w"]  # the float8 one read beside the others (safe_open's order: by name)
         assert back["q"].dtype == q.dtype and back["q"].shape == q.shape and back["q"].tobytes() == q.tobytes()
     for fmt in (".npz", ".npy"):
         with pytest.raises(ValueError, match=f"array 'q' is {kind}, which \\{fmt} cannot hold"):
@@ -125,6 +125,22 @@ def test_a_float8_tensor_saved_by_hand_is_read_and_a_corrupt_one_is_named(tmp_pa
     path.write_bytes(len(head).to_bytes(8, "little") + head + body[:-1])
     with pytest.raises(ValueError, match="q8.safetensors: not a readable .safetensors file"):
         io.read_arrays(path)
+
+
+def test_other_ml_dtypes_types_go_to_safetensors_only(tmp_path, rng):
+    """float8_e5m2 (ml_dtypes' only, NumPy has none): .safetensors keeps it (safetensors'
+    NumPy reader cannot read it: io reads its bytes), .npz and .npy, which would save it
+    as bytes no reader takes for it again, refuse it by name."""
+    pytest.importorskip("safetensors")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = rng.standard_normal((3, 5)).astype(ml_dtypes.float8_e5m2)
+    io.write_arrays(tmp_path / "e5.safetensors", {"x": a})
+    back = io.read_arrays(tmp_path / "e5.safetensors")["x"]
+    assert back.dtype == a.dtype and back.shape == a.shape and back.tobytes() == a.tobytes()
+    for fmt in (".npz", ".npy"):
+        with pytest.raises(ValueError, match=f"array 'x' is float8_e5m2, which \\{fmt} cannot hold"):
+            io.write_arrays(tmp_path / f"e5{fmt}", {"x": a})
+        assert not (tmp_path / f"e5{fmt}").exists()
 
 
 def test_plain_lists_are_written_as_arrays(tmp_path):
