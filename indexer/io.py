@@ -151,7 +151,7 @@ def read_arrays(path) -> dict[str, np.ndarray]:
 
 #: safetensors dtypes that its NumPy reader cannot name (it looks them up on NumPy itself),
 #: read here as raw bytes viewed as ml_dtypes' type: an FP8 query a PyTorch pipeline saved
-_ML_DTYPES_TENSORS = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_ML_DTYPES_TENSORS = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
 
 
 def _read_safetensors(path, p):
@@ -166,7 +166,7 @@ def _read_safetensors(path, p):
             raw = _raw_tensors(fh)
             names = list(f.keys())
             out = {name: _read_raw(path, fh, name, *raw[name]) if raw[name][0] in _ML_DTYPES_TENSORS
-                   else f.get_tensor(name) for name in names}
+                   else _get_tensor(path, f, name, raw[name][0]) for name in names}
     except ValueError as exc:
         if str(exc).startswith(f"{path}: "):  # _read_raw's own, naming the array
             raise
@@ -176,6 +176,15 @@ def _read_safetensors(path, p):
     if POOL_META in meta and POOL_META not in out:
         out[POOL_META] = np.frombuffer(meta[POOL_META].encode("utf-8"), dtype=np.uint8).copy()
     return out
+
+
+def _get_tensor(path, f, name, dtype):
+    """Tensor ``name`` through safetensors' NumPy reader, which looks its dtype up on NumPy
+    itself: a dtype NumPy has no type for (F4, F6_E2M3, ...) is named with its array."""
+    try:
+        return f.get_tensor(name)
+    except AttributeError:
+        raise ValueError(f"{path}: array {name!r} has dtype {dtype}, which NumPy has no type for") from None
 
 
 def _raw_tensors(fh) -> dict:
@@ -197,8 +206,10 @@ def _read_raw(path, fh, name, dtype, shape, offset, count):
     try:
         ml_dtypes = importlib.import_module("ml_dtypes")
     except ImportError:
+        ml_dtypes = None
+    if getattr(ml_dtypes, kind, None) is None:
         raise ValueError(f"{path}: array {name!r} is {kind}, which NumPy holds only through ml_dtypes "
-                         "(pip install ml_dtypes)") from None
+                         "(pip install -U ml_dtypes)")
     fh.seek(offset)
     data = fh.read(count)
     if len(data) != count:  # the file changed since safe_open checked it

@@ -143,6 +143,29 @@ def test_other_ml_dtypes_types_go_to_safetensors_only(tmp_path, rng):
         assert not (tmp_path / f"e5{fmt}").exists()
 
 
+def test_a_dtype_numpy_has_no_type_for_is_named_with_its_array(tmp_path):
+    """A safetensors dtype that neither NumPy nor this reader's ml_dtypes map holds (F4, two
+    four-bit floats a byte) is refused naming the array, not with NumPy's AttributeError;
+    the E8M0 scales of MX formats come back as ml_dtypes' type."""
+    pytest.importorskip("safetensors")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+
+    def laid_out(path, dtype, nbytes, shape):
+        head = json.dumps({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                           "x": {"dtype": dtype, "shape": shape, "data_offsets": [4, 4 + nbytes]}}).encode()
+        head += b" " * (-len(head) % 8)
+        path.write_bytes(len(head).to_bytes(8, "little") + head + np.float32(1.0).tobytes() + bytes(range(nbytes)))
+
+    laid_out(tmp_path / "f4.safetensors", "F4", 2, [4])
+    with pytest.raises(ValueError, match="f4.safetensors: array 'x' has dtype F4, which NumPy has no type"):
+        io.read_arrays(tmp_path / "f4.safetensors")
+    if hasattr(ml_dtypes, "float8_e8m0fnu"):
+        laid_out(tmp_path / "e8.safetensors", "F8_E8M0", 4, [2, 2])
+        back = io.read_arrays(tmp_path / "e8.safetensors")["x"]
+        assert back.dtype == ml_dtypes.float8_e8m0fnu and back.shape == (2, 2)
+        assert back.tobytes() == bytes(range(4))
+
+
 def test_plain_lists_are_written_as_arrays(tmp_path):
     for fmt in (".npz", ".npy"):
         io.write_arrays(tmp_path / f"a{fmt}", {"top_k": [7]})
