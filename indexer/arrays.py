@@ -209,16 +209,20 @@ def query_to_cupy(x, *, ordered=False):  # gpu-only
     if kind == "torch":
         if x.requires_grad:  # as DLPack refuses any tensor that does
             raise TypeError("q: expected a tensor that does not require grad (pass q.detach())")
-        import torch  # noqa: PLC0415  (only reached when the caller passed a tensor)
-
-        # a view of the same memory (the same strides), in a type DLPack and CuPy both take
-        bits = x.view(torch.int16 if BITS_DTYPES[name] == "uint16" else torch.uint8)
+        bits = torch_bits(x, name)
     elif isinstance(x, np.ndarray):
         bits = x.view(BITS_DTYPES[name])
     else:
         raise TypeError(f"q: a {name} array of {kind} cannot be read (CuPy has no {name}); pass a PyTorch "
                         "tensor, or float16 or float32")
     return to_cupy(bits, ordered=ordered).view(BITS_DTYPES[name]), name
+
+
+def torch_bits(x, name):  # gpu-only (PyTorch is not a dependency)
+    """A view of PyTorch tensor ``x`` of dtype ``name`` (a ``BITS_DTYPES`` key) as its bits:
+    the same memory and strides, in an integer type DLPack, NumPy and CuPy all take."""
+    torch = sys.modules["torch"]  # imported: ``x`` is its tensor
+    return x.view(torch.int16 if BITS_DTYPES[name] == "uint16" else torch.uint8)
 
 
 def to_cupy(x, dtype=None, *, ordered=False):

@@ -554,8 +554,6 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     p = plan if plan is not None else _plan(precision, prob, dev, device_id, q, key_scale, workspace_budget,
                                             fast_kernel, select, cu_seqlens)
     kind, sl = p.kind, p.sl
-    if workspace is not None:
-        workspace.note_call()  # under a capture: the buffers it uses are kept once outgrown
     clean = (workspace.zeroed_state(p.hist_bytes) if workspace is not None and p.hist_bytes > 0 and not score_only
              else None)
     at_rest = clean is not None  # None also while capturing before the part exists (see Workspace.zeroed)

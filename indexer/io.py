@@ -49,7 +49,6 @@ import math
 import os
 import re
 import stat
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -149,6 +148,10 @@ def read_arrays(path) -> dict[str, np.ndarray]:
         raise ValueError(f"{path}: not a readable {fmt} file ({_one_line(exc)})") from None
 
 
+class _ArrayError(ValueError):
+    """A file's array that cannot be read or written, named with the path (as the message says)."""
+
+
 #: safetensors dtypes that its NumPy reader cannot name (it looks them up on NumPy itself),
 #: read here as raw bytes viewed as ml_dtypes' type: an FP8 query a PyTorch pipeline saved
 _ML_DTYPES_TENSORS = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
@@ -167,10 +170,8 @@ def _read_safetensors(path, p):
             names = list(f.keys())
             out = {name: _read_raw(path, fh, name, *raw[name]) if raw[name][0] in _ML_DTYPES_TENSORS
                    else _get_tensor(path, f, name, raw[name][0]) for name in names}
-    except ValueError as exc:
-        if str(exc).startswith(f"{path}: "):  # _read_raw's own, naming the array
-            raise
-        raise ValueError(f"{path}: not a readable .safetensors file ({_one_line(exc)})") from None
+    except _ArrayError:
+        raise
     except Exception as exc:  # SafetensorError (bad header, truncated data), OSError, ...
         raise ValueError(f"{path}: not a readable .safetensors file ({_one_line(exc)})") from None
     if POOL_META in meta and POOL_META not in out:
@@ -184,7 +185,7 @@ def _get_tensor(path, f, name, dtype):
     try:
         return f.get_tensor(name)
     except AttributeError:
-        raise ValueError(f"{path}: array {name!r} has dtype {dtype}, which NumPy has no type for") from None
+        raise _ArrayError(f"{path}: array {name!r} has dtype {dtype}, which NumPy has no type for") from None
 
 
 def _raw_tensors(fh) -> dict:
@@ -202,39 +203,34 @@ def _raw_tensors(fh) -> dict:
 def _read_raw(path, fh, name, dtype, shape, offset, count):
     """Tensor ``name`` of dtype ``dtype`` (a key of ``_ML_DTYPES_TENSORS``) as ml_dtypes'
     array, read from the open file ``fh``."""
-    kind = _ML_DTYPES_TENSORS[dtype]
+    element = _ml_dtype(path, name, _ML_DTYPES_TENSORS[dtype])
+    fh.seek(offset)
+    data = fh.read(count)
+    if len(data) != count:  # the file changed since safe_open checked it
+        raise _ArrayError(f"{path}: array {name!r} is cut short ({len(data)} of its {count} bytes)")
+    return np.frombuffer(data, dtype=element).reshape(shape).copy()
+
+
+def _bits_typed_host(path, name, a, kind):
+    """A bfloat16 or float8_e4m3fn array (``kind``) as ml_dtypes' NumPy array: itself (or
+    JAX's, which NumPy reads as ml_dtypes' too), or a PyTorch tensor's bits viewed as one."""
+    if _arrays.framework_of(a) != "torch":
+        return _arrays.to_numpy(a)
+    bits = _arrays.torch_bits(a.detach().cpu().contiguous(), kind)
+    return bits.numpy().view(_ml_dtype(path, name, kind))
+
+
+def _ml_dtype(path, name, kind):
+    """ml_dtypes' type ``kind`` (array ``name`` is of it), or a ValueError naming both."""
     try:
         ml_dtypes = importlib.import_module("ml_dtypes")
     except ImportError:
         ml_dtypes = None
-    if getattr(ml_dtypes, kind, None) is None:
-        raise ValueError(f"{path}: array {name!r} is {kind}, which NumPy holds only through ml_dtypes "
-                         "(pip install -U ml_dtypes)")
-    fh.seek(offset)
-    data = fh.read(count)
-    if len(data) != count:  # the file changed since safe_open checked it
-        raise ValueError(f"{path}: array {name!r} is cut short ({len(data)} of its {count} bytes)")
-    return np.frombuffer(data, dtype=getattr(ml_dtypes, kind)).reshape(shape).copy()
-
-
-def _bits_typed_host(path, fmt, name, a, kind):
-    """A bfloat16 or float8_e4m3fn array (``kind``; ml_dtypes' NumPy one, or a PyTorch
-    tensor's bits viewed as one) for ``.safetensors``; refused by name for ``.npz`` and
-    ``.npy``, where NumPy would save it as raw bytes (``|V2``, ``|V1``) that no reader takes
-    for that type again."""
-    if fmt != ".safetensors":
-        raise ValueError(f"{path}: array {name!r} is {kind}, which {fmt} cannot hold (NumPy saves it as raw "
-                         "bytes); use .safetensors")
-    if _arrays.framework_of(a) != "torch":
-        return _arrays.to_numpy(a)  # NumPy's (ml_dtypes'), or JAX's, which NumPy reads as ml_dtypes' too
-    try:
-        ml_dtypes = importlib.import_module("ml_dtypes")
-    except ImportError:
-        raise ValueError(f"{path}: array {name!r} is {kind}, which NumPy holds only through ml_dtypes "
-                         "(pip install ml_dtypes)") from None
-    torch = sys.modules["torch"]  # imported: ``a`` is its tensor
-    bits = torch.int16 if _arrays.BITS_DTYPES[kind] == "uint16" else torch.uint8
-    return a.detach().cpu().contiguous().view(bits).numpy().view(getattr(ml_dtypes, kind))
+    dtype = getattr(ml_dtypes, kind, None)
+    if dtype is None:
+        raise _ArrayError(f"{path}: array {name!r} is {kind}, which NumPy holds only through ml_dtypes "
+                          "(pip install -U ml_dtypes)")
+    return dtype
 
 
 def write_arrays(path, arrays: dict) -> None:
@@ -256,7 +252,7 @@ def write_arrays(path, arrays: dict) -> None:
             raise ValueError(f"{path}: array names must be non-empty strings, got {name!r}")
         kind = _arrays.dtype_name(a) if getattr(a, "dtype", None) is not None else None  # (a list has none)
         if kind in _arrays.BITS_DTYPES:
-            a = _bits_typed_host(path, fmt, name, a, kind)
+            a = _bits_typed_host(path, name, a, kind)
         else:
             try:
                 a = _arrays.to_numpy(a)

@@ -110,20 +110,12 @@ class Workspace:
     def nbytes(self) -> int:
         return sum(int(b.nbytes) for b in [*self._buffers.values(), *self._retired])
 
-    def note_call(self):  # gpu-only
-        """Record a call on the current device and stream: under a CUDA-graph capture, the
-        device's buffers of now are kept once outgrown (see the module docstring). One
-        capture-state query (~0.2 us of host time)."""
-        cp = arrays.cupy()
-        if not self._untracked and streams.capture_state(cp.cuda.get_current_stream())[0] is not False:
-            self._captured_at[int(cp.cuda.runtime.getDevice())] = self.generation
-
     def turn(self):  # gpu-only
         """The context of one call on CuPy's current device and stream (``with ws.turn():``):
         it waits for the calls of other threads on this workspace, and on the GPU for the
         workspace's previous call where that ran on another stream; as it ends it records
-        where this call ends. Under a capture it does neither on the GPU (see the module
-        docstring). ~4.5 us of host time a call (docs/performance.md v87)."""
+        where this call ends. Under a capture it does neither on the GPU, and marks the
+        device's buffers of now as kept once outgrown (see the module docstring). ~4.5 us of host time a call (docs/performance.md v87)."""
         return _Turn(self)
 
     @contextlib.contextmanager
@@ -300,7 +292,11 @@ class _Turn:  # gpu-only
             cp = arrays.cupy()
             stream = cp.cuda.get_current_stream()
             if streams.capture_state(stream)[0] is not False:
-                return self  # a capture: the graph's replays are ordered by whoever launches them
+                # a capture: the graph's replays are ordered by whoever launches them, and
+                # the buffers it uses are kept once outgrown (but for untracked_capture's)
+                if not ws._untracked:
+                    ws._captured_at[int(cp.cuda.runtime.getDevice())] = ws.generation
+                return self
             self.stream, self.device = stream, int(cp.cuda.runtime.getDevice())
             ended = ws._ended.get(self.device)
             if ended is not None and ended[1] != _stream_key(stream):
