@@ -1,0 +1,105 @@
+"""Where Workspace.turn's host time goes: each host step it takes, timed alone in a loop
+(median us of 20 rounds of 2,000), the whole empty turn, and a prepared batch-1 call's
+graph replay (262,144 entries, k 1024) with the turn on and off, alternating in one process.
+
+    PYTHONPATH=. python exp/turn_parts.py
+"""
+
+import contextlib
+import threading
+import time
+
+import cupy as cp
+import numpy as np
+
+import indexer
+import indexer.workspace
+from indexer import arrays, streams, testing
+
+
+def per_call_us(fn, n=2000, rounds=20):
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t0) / n * 1e6)
+    return float(np.median(out))
+
+
+def host_us(fn, n=200):
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) % 20 == 0:
+            cp.cuda.Device().synchronize()
+    cp.cuda.Device().synchronize()
+    return np.median(times) * 1e6
+
+
+def main():
+    s = cp.cuda.Stream(non_blocking=True)
+    ev = cp.cuda.Event(disable_timing=True)
+    lock = threading.RLock()
+    ws = indexer.Workspace()
+    cur = cp.cuda.get_current_stream()
+
+    def lock_pair():
+        lock.acquire()
+        lock.release()
+
+    parts = {
+        "RLock acquire+release": lock_pair,
+        "arrays.cupy()": arrays.cupy,
+        "cp.cuda.get_current_stream()": cp.cuda.get_current_stream,
+        "streams.capture_state(stream)": lambda: streams.capture_state(cur),
+        "stream.is_capturing()": cur.is_capturing,
+        "runtime.getDevice()": cp.cuda.runtime.getDevice,
+        "cp.cuda.Device().id": lambda: cp.cuda.Device().id,
+        "runtime.eventRecord": lambda: cp.cuda.runtime.eventRecord(ev.ptr, cur.ptr),
+        "runtime.streamWaitEvent": lambda: cp.cuda.runtime.streamWaitEvent(cur.ptr, ev.ptr, 0),
+        "_stream_key(stream)": lambda: indexer.workspace._stream_key(cur),
+        "threading.get_ident()": threading.get_ident,
+    }
+
+    def empty_turn():
+        with ws.turn():
+            pass
+
+    parts["with ws.turn(): pass (same stream)"] = empty_turn
+
+    def other_stream_turns():
+        with ws.turn():
+            pass
+        with s:
+            with ws.turn():
+                pass
+
+    for name, fn in parts.items():
+        print(f"{name:40s} {per_call_us(fn):6.2f} us")
+    print(f"{'two turns, alternating streams (/2)':40s} {per_call_us(other_stream_turns, n=1000) / 2:6.2f} us")
+    cp.cuda.Device().synchronize()
+
+    p = testing.random_problem(np.random.default_rng(0), T=1, H=64, D=128, E=64, lens=[262_144], top_k=1024)
+    dev = [cp.asarray(a) for a in p.arrays()]
+    out = (cp.empty((1, 1024), cp.int32), cp.empty((1, 1024), cp.float32))
+    step = indexer.prepare(*dev, 1024, return_scores=True, workspace=ws, validate=False)
+    for _ in range(3):
+        step(*dev, out=out)
+    cp.cuda.Device().synchronize()
+    on = indexer.workspace.Workspace.turn
+    off = lambda self: contextlib.nullcontext()  # noqa: E731
+    rows = {"on": [], "off": []}
+    for _ in range(7):
+        for label, turn in (("on", on), ("off", off)):
+            indexer.workspace.Workspace.turn = turn
+            rows[label].append(host_us(lambda: step(*dev, out=out)))
+    indexer.workspace.Workspace.turn = on
+    print(f"prepared replay (graph)   turn on {np.median(rows['on']):6.1f} us  off {np.median(rows['off']):6.1f} us  "
+          f"(on {' '.join(f'{x:.1f}' for x in rows['on'])}; off {' '.join(f'{x:.1f}' for x in rows['off'])})")
+
+
+if __name__ == "__main__":
+    main()
