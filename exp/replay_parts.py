@@ -1,6 +1,7 @@
 """A prepared call's graph replay, step by step (batch 1, 262,144 entries, k 1024, CuPy
 arrays, out= given): each step of PreparedCall's replay path timed alone in a loop (median
-us of 15 rounds of 2,000), then the whole replay (median host us a call), three times.
+us of 15 rounds of 2,000), then the whole replay, an eager prepared call and a score_topk call (median host us a
+call), three times.
 
     PYTHONPATH=. python exp/replay_parts.py
 """
@@ -84,8 +85,14 @@ def main():
         print(f"{name:36s} {per_call_us(fn):6.2f} us")
     print(f"{'graph.launch':36s} {host_us(lambda: graph.launch(cur)):6.2f} us")
     cp.cuda.Device().synchronize()
+    eager = indexer.prepare(*dev, 1024, return_scores=True, workspace=ws, validate=False, graphs=False)
+
+    def plain():
+        return indexer.score_topk(*dev, 1024, return_scores=True, out=out, workspace=ws, validate=False)
+
     for _ in range(3):
-        print(f"whole replay {host_us(lambda: step(*dev, out=out)):6.1f} us")
+        print(f"whole replay {host_us(lambda: step(*dev, out=out)):6.1f} us   prepared eager "
+              f"{host_us(lambda: eager(*dev, out=out)):6.1f} us   score_topk {host_us(plain):6.1f} us")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ between processes); median us of host time a call, 5 rounds of 200 calls each.
 
 import contextlib
 import time
+import types
 
 import cupy as cp
 import numpy as np
@@ -15,6 +16,9 @@ import indexer
 import indexer.workspace
 from indexer import testing
 
+
+# what a switched-off turn gives its `with ... as turn` (PreparedCall reads turn.capturing)
+_NO_TURN = types.SimpleNamespace(capturing=None)
 
 def host_us(fn, n=200):
     times = []
@@ -38,7 +42,7 @@ def main():
              "score_topk validate=False": lambda: indexer.score_topk(*dev, 1024, return_scores=True, out=out,
                                                                      workspace=ws, validate=False)}
     on = indexer.workspace.Workspace.turn
-    off = lambda self: contextlib.nullcontext()  # noqa: E731
+    off = lambda self: contextlib.nullcontext(_NO_TURN)  # noqa: E731
     for fn in forms.values():
         fn()
     cp.cuda.Device().synchronize()

@@ -6,6 +6,7 @@ often each test's answers differed from the lone calls'. Then once more with the
 """
 
 import contextlib
+import types
 
 import indexer.workspace
 from tests import test_cuda_workspace_turns as t
@@ -17,6 +18,9 @@ TESTS = [("two streams, per-token", lambda: t.test_calls_on_two_streams_sharing_
          ("threads, per-thread default", lambda: t.test_threads_on_their_own_streams_sharing_a_workspace_each_give_their_lone_answers("per-thread default")),
          ("PyTorch operators", t.test_the_pytorch_operators_on_two_torch_streams_share_their_device_workspace_safely)]
 
+
+# what a switched-off turn gives its `with ... as turn` (PreparedCall reads turn.capturing)
+_NO_TURN = types.SimpleNamespace(capturing=None)
 
 def run_all(label):
     for name, test in TESTS:
@@ -35,7 +39,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:  # the tests to run, by their place in TESTS
         TESTS[:] = [TESTS[int(i)] for i in sys.argv[1].split(",")]
     on = indexer.workspace.Workspace.turn
-    indexer.workspace.Workspace.turn = lambda self: contextlib.nullcontext()
+    indexer.workspace.Workspace.turn = lambda self: contextlib.nullcontext(_NO_TURN)
     run_all("turn off")
     indexer.workspace.Workspace.turn = on
     # the racing calls can leave the PyTorch operators' device workspace with counts in its

@@ -8,6 +8,7 @@ graph replay (262,144 entries, k 1024) with the turn on and off, alternating in 
 import contextlib
 import threading
 import time
+import types
 
 import cupy as cp
 import numpy as np
@@ -16,6 +17,9 @@ import indexer
 import indexer.workspace
 from indexer import arrays, streams, testing
 
+
+# what a switched-off turn gives its `with ... as turn` (PreparedCall reads turn.capturing)
+_NO_TURN = types.SimpleNamespace(capturing=None)
 
 def per_call_us(fn, n=2000, rounds=20):
     out = []
@@ -90,7 +94,7 @@ def main():
         step(*dev, out=out)
     cp.cuda.Device().synchronize()
     on = indexer.workspace.Workspace.turn
-    off = lambda self: contextlib.nullcontext()  # noqa: E731
+    off = lambda self: contextlib.nullcontext(_NO_TURN)  # noqa: E731
     rows = {"on": [], "off": []}
     for _ in range(7):
         for label, turn in (("on", on), ("off", off)):

@@ -144,6 +144,7 @@ class PreparedCall:
         self._graphs = {}  # pointers -> (CUDA graph of the call's launches, the workspace's generation)
         self._seen = {}  # pointers -> calls that came with them
         self._capture_stream = None
+        self._out_dtypes = [None, None]  # the dtype objects of out's arrays last accepted
         if self.backend == "numpy":
             self._prob = self._check_host(given, validate)
         else:
@@ -216,7 +217,7 @@ class PreparedCall:
             if x.shape != shape:
                 raise ValueError(f"{_NAMES[i]}: expected shape {shape} as prepared, got {tuple(x.shape)} "
                                  "(prepare another call for other shapes)")
-            if x.dtype != dtype:
+            if x.dtype is not dtype and x.dtype != dtype:  # (builtin dtypes are singletons)
                 raise TypeError(f"{_NAMES[i]}: expected dtype {dtype} as prepared, got {x.dtype}")
             if self._fast:  # else the public call checks the rest
                 self._match_device(i, x)
@@ -224,7 +225,7 @@ class PreparedCall:
     def _match_device(self, i, x):  # gpu-only
         """Contiguity and device of input ``i`` (a CuPy array or a PyTorch CUDA tensor)."""
         tensor = self._torch_slots[i]
-        if not (x.is_contiguous() if tensor else x.flags.c_contiguous):
+        if not (x.is_contiguous() if tensor else _c_contiguous(x)):
             raise ValueError(f"{_NAMES[i]}: expected a C-contiguous array")
         where = x.get_device() if tensor else x.data.device_id
         if where != self._device:
@@ -258,12 +259,14 @@ class PreparedCall:
 
     def _run(self, given, out, stream):  # gpu-only
         cp = arrays.cupy()
+        # without tensors, q alone tells ``using`` the device (every array is on it: _match)
+        placed = given if self._any_torch else given[:1]
         # the workspace's turn (a replay's too): calls on other streams or threads run before or after
-        with streams.using(stream, given) as run_on, self.workspace.turn():  # checks ``stream`` (streams.resolve)
+        with streams.using(stream, placed) as run_on, self.workspace.turn() as turn:  # checks ``stream``
             ordered = self._any_torch and streams.on_torch_stream(given)
             if self._graphs_on and out is not None and ordered == self._any_torch:
                 current = run_on if run_on is not None else cp.cuda.get_current_stream()
-                if self._replayed(given, out, current):
+                if self._replayed(given, out, current, turn.capturing):
                     return outbuf.returned(out, self.return_scores)
             return self._launch(given, out, ordered)
 
@@ -289,20 +292,25 @@ class PreparedCall:
                                     given[0], out, self.return_scores, self.physical, self._budget,
                                     self.workspace, plan=plan, ordered=ordered, readers=readers)
 
-    def _replayed(self, given, out, current):  # gpu-only
+    def _replayed(self, given, out, current, capturing=None):  # gpu-only
         """Whether the call ran as a replay of the CUDA graph of its pointers on stream
         ``current``: captured the second time a set of pointers comes (the first ran
         eagerly and sized the workspace), replayed from then on while the workspace keeps
         its buffers and its histograms are at rest (a graph captured from a call on a
-        workspace at rest leaves them so), never while ``current`` is itself capturing."""
-        key = tuple(x.data_ptr() if tensor else x.data.ptr
-                    for x, tensor in zip(given, self._torch_slots)) + self._out_pointers(out)
-        from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
-
-        if cuda_ops.plan_alignment(key[0], key[3]) != self._aligned:
-            return False  # q or key_scale off the prepared alignment: another plan, launched eagerly
+        workspace at rest leaves them so), never while ``current`` is itself capturing
+        (``capturing``: False where the caller knows it is not, else None)."""
+        if self._any_torch:
+            key = tuple(x.data_ptr() if tensor else x.data.ptr for x, tensor in zip(given, self._torch_slots))
+        else:
+            key = tuple(x.data.ptr for x in given)
+        key += self._out_pointers(out)
         held = self._graphs.get(key)
-        if held is None:  # pointers not replayed yet: out= apart from the inputs (before any capture)
+        if held is None:  # (a held graph's pointers had the prepared alignment: the same pointers)
+            from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
+
+            if cuda_ops.plan_alignment(key[0], key[3]) != self._aligned:
+                return False  # q or key_scale off the prepared alignment: another plan, launched eagerly
+            # pointers not replayed yet: out= apart from the inputs (before any capture)
             self._check_apart(key)
         if held is None or held[1] != self.workspace.generation:
             held = None
@@ -314,7 +322,7 @@ class PreparedCall:
                 return False
         if self._plan.hist_bytes and not self.workspace.at_rest(self._device):
             return False  # an interrupted call left counts behind: the launches clear them
-        if current.is_capturing():
+        if capturing is not False and current.is_capturing():
             return False
         if held is None:
             graph = self._capture(given, out)
@@ -370,11 +378,11 @@ class PreparedCall:
         names = ("out[0]", "out[1]") if self.return_scores else ("out",)
         parts = outbuf.split(out, self.return_scores)
         pointers = ()
-        for name, x, dtype in zip(names, parts, _OUT_DTYPES):
+        for j, (name, x, dtype) in enumerate(zip(names, parts, _OUT_DTYPES)):
             if type(x) is not typ and not _numpy_alike(x, typ):  # the exact test first: the hot path
                 raise TypeError(f"{name}: expected a {typ.__module__}.{typ.__name__} like q, "
                                 f"got {type(x).__module__}.{type(x).__name__}")
-            if x.shape != shape or str(x.dtype).rpartition(".")[2] != dtype:
+            if x.shape != shape or (x.dtype is not self._out_dtypes[j] and not self._out_dtype(j, x.dtype)):
                 raise ValueError(f"{name}: expected {dtype} of shape (T, top_k) = {shape}, "
                                  f"got {x.dtype} of shape {tuple(x.shape)}")
             if self._torch_slots[0]:  # out is of q's framework
@@ -382,10 +390,25 @@ class PreparedCall:
                     raise ValueError(f"{name}: expected a C-contiguous array")
                 where, ptr = x.get_device(), x.data_ptr()
             else:
-                if not x.flags.c_contiguous:
+                if not _c_contiguous(x):
                     raise ValueError(f"{name}: expected a C-contiguous array")
                 where, ptr = x.data.device_id, x.data.ptr
             if where != self._device:
                 raise ValueError(f"{name}: expected an array on cuda:{self._device} (where q is), got cuda:{where}")
             pointers += (ptr,)
         return pointers
+
+    def _out_dtype(self, j, dtype):
+        """Whether ``dtype`` (NumPy's, CuPy's or PyTorch's) is ``out[j]``'s: by name, once a
+        dtype object (then kept: ``str`` of a NumPy dtype costs ~3 us, an identity test nothing)."""
+        if str(dtype).rpartition(".")[2] != _OUT_DTYPES[j]:
+            return False
+        self._out_dtypes[j] = dtype
+        return True
+
+
+def _c_contiguous(x):  # gpu-only
+    """Whether CuPy array ``x`` is C-contiguous: its own flag where it has one (``x.flags``
+    builds a Flags object, ~1 us a call)."""
+    flag = getattr(x, "_c_contiguous", None)
+    return bool(x.flags.c_contiguous) if flag is None else bool(flag)

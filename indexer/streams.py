@@ -13,7 +13,6 @@ PyTorch is never imported here: when a tensor is among the inputs, ``torch`` is 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import warnings
@@ -66,7 +65,7 @@ def device_of(inputs) -> int:  # gpu-only
     cp = arrays.cupy()
     for x in inputs:
         if arrays.is_cupy(x):
-            return int(x.device.id)
+            return int(x.data.device_id)  # (x.device builds a Device object)
         if arrays.framework_of(x) == "torch" and getattr(x, "is_cuda", False):
             return int(x.device.index)
         if hasattr(x, "__dlpack_device__") and arrays.is_device_array(x):
@@ -140,13 +139,34 @@ def on_torch_stream(inputs) -> bool:  # gpu-only
     return cp.cuda.get_current_stream().ptr == torch_stream_ptr(torch, int(cp.cuda.runtime.getDevice()))
 
 
-@contextlib.contextmanager
-def using(stream, inputs):  # gpu-only
+class using:  # gpu-only
     """Make the inputs' GPU current and, when one is chosen, the call's stream (see
-    ``resolve``); yields that CuPy stream or None. Everything inside (conversions through
-    DLPack, validation, launches) is then ordered on one stream."""
-    cp = arrays.cupy()
-    device_id = device_of(inputs)
-    chosen = resolve(stream, inputs, device_id)
-    with cp.cuda.Device(device_id), (chosen if chosen is not None else contextlib.nullcontext()):
-        yield chosen
+    ``resolve``): ``with using(stream, inputs) as chosen:`` gives that CuPy stream or None.
+    Everything inside (conversions through DLPack, validation, launches) is then ordered on
+    one stream. (A class: ~2 us of host time a call less than a generator's context.)"""
+
+    __slots__ = ("_device", "_chosen")
+
+    def __init__(self, stream, inputs):
+        cp = arrays.cupy()
+        device_id = device_of(inputs)
+        self._chosen = resolve(stream, inputs, device_id)
+        self._device = cp.cuda.Device(device_id)
+
+    def __enter__(self):
+        self._device.__enter__()
+        if self._chosen is not None:
+            try:
+                self._chosen.__enter__()
+            except BaseException:
+                self._device.__exit__(None, None, None)
+                raise
+        return self._chosen
+
+    def __exit__(self, kind, value, tb):
+        try:
+            if self._chosen is not None:
+                self._chosen.__exit__(kind, value, tb)
+        finally:
+            self._device.__exit__(kind, value, tb)
+        return False

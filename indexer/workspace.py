@@ -274,12 +274,13 @@ class Workspace:
 class _Turn:  # gpu-only
     """``Workspace.turn``'s context (a class: ~1 us of host time less than a generator's). A
     turn inside a turn of the same thread (a grouped call's scoring inside its call) is the
-    outer one's: the library nests them on one stream only."""
+    outer one's: the library nests them on one stream only. ``capturing`` is False where the
+    turn found its stream not capturing (a replay then need not ask again), else None."""
 
-    __slots__ = ("ws", "stream", "device", "counted")
+    __slots__ = ("ws", "stream", "key", "device", "event", "counted", "capturing")
 
     def __init__(self, ws):
-        self.ws, self.stream, self.device, self.counted = ws, None, None, False
+        self.ws, self.stream, self.counted, self.capturing = ws, None, False, None
 
     def __enter__(self):
         ws = self.ws
@@ -297,10 +298,14 @@ class _Turn:  # gpu-only
                 if not ws._untracked:
                     ws._captured_at[int(cp.cuda.runtime.getDevice())] = ws.generation
                 return self
-            self.stream, self.device = stream, int(cp.cuda.runtime.getDevice())
+            self.capturing = False
+            self.stream, self.key, self.device = stream, _stream_key(stream), int(cp.cuda.runtime.getDevice())
             ended = ws._ended.get(self.device)
-            if ended is not None and ended[1] != _stream_key(stream):
-                cp.cuda.runtime.streamWaitEvent(stream.ptr, ended[0].ptr, 0)
+            self.event = None
+            if ended is not None:
+                self.event = ended[0]
+                if ended[1] != self.key:
+                    cp.cuda.runtime.streamWaitEvent(stream.ptr, ended[0].ptr, 0)
         except BaseException:
             self._leave()
             raise
@@ -322,10 +327,9 @@ class _Turn:  # gpu-only
 
     def _record(self):
         cp = arrays.cupy()
-        ended = self.ws._ended.get(self.device)
-        event = ended[0] if ended is not None else cp.cuda.Event(disable_timing=True)
+        event = self.event if self.event is not None else cp.cuda.Event(disable_timing=True)
         cp.cuda.runtime.eventRecord(event.ptr, self.stream.ptr)
-        self.ws._ended[self.device] = (event, _stream_key(self.stream))
+        self.ws._ended[self.device] = (event, self.key)
 
     def _leave(self):
         if self.counted:

@@ -260,6 +260,31 @@ def test_calls_with_out_are_replayed_from_a_graph_of_their_pointers():
     same(out, other)
 
 
+def test_out_unlike_the_accepted_one_is_refused_once_replays_run():
+    # the replay path remembers the dtype objects it accepted and reads CuPy's own contiguity
+    # flag: an out of another dtype or layout must still be refused by name, not replayed
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(31), T=2, H=64, D=128, E=64, L=40, lens=[2000, 1500],
+                               top_k=128)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, 128, return_scores=True)
+    out = (cp.empty((2, 128), dtype=cp.int32), cp.empty((2, 128), dtype=cp.float32))
+    for _ in range(3):
+        step(*dev, out=out)
+    assert len(step._graphs) == 1
+    wide = cp.empty((2, 256), dtype=cp.int32)
+    cases = [
+        ((out[0].astype(cp.int64), out[1]), r"^out\[0\]: expected int32 of shape \(T, top_k\) = \(2, 128\), got int64"),
+        ((out[0], out[1].astype(cp.float64)), r"^out\[1\]: expected float32 of shape \(T, top_k\) = \(2, 128\), got float64"),
+        ((out[0].view(cp.uint32), out[1]), r"^out\[0\]: expected int32 .* got uint32"),
+        ((wide[:, ::2], out[1]), r"^out\[0\]: expected a C-contiguous array$"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            step(*dev, out=bad)
+    same(step(*dev, out=out), indexer.score_topk(*dev, 128, return_scores=True))
+
+
 def test_a_model_s_tensors_beside_a_pool_s_cupy_arrays():
     torch = pytest.importorskip("torch")
     kw = dict(T=3, H=64, D=128, E=64, L=80, lens=[5000, 10, 4200], top_k=256)
