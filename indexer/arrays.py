@@ -29,6 +29,7 @@ __all__ = [
     "to_cupy",
     "QUERY_DTYPES",
     "BITS_DTYPES",
+    "c_contiguous",
     "dtype_name",
     "query_to_cupy",
     "query_to_numpy",
@@ -188,8 +189,29 @@ BITS_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}
 
 def dtype_name(x) -> str:
     """The name of array ``x``'s element type, whatever its framework: 'float32', 'float16',
-    'bfloat16', 'float8_e4m3fn' (PyTorch's, JAX's, or NumPy's through ml_dtypes), 'int32', ..."""
-    return str(x.dtype).rpartition(".")[2]
+    'bfloat16', 'float8_e4m3fn' (PyTorch's, JAX's, or NumPy's through ml_dtypes), 'int32', ...
+    Kept by the dtype object's identity: ``str`` of a NumPy dtype takes ~3 us (Python code in
+    NumPy 2), and a call asks it of several arrays."""
+    dtype = x.dtype
+    held = _DTYPE_NAMES.get(id(dtype))
+    if held is not None and held[0] is dtype:
+        return held[1]
+    name = str(dtype).rpartition(".")[2]
+    if len(_DTYPE_NAMES) >= _DTYPE_NAMES_MAX:  # dtypes made afresh each call (not singletons)
+        _DTYPE_NAMES.clear()
+    _DTYPE_NAMES[id(dtype)] = (dtype, name)  # the object kept: its id is not reused meanwhile
+    return name
+
+
+_DTYPE_NAMES = {}  # id(dtype) -> (dtype, name)
+_DTYPE_NAMES_MAX = 256
+
+
+def c_contiguous(x) -> bool:
+    """Whether NumPy or CuPy array ``x`` is C-contiguous: a CuPy array's own flag where it has
+    one (``x.flags`` builds a Flags object each time, ~1 us)."""
+    flag = getattr(x, "_c_contiguous", None)
+    return bool(x.flags.c_contiguous) if flag is None else bool(flag)
 
 
 def query_to_cupy(x, *, ordered=False):  # gpu-only

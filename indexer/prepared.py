@@ -225,7 +225,7 @@ class PreparedCall:
     def _match_device(self, i, x):  # gpu-only
         """Contiguity and device of input ``i`` (a CuPy array or a PyTorch CUDA tensor)."""
         tensor = self._torch_slots[i]
-        if not (x.is_contiguous() if tensor else _c_contiguous(x)):
+        if not (x.is_contiguous() if tensor else arrays.c_contiguous(x)):
             raise ValueError(f"{_NAMES[i]}: expected a C-contiguous array")
         where = x.get_device() if tensor else x.data.device_id
         if where != self._device:
@@ -390,7 +390,7 @@ class PreparedCall:
                     raise ValueError(f"{name}: expected a C-contiguous array")
                 where, ptr = x.get_device(), x.data_ptr()
             else:
-                if not _c_contiguous(x):
+                if not arrays.c_contiguous(x):
                     raise ValueError(f"{name}: expected a C-contiguous array")
                 where, ptr = x.data.device_id, x.data.ptr
             if where != self._device:
@@ -405,10 +405,3 @@ class PreparedCall:
             return False
         self._out_dtypes[j] = dtype
         return True
-
-
-def _c_contiguous(x):  # gpu-only
-    """Whether CuPy array ``x`` is C-contiguous: its own flag where it has one (``x.flags``
-    builds a Flags object, ~1 us a call)."""
-    flag = getattr(x, "_c_contiguous", None)
-    return bool(x.flags.c_contiguous) if flag is None else bool(flag)

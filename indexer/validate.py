@@ -62,14 +62,18 @@ def _kind(x) -> str:
     return type(x).__name__
 
 
+# the arguments' dtypes as dtype objects: a comparison with a scalar type converts it each time
+_FLOAT32, _UINT8, _INT32 = np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int32)
+
+
 def _check_array(name, x, dtype, ndim, xp):
     if not (isinstance(x, np.ndarray) or arrays.is_cupy(x)):
         raise TypeError(f"{name}: expected a NumPy or CuPy array, got {type(x).__name__}")
-    if dtype is not None and x.dtype != dtype:
+    if dtype is not None and x.dtype is not dtype and x.dtype != dtype:  # (builtin dtypes are singletons)
         raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {x.dtype}")
     if x.ndim != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
-    if not x.flags.c_contiguous:
+    if not arrays.c_contiguous(x):
         raise ValueError(f"{name}: expected a C-contiguous array")
     arrays.check_element_aligned(name, x)
 
@@ -124,12 +128,12 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
         q_dtype = _query_dtype(q, q_bits_of)
     args = {
         "q": (q, None, 3),  # its dtype checked above
-        "w": (w, np.float32, 2),
-        "keys_fp4": (keys_fp4, np.uint8, 3),
-        "key_scale": (key_scale, np.uint8, 3),
-        "key_gscale": (key_gscale, np.float32, 1),
-        "block_table": (block_table, np.int32, 2),
-        "valid_lens": (valid_lens, np.int32, 1),
+        "w": (w, _FLOAT32, 2),
+        "keys_fp4": (keys_fp4, _UINT8, 3),
+        "key_scale": (key_scale, _UINT8, 3),
+        "key_gscale": (key_gscale, _FLOAT32, 1),
+        "block_table": (block_table, _INT32, 2),
+        "valid_lens": (valid_lens, _INT32, 1),
     }
     for name, (x, dtype, ndim) in args.items():
         _check_array(name, x, dtype, ndim, None)
@@ -213,7 +217,7 @@ def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) 
     """Check ``cu_seqlens_q`` (int32 (B+1,)) against ``block_table`` (B, L) and T query rows;
     returns B. ``values`` also checks cu[0] == 0, cu[B] == T and that it never decreases
     (a reduction: a host synchronisation on device arrays)."""
-    _check_array("cu_seqlens_q", cu_seqlens_q, np.int32, 1, None)
+    _check_array("cu_seqlens_q", cu_seqlens_q, _INT32, 1, None)
     if not (isinstance(block_table, np.ndarray) or arrays.is_cupy(block_table)):
         raise TypeError(f"block_table: expected a NumPy or CuPy array, got {type(block_table).__name__}")
     if block_table.ndim != 2:

@@ -152,3 +152,35 @@ def test_a_device_array_off_its_element_alignment_is_refused_by_name():
     with pytest.raises(ValueError, match=r"^q: .* 2-byte elements, got one at address 0x700000000001"):
         arrays.check_element_aligned("q", DeviceArray(0x7000_0000_0001, np.float16))
     arrays.check_element_aligned("w", np.frombuffer(bytes(9), np.uint8)[1:].view(np.float32)[:1])
+
+
+def test_dtype_names_are_kept_by_identity_and_stay_right():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(3)
+    dtypes = [np.float32, np.float16, np.int32, np.uint8, ">f4", ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn]
+    for _ in range(2):  # the second round reads the kept names
+        for dt in dtypes:
+            x = rng.standard_normal(4).astype(dt)
+            assert arrays.dtype_name(x) == str(np.dtype(dt))
+    # dtypes made afresh each time (not NumPy's singletons), past the cache's size: each named
+    # right, the cache bounded
+    for i in range(600):
+        dt = np.dtype([("a", np.float32), (f"b{i % 3}", np.int8)])
+        assert arrays.dtype_name(np.ones(1, dt)) == str(dt).rpartition(".")[2]
+    assert len(arrays._DTYPE_NAMES) <= arrays._DTYPE_NAMES_MAX
+
+
+class _FlaggedArray:
+    """What CuPy's ndarray offers: its own contiguity flag beside ``flags``."""
+
+    def __init__(self, own, flags):
+        self._c_contiguous = own
+        self.flags = flags
+
+
+def test_c_contiguous_reads_the_arrays_own_flag_where_it_has_one():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4) + 1
+    assert arrays.c_contiguous(a) and not arrays.c_contiguous(a[:, ::2]) and not arrays.c_contiguous(a.T)
+    # the array's own flag decides where it has one (the Flags object is not built)
+    assert not arrays.c_contiguous(_FlaggedArray(False, a.flags))
+    assert arrays.c_contiguous(_FlaggedArray(True, a[:, ::2].flags))
