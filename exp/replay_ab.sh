@@ -3,7 +3,7 @@
 # tar -x -C exp/_old`) against the working tree, alternating processes three times each.
 #   bash exp/replay_ab.sh
 set -uo pipefail
-for i in 1 2 3; do
+for i in 1 2; do
   for tree in exp/_old .; do
     echo "== $tree"
     PYTHONPATH=$tree python exp/replay_parts.py 2>&1 | tail -16
