@@ -1,54 +1,24 @@
 """A prepared call's graph replay, step by step (batch 1, 262,144 entries, k 1024, CuPy
 arrays, out= given): each step of PreparedCall's replay path timed alone in a loop (median
-us of 15 rounds of 2,000), then the whole replay, an eager prepared call and a score_topk call (median host us a
-call), three times.
+us of 20 rounds of 2,000), then the whole replay, an eager prepared call and a
+score_topk call (median host us a call), three times.
 
     PYTHONPATH=. python exp/replay_parts.py
 """
 
-import time
-
 import cupy as cp
-import numpy as np
 
 import indexer
-from indexer import streams, testing
-
-
-def per_call_us(fn, n=2000, rounds=15):
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-    return float(np.median(out))
-
-
-def host_us(fn, n=300):
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if len(times) % 20 == 0:
-            cp.cuda.Device().synchronize()
-    cp.cuda.Device().synchronize()
-    return float(np.median(times) * 1e6)
+from indexer import streams
+from host_timing import batch1, eager_forms, host_us, per_call_us, replaying
 
 
 def main():
     from indexer import cuda_ops
 
-    p = testing.random_problem(np.random.default_rng(0), T=1, H=64, D=128, E=64, lens=[262_144], top_k=1024)
-    dev = tuple(cp.asarray(a) for a in p.arrays())
-    out = (cp.empty((1, 1024), cp.int32), cp.empty((1, 1024), cp.float32))
+    dev, out = batch1()
     ws = indexer.Workspace()
-    step = indexer.prepare(*dev, 1024, return_scores=True, workspace=ws, validate=False)
-    for _ in range(3):
-        step(*dev, out=out)
-    cp.cuda.Device().synchronize()
-    graph = next(iter(step._graphs.values()))[0]
+    step, graph = replaying(dev, out, ws)
     cur = cp.cuda.get_current_stream()
 
     def using_empty():
@@ -83,16 +53,12 @@ def main():
                 with d:
                     pass
         print(f"{name:36s} {per_call_us(fn):6.2f} us")
-    print(f"{'graph.launch':36s} {host_us(lambda: graph.launch(cur)):6.2f} us")
+    print(f"{'graph.launch':36s} {host_us(lambda: graph.launch(cur), n=300):6.2f} us")
     cp.cuda.Device().synchronize()
-    eager = indexer.prepare(*dev, 1024, return_scores=True, workspace=ws, validate=False, graphs=False)
-
-    def plain():
-        return indexer.score_topk(*dev, 1024, return_scores=True, out=out, workspace=ws, validate=False)
-
+    forms = eager_forms(dev, out, ws)
     for _ in range(3):
-        print(f"whole replay {host_us(lambda: step(*dev, out=out)):6.1f} us   prepared eager "
-              f"{host_us(lambda: eager(*dev, out=out)):6.1f} us   score_topk {host_us(plain):6.1f} us")
+        print(f"whole replay {host_us(lambda: step(*dev, out=out), n=300):6.1f} us   prepared eager "
+              f"{host_us(forms['prepared eager'], n=300):6.1f} us   score_topk {host_us(forms['score_topk'], n=300):6.1f} us")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ between processes); median us of host time a call, 5 rounds of 200 calls each.
 """
 
 import contextlib
-import time
 import types
 
 import cupy as cp
@@ -14,28 +13,15 @@ import numpy as np
 
 import indexer
 import indexer.workspace
-from indexer import testing
+from host_timing import batch1, host_us
 
 
 # what a switched-off turn gives its `with ... as turn` (PreparedCall reads turn.capturing)
 _NO_TURN = types.SimpleNamespace(capturing=None)
 
-def host_us(fn, n=200):
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if len(times) % 20 == 0:
-            cp.cuda.Device().synchronize()  # keep the queue short: host time, not back-pressure
-    cp.cuda.Device().synchronize()
-    return np.median(times) * 1e6
-
 
 def main():
-    p = testing.random_problem(np.random.default_rng(0), T=1, H=64, D=128, E=64, lens=[262_144], top_k=1024)
-    dev = [cp.asarray(a) for a in p.arrays()]
-    out = (cp.empty((1, 1024), cp.int32), cp.empty((1, 1024), cp.float32))
+    dev, out = batch1()
     ws = indexer.Workspace()
     step = indexer.prepare(*dev, 1024, return_scores=True, workspace=ws, validate=False, graphs=False)
     forms = {"prepared (eager)": lambda: step(*dev, out=out),

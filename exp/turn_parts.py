@@ -7,7 +7,6 @@ graph replay (262,144 entries, k 1024) with the turn on and off, alternating in 
 
 import contextlib
 import threading
-import time
 import types
 
 import cupy as cp
@@ -15,32 +14,12 @@ import numpy as np
 
 import indexer
 import indexer.workspace
-from indexer import arrays, streams, testing
+from indexer import arrays, streams
+from host_timing import batch1, host_us, per_call_us
 
 
 # what a switched-off turn gives its `with ... as turn` (PreparedCall reads turn.capturing)
 _NO_TURN = types.SimpleNamespace(capturing=None)
-
-def per_call_us(fn, n=2000, rounds=20):
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out.append((time.perf_counter() - t0) / n * 1e6)
-    return float(np.median(out))
-
-
-def host_us(fn, n=200):
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        if len(times) % 20 == 0:
-            cp.cuda.Device().synchronize()
-    cp.cuda.Device().synchronize()
-    return np.median(times) * 1e6
 
 
 def main():
@@ -86,9 +65,7 @@ def main():
     print(f"{'two turns, alternating streams (/2)':40s} {per_call_us(other_stream_turns, n=1000) / 2:6.2f} us")
     cp.cuda.Device().synchronize()
 
-    p = testing.random_problem(np.random.default_rng(0), T=1, H=64, D=128, E=64, lens=[262_144], top_k=1024)
-    dev = [cp.asarray(a) for a in p.arrays()]
-    out = (cp.empty((1, 1024), cp.int32), cp.empty((1, 1024), cp.float32))
+    dev, out = batch1()
     step = indexer.prepare(*dev, 1024, return_scores=True, workspace=ws, validate=False)
     for _ in range(3):
         step(*dev, out=out)
