@@ -208,10 +208,10 @@ _DTYPE_NAMES_MAX = 256
 
 
 def c_contiguous(x) -> bool:
-    """Whether NumPy or CuPy array ``x`` is C-contiguous: a CuPy array's own flag where it has
-    one (``x.flags`` builds a Flags object each time, ~1 us)."""
+    """Whether NumPy or CuPy array ``x`` is C-contiguous: a CuPy array's own flag (a bool
+    attribute) where it has one (``x.flags`` builds a Flags object each time, ~1 us)."""
     flag = getattr(x, "_c_contiguous", None)
-    return bool(x.flags.c_contiguous) if flag is None else bool(flag)
+    return flag if type(flag) is bool else bool(x.flags.c_contiguous)
 
 
 def query_to_cupy(x, *, ordered=False):  # gpu-only

@@ -284,6 +284,7 @@ class _Turn:  # gpu-only
 
     def __enter__(self):
         ws = self.ws
+        self.stream, self.capturing = None, None  # (a turn entered again answers afresh)
         ws._turn.acquire()
         try:
             ws._depth += 1

@@ -184,3 +184,6 @@ def test_c_contiguous_reads_the_arrays_own_flag_where_it_has_one():
     # the array's own flag decides where it has one (the Flags object is not built)
     assert not arrays.c_contiguous(_FlaggedArray(False, a.flags))
     assert arrays.c_contiguous(_FlaggedArray(True, a[:, ::2].flags))
+    # anything but a bool there (another library's method of that name, say) is not a flag
+    assert not arrays.c_contiguous(_FlaggedArray(lambda: True, a[:, ::2].flags))
+    assert arrays.c_contiguous(_FlaggedArray(1, a.flags))

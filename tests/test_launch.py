@@ -68,3 +68,56 @@ def test_a_failed_capture_query_is_reported_not_raised():
 
     err = RuntimeError("capture invalidated")
     assert streams.capture_state(_Stream(err)) == (None, err)
+
+
+class _Recorder:
+    """A context that logs its enters and exits (and can fail to enter)."""
+
+    def __init__(self, log, name, fail=False):
+        self.log, self.name, self.fail = log, name, fail
+
+    def __enter__(self):
+        if self.fail:
+            raise RuntimeError(f"{self.name} refused")
+        self.log.append(f"enter {self.name}")
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append(f"exit {self.name}")
+        return False
+
+
+def _fake_cupy_of_devices(log):
+    import types
+
+    cuda = types.SimpleNamespace(Device=lambda i: _Recorder(log, f"device {i}"),
+                                 runtime=types.SimpleNamespace(getDevice=lambda: 3))
+    return types.SimpleNamespace(cuda=cuda)
+
+
+@pytest.mark.parametrize("stream_fails", [False, True])
+def test_using_enters_the_device_then_the_stream_and_leaves_both_whatever_happens(monkeypatch, stream_fails):
+    from indexer import arrays, streams
+
+    log = []
+    monkeypatch.setattr(arrays, "cupy", lambda: _fake_cupy_of_devices(log))
+    chosen = _Recorder(log, "stream", fail=stream_fails)
+    monkeypatch.setattr(streams, "resolve", lambda stream, inputs, device_id: chosen)
+    host = [np.arange(3, dtype=np.float32) + 1]  # no device array: the current device (3)
+    if stream_fails:  # the device entered is left again; the stream's error stands
+        with pytest.raises(RuntimeError, match="^stream refused$"):
+            with streams.using(None, host):
+                log.append("body")
+        assert log == ["enter device 3", "exit device 3"]
+        return
+    with pytest.raises(ValueError, match="^in the body$"):
+        with streams.using(None, host) as got:
+            assert got is chosen
+            log.append("body")
+            raise ValueError("in the body")
+    assert log == ["enter device 3", "enter stream", "body", "exit stream", "exit device 3"]
+    log.clear()
+    monkeypatch.setattr(streams, "resolve", lambda stream, inputs, device_id: None)  # no stream chosen
+    with streams.using(None, host) as got:
+        assert got is None
+    assert log == ["enter device 3", "exit device 3"]
