@@ -301,8 +301,10 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
     """
     _use_device(device, backend)
     data = io.read_arrays(input_path)
-    if out is not None:
-        io.file_format(out)  # an unknown output type fails before the work
+    if out is not None:  # an output that cannot be written fails before the work
+        if io.file_format(out) == ".npy" and with_scores:
+            raise CliError(f"{out}: a .npy file holds one array, and --scores asks for two (indices, scores); "
+                           "use .npz or .safetensors")
     problem, k = io.load_problem(data, top_k=top_k, name=input_path)
     t0 = time.perf_counter()
     indices, scores = _score_in_chunks(problem, k, chunk, backend=backend, precision=precision, physical=physical)

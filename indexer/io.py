@@ -100,7 +100,9 @@ def _safetensors(path):
         import safetensors.numpy  # noqa: PLC0415, F401
     except ImportError:
         raise ValueError(
-            f"{path}: .safetensors files need the 'safetensors' package (pip install safetensors)"
+            f"{path}: .safetensors files need the 'safetensors' package (pip install safetensors, or the "
+            "project's extra: pip install \"indexer[safetensors]\", which also brings ml_dtypes for bfloat16 "
+            "and float8)"
         ) from None
     return safetensors
 

@@ -12,8 +12,7 @@ shape, dtype and device and are contiguous (and the keys aligned), and launches:
 plan / run split of FlashInfer's wrappers, for one op. Prepare once per step (or once for
 good where the shapes never change), call once per layer::
 
-    step = indexer.prepare(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
-                           512, physical=True)
+    step = indexer.prepare(q[0], w[0], *pools[0], block_table, valid_lens, 512, physical=True)
     for layer in range(n_layers):
         step(q[layer], w[layer], *pools[layer], block_table, valid_lens, out=idx[layer])
 

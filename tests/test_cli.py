@@ -337,6 +337,18 @@ def test_pack_errors(run, rng, tmp_path):
 # ----------------------------------------------------------------------------- score errors
 
 
+def test_score_refuses_an_output_it_cannot_write_before_scoring(run, rng, tmp_path, monkeypatch):
+    _, path = problem_file(tmp_path, rng, top_k=4)
+
+    def no_scoring(*args, **kwargs):
+        raise AssertionError("scored before the output was checked")
+
+    monkeypatch.setattr(cli, "_score_in_chunks", no_scoring)
+    assert_error(run("score", path, "--out", tmp_path / "o.npy", "--scores"), "a .npy file holds one array")
+    assert_error(run("score", path, "--out", tmp_path / "o.txt"), "unknown file type")
+    assert not (tmp_path / "o.npy").exists()
+
+
 def test_score_errors(run, rng, tmp_path, no_gpu):
     p, path = problem_file(tmp_path, rng, top_k=4)
     assert_error(run("score", tmp_path / "absent.npz"), "absent.npz: no such file")
@@ -359,7 +371,8 @@ def test_score_errors(run, rng, tmp_path, no_gpu):
     data = io.read_arrays(float_k) | {"top_k": np.array(3.0)}
     io.write_arrays(float_k, data)
     assert_error(run("score", float_k), "'top_k' must be an integer array")
-    assert_error(run("score", path, "--out", tmp_path / "o.npy", "--scores"), "exactly one array")
+    assert_error(run("score", path, "--out", tmp_path / "o.npy", "--scores"), "o.npy: a .npy file holds one array",
+                 "--scores asks for two")
     assert_error(run("score", path, "--out", tmp_path / "o.csv"), "unknown file type")
     assert not (tmp_path / "o.npy").exists()
     assert_error(run("score", path, "--backend", "cuda"), "CuPy")
