@@ -12,12 +12,15 @@ import numpy as np
 from indexer import testing
 
 
-def batch1():
+def batch1(torch=None):
     """The batch-1 call's CuPy arrays (262,144 entries, H 64, D 128, E 64) and an ``out``
-    pair for top-1024 with scores."""
+    pair for top-1024 with scores; with ``torch`` (the module), as PyTorch CUDA tensors."""
     p = testing.random_problem(np.random.default_rng(0), T=1, H=64, D=128, E=64, lens=[262_144], top_k=1024)
     dev = [cp.asarray(a) for a in p.arrays()]
     out = (cp.empty((1, 1024), cp.int32), cp.empty((1, 1024), cp.float32))
+    if torch is not None:
+        cp.cuda.Device().synchronize()
+        dev, out = [torch.from_dlpack(x) for x in dev], tuple(torch.from_dlpack(x) for x in out)
     return dev, out
 
 
@@ -53,11 +56,16 @@ def eager_forms(dev, out, ws):
     import indexer  # noqa: PLC0415
 
     eager = indexer.prepare(*dev, 1024, return_scores=True, workspace=ws, validate=False, graphs=False)
-    return {
+    forms = {
         "score_topk": lambda: indexer.score_topk(*dev, 1024, return_scores=True, out=out, workspace=ws,
                                                  validate=False),
         "prepared eager": lambda: eager(*dev, out=out),
     }
+    if type(dev[0]).__module__.startswith("torch"):  # the PyTorch operator too (its own workspace)
+        from indexer import torch_ops  # noqa: PLC0415  (registers torch.ops.indexer)
+
+        forms["torch_ops.score_topk (out=)"] = lambda: torch_ops.score_topk(*dev, 1024, out=out)
+    return forms
 
 
 def replaying(dev, out, ws):
