@@ -144,7 +144,7 @@ class using:  # gpu-only
     ``resolve``): ``with using(stream, inputs) as chosen:`` gives that CuPy stream or None.
     Everything inside (conversions through DLPack, validation, launches) is then ordered on
     one stream. (A class, not a generator's context: with the device number read without a
-Device object, 5.8 -> 2.6-3.0 us of host time a call, docs/performance.md v88.)"""
+    Device object, 5.8 -> 2.6-3.0 us of host time a call, docs/performance.md v88.)"""
 
     __slots__ = ("_device", "_chosen")
 

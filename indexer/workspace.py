@@ -115,7 +115,8 @@ class Workspace:
         it waits for the calls of other threads on this workspace, and on the GPU for the
         workspace's previous call where that ran on another stream; as it ends it records
         where this call ends. Under a capture it does neither on the GPU, and marks the
-        device's buffers of now as kept once outgrown (see the module docstring). ~4.2-4.6 us of host time a call (docs/performance.md v88)."""
+        device's buffers of now as kept once outgrown (see the module docstring). ~4.2-4.6 us
+        of host time a call (docs/performance.md v88)."""
         return _Turn(self)
 
     @contextlib.contextmanager
