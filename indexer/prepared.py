@@ -143,7 +143,6 @@ class PreparedCall:
         self._graphs = {}  # pointers -> (CUDA graph of the call's launches, the workspace's generation)
         self._seen = {}  # pointers -> calls that came with them
         self._capture_stream = None
-        self._out_dtypes = [None, None]  # the dtype objects of out's arrays last accepted
         if self.backend == "numpy":
             self._prob = self._check_host(given, validate)
         else:
@@ -377,11 +376,11 @@ class PreparedCall:
         names = ("out[0]", "out[1]") if self.return_scores else ("out",)
         parts = outbuf.split(out, self.return_scores)
         pointers = ()
-        for j, (name, x, dtype) in enumerate(zip(names, parts, _OUT_DTYPES)):
+        for name, x, dtype in zip(names, parts, _OUT_DTYPES):
             if type(x) is not typ and not _numpy_alike(x, typ):  # the exact test first: the hot path
                 raise TypeError(f"{name}: expected a {typ.__module__}.{typ.__name__} like q, "
                                 f"got {type(x).__module__}.{type(x).__name__}")
-            if x.shape != shape or (x.dtype is not self._out_dtypes[j] and not self._out_dtype(j, x.dtype)):
+            if x.shape != shape or arrays.dtype_name(x) != dtype:  # (names kept by dtype object)
                 raise ValueError(f"{name}: expected {dtype} of shape (T, top_k) = {shape}, "
                                  f"got {x.dtype} of shape {tuple(x.shape)}")
             if self._torch_slots[0]:  # out is of q's framework
@@ -396,11 +395,3 @@ class PreparedCall:
                 raise ValueError(f"{name}: expected an array on cuda:{self._device} (where q is), got cuda:{where}")
             pointers += (ptr,)
         return pointers
-
-    def _out_dtype(self, j, dtype):
-        """Whether ``dtype`` (NumPy's, CuPy's or PyTorch's) is ``out[j]``'s: by name, once a
-        dtype object (then kept: ``str`` of a NumPy dtype costs ~3 us, an identity test nothing)."""
-        if str(dtype).rpartition(".")[2] != _OUT_DTYPES[j]:
-            return False
-        self._out_dtypes[j] = dtype
-        return True

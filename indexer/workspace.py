@@ -275,17 +275,22 @@ class Workspace:
 class _Turn:  # gpu-only
     """``Workspace.turn``'s context (a class: ~1 us of host time less than a generator's). A
     turn inside a turn of the same thread (a grouped call's scoring inside its call) is the
-    outer one's: the library nests them on one stream only. ``capturing`` is False where the
-    turn found its stream not capturing (a replay then need not ask again), else None."""
+    outer one's: the library nests them on one stream only."""
 
-    __slots__ = ("ws", "stream", "key", "device", "event", "counted", "capturing")
+    __slots__ = ("ws", "stream", "key", "device", "event", "counted")
 
     def __init__(self, ws):
-        self.ws, self.stream, self.counted, self.capturing = ws, None, False, None
+        self.ws, self.stream, self.counted = ws, None, False
+
+    @property
+    def capturing(self):
+        """False where this turn found its stream not capturing (a replay then need not ask
+        again; it waits and records only then), else None: unknown."""
+        return False if self.stream is not None else None
 
     def __enter__(self):
         ws = self.ws
-        self.stream, self.capturing = None, None  # (a turn entered again answers afresh)
+        self.stream = None  # (a turn entered again answers afresh)
         ws._turn.acquire()
         try:
             ws._depth += 1
@@ -300,7 +305,6 @@ class _Turn:  # gpu-only
                 if not ws._untracked:
                     ws._captured_at[int(cp.cuda.runtime.getDevice())] = ws.generation
                 return self
-            self.capturing = False
             self.stream, self.key, self.device = stream, _stream_key(stream), int(cp.cuda.runtime.getDevice())
             ended = ws._ended.get(self.device)
             self.event = None
