@@ -15,6 +15,8 @@ whose inputs fit in L2 rotate several input sets.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import statistics
 import time
@@ -78,7 +80,8 @@ DEFAULT_CASES = "decode-1M,decode-128K,decode-latency,decode-ragged,decode-E256,
 DEFAULT_PATHS = "fast,fast-score,exact,torch-composed,torch-topk"
 KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-mma-score", "fast-single",
                 "fast-single-score", "fast-ws", "fast-ws-score", "fast-wgmma", "fast-wgmma-score", "fast-ks",
-                "fast-ks-score", "fast-dense", "fast-dense-score", "fast-f16", "fast-f16-score")
+                "fast-ks-score", "fast-dense", "fast-dense-score", "fast-f16", "fast-f16-score", "fast-f8",
+                "fast-f8-score")
 # "prepared": an indexer.prepare-d call given out=, launched from Python each time (host time
 # included), which replays a graph of its own once an input set's arrays come a second time
 PATHS = KERNEL_PATHS + ("prepared", "torch-composed", "torch-topk")
@@ -427,6 +430,29 @@ def torch_composed_fn(torch, top_k, E, chunk_bytes=4 << 30):  # gpu-only
     return run
 
 
+def float8_query(torch, q):  # gpu-only
+    """CuPy float32 query ``q`` as a PyTorch float8_e4m3fn tensor on q's device (PyTorch's
+    cast: round to nearest; the bench's standard normal queries lie far inside its +-448):
+    the bench's FP8 query."""
+    return torch.from_dlpack(q).to(torch.float8_e4m3fn)
+
+
+def torch_on_cupy_stream(torch, cp):  # gpu-only
+    """A context making PyTorch's current stream CuPy's current one, so that a call with a
+    PyTorch tensor among its inputs (which runs on PyTorch's current stream) runs where the
+    bench times and captures: CuPy's stream. Nothing to do where the two are one."""
+    ptr = cp.cuda.get_current_stream().ptr
+    if ptr == torch.cuda.current_stream().cuda_stream:
+        return contextlib.nullcontext()
+    held = _TORCH_STREAMS.get(ptr)
+    if held is None:
+        held = _TORCH_STREAMS[ptr] = torch.cuda.ExternalStream(ptr)
+    return torch.cuda.stream(held)
+
+
+_TORCH_STREAMS = {}  # CuPy stream pointer -> the torch.cuda.ExternalStream over it
+
+
 def call_case(cuda_ops, x, top_k, **kwargs):  # gpu-only
     """One ``cuda_ops.score_topk`` call on input set ``x`` (as ``input_sets`` builds it),
     grouped by its ``cu_seqlens`` where the case has them; ``kwargs`` go to the call."""
@@ -444,6 +470,13 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
         ws = Workspace()
         if "-f16" in path:  # the query as a model may give it: float16, read by the kernels where it lies
             sets = [dict(x, q=x["q"].astype(cp.float16)) for x in sets]
+        on_stream = contextlib.nullcontext
+        if "-f8" in path:  # DeepSeek's FP8 query form: float8_e4m3fn, which CuPy lacks (a PyTorch tensor)
+            if torch is None:
+                echo(f"  ({path} needs PyTorch for its float8_e4m3fn query)")
+                return None, 0.0, None
+            sets = [dict(x, q=float8_query(torch, x["q"])) for x in sets]
+            on_stream = functools.partial(torch_on_cupy_stream, torch, cp)
 
         def fn(x, _p=path.split("-")[0], _only=path.endswith("-score"),
                _k="mma" if "-mma" in path else "wgmma-single" if "-single" in path else "ws" if "-ws" in path
@@ -452,8 +485,9 @@ def measure(path, case, counts, sets, mods, repeats, echo=print):  # gpu-only
             # fast-single: rows of a sequence scored one by one (no shared key tiles); fast-f16:
             # the default kernels on a float16 query; fast-ws,
             # fast-wgmma, fast-ks, fast-dense: that scoring kernel forced
-            return call_case(cuda_ops, x, case.top_k, precision=_p, validate=False, _score_only=_only,
-                             _fast_kernel=_k, workspace=ws)
+            with on_stream():  # (fast-f8: the call's tensor would take PyTorch's stream otherwise)
+                return call_case(cuda_ops, x, case.top_k, precision=_p, validate=False, _score_only=_only,
+                                 _fast_kernel=_k, workspace=ws)
         # extra device memory: everything one call allocates beyond its output
         pool = cp.cuda.MemoryPool()
         try:

@@ -512,7 +512,7 @@ def info(as_json):
 @click.option("--paths", default=None, metavar="LIST",
               help=f"comma-separated paths among {', '.join(_bench.PATHS)} (default: {_bench.DEFAULT_PATHS}; "
                    "fast-ws, fast-wgmma, fast-mma, fast-single, fast-ks and fast-dense force one scoring kernel; fast-f16 "
-                   "takes a float16 query; torch-* need PyTorch).")
+                   "takes a float16 query, fast-f8 a float8_e4m3fn one (a PyTorch tensor); torch-* need PyTorch).")
 @click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
               help="timed calls per path; the median is reported.")
 @click.option("--device", type=click.IntRange(min=0), default=None, metavar="N", help=_DEVICE_HELP)

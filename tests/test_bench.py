@@ -170,6 +170,16 @@ def test_select_paths():
         bench.select_paths("fast,slow")
 
 
+def test_float8_paths_say_they_need_pytorch_where_it_is_missing():
+    assert bench.select_paths("fast-f8,fast-f8-score") == ["fast-f8", "fast-f8-score"]
+    said = []
+    case = bench.select_cases("decode-latency")[0]
+    # before anything touches CuPy or the GPU: no PyTorch, no float8 query to give the kernels
+    got = bench.measure("fast-f8-score", case, {"T": 1}, [{"q": None}], (None, None, None), 3, echo=said.append)
+    assert got == (None, 0.0, None)
+    assert said == ["  (fast-f8-score needs PyTorch for its float8_e4m3fn query)"]
+
+
 # ----------------------------------------------------------------------------- lines
 
 

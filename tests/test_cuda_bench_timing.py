@@ -38,3 +38,29 @@ def test_the_prepared_path_times_plain_and_grouped_calls():
         assert line["ms"] > 0 and line["extra_mb"] > 0 and "prepared (graph)" not in row["paths"]
     assert [ln.split()[:2] for ln in lines[2:]] == [["decode-latency", "prepared"], ["decode-latency", "floor"],
                                                     ["mtp-2", "prepared"], ["mtp-2", "floor"]]
+
+
+def test_the_float8_path_scores_its_query_on_cupys_stream_eagerly_and_in_a_graph():
+    torch = pytest.importorskip("torch")
+    import cupy as cp
+    import numpy as np
+
+    from indexer import cuda_ops, testing
+
+    p = testing.random_problem(np.random.default_rng(40), T=2, H=64, D=128, E=64, L=40, lens=[2000, 1500], top_k=128)
+    dev = [cp.asarray(a) for a in p.arrays()]
+    q8 = bench.float8_query(torch, dev[0])
+    assert q8.dtype == torch.float8_e4m3fn and q8.is_cuda
+    widened = cp.from_dlpack(q8.float())  # the float8 query's float32 values
+    want = cuda_ops.score_topk(widened, *dev[1:], 128, return_scores=True)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s, bench.torch_on_cupy_stream(torch, cp):
+        assert torch.cuda.current_stream().cuda_stream == s.ptr  # the call's tensor takes CuPy's stream
+        got = cuda_ops.score_topk(q8, *dev[1:], 128, return_scores=True)
+    s.synchronize()
+    for a, b in zip(got, want):
+        assert a.cpu().numpy().tobytes() == cp.asnumpy(b).tobytes()
+    # the bench's own rows: eager and replayed from a graph captured on CuPy's stream
+    res = bench.run(["decode-latency"], ["fast-f8"], 3, echo=lambda _: None)
+    row = res["cases"][0]["paths"]
+    assert row["fast-f8"]["ms"] > 0 and row["fast-f8 (graph)"]["ms"] > 0
