@@ -318,7 +318,7 @@ def byte_extent(x):
     if kind == "cupy":  # gpu-only: the hot path (a call's views), ~0.3 us
         if x.size == 0:
             return None
-        if x.flags.c_contiguous:
+        if c_contiguous(x):
             start = x.data.ptr
             return start, start + x.nbytes
         return _extent(x.data.ptr, x.shape, x.strides, x.itemsize)
