@@ -17,7 +17,8 @@ import numpy as np
 
 from . import arrays
 
-__all__ = ["split", "check_host", "device_views", "check_apart", "check_apart_extents", "extents", "returned"]
+__all__ = ["OUT_DTYPES", "OUT_DTYPE_NAMES", "split", "check_host", "device_views", "check_apart", "check_apart_extents",
+           "extents", "returned"]
 
 _WANT = {"numpy": "a NumPy array", "cupy": "a CuPy array", "torch": "a PyTorch CUDA tensor"}
 
@@ -39,8 +40,8 @@ def split(out, return_scores: bool):
 
 # out's dtypes (indices, scores) as dtype objects: compared by identity first, named without
 # NumPy's slow ``.name`` lookups on the hot path (~3 us each, Python code in NumPy 2)
-_OUT_DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
-_OUT_NAMES = ("int32", "float32")
+OUT_DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
+OUT_DTYPE_NAMES = tuple(d.name for d in OUT_DTYPES)  # named once here (prepared.py compares them too)
 
 
 def _wrong_array(name, x, dtype, shape):
@@ -66,7 +67,7 @@ def _names(return_scores):
 def check_host(out, T: int, top_k: int, return_scores: bool):
     """``out`` for a NumPy result: (indices, scores or None) NumPy arrays, checked."""
     parts = split(out, return_scores)
-    for name, x, dtype in zip(_names(return_scores), parts, _OUT_DTYPES):
+    for name, x, dtype in zip(_names(return_scores), parts, OUT_DTYPES):
         if name is None:
             continue
         if not isinstance(x, np.ndarray):
@@ -81,7 +82,8 @@ def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: 
     takes it."""
     want = arrays.framework_of(like)
     views = []
-    for name, x, dtype, dtype_name in zip(_names(return_scores), split(out, return_scores), _OUT_DTYPES, _OUT_NAMES):
+    parts = split(out, return_scores)
+    for name, x, dtype, dtype_name in zip(_names(return_scores), parts, OUT_DTYPES, OUT_DTYPE_NAMES):
         if name is None:
             views.append(None)
             continue

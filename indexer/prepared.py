@@ -48,7 +48,6 @@ from .workspace import Workspace
 __all__ = ["prepare", "PreparedCall"]
 
 _NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens", "cu_seqlens_q")
-_OUT_DTYPES = ("int32", "float32")
 # CUDA graphs a prepared call keeps (one a set of pointers: e.g. a layer's arrays), and sets
 # of pointers it counts the sightings of
 _GRAPHS_MAX = 128
@@ -376,7 +375,7 @@ class PreparedCall:
         names = ("out[0]", "out[1]") if self.return_scores else ("out",)
         parts = outbuf.split(out, self.return_scores)
         pointers = ()
-        for name, x, dtype in zip(names, parts, _OUT_DTYPES):
+        for name, x, dtype in zip(names, parts, outbuf.OUT_DTYPE_NAMES):
             if type(x) is not typ and not _numpy_alike(x, typ):  # the exact test first: the hot path
                 raise TypeError(f"{name}: expected a {typ.__module__}.{typ.__name__} like q, "
                                 f"got {type(x).__module__}.{type(x).__name__}")
