@@ -6,9 +6,12 @@
 // memory, B from shared memory, fp32 accumulators; two 64-entry sub-tiles a round, at most one
 // commit group left in flight), warpgroup 1 a loop of one instruction class on 16 independent
 // register chains (asm volatile: nothing folds). kRoles: 1 MMA only, 2 the class only, 3 both.
-// clk[4 * cta + 0 / 1]: the MMA / class role's SM cycles from its first round to its last
-// (thread 0 of its warpgroup), clk[4 * cta + 2 / 3]: the same span in nanoseconds (global
-// timer), for the clock the work ran at.
+// clk[8 * cta + 0 / 1]: the MMA / class role's SM cycles from its first round to its last
+// (thread 0 of its warpgroup), clk[8 * cta + 2 / 3]: the same span in nanoseconds (global
+// timer), for the clock the work ran at; clk[8 * cta + 4 / 5]: the span's start (global
+// timer), clk[8 * cta + 6]: the SM the CTA ran on, so that the host can check that an SM's
+// two CTAs ran at the same time (the first H100 run printed an MMA rate above the board's
+// peak, which two CTAs an SM one after the other would explain).
 #include "../kernels/wgmma_common.cuh"
 
 template <int kClass>
@@ -31,7 +34,9 @@ __device__ __forceinline__ void class_round(u32 (&r)[16], float (&f)[16], u32 ld
             asm volatile("max.f32 %0, %0, %1;" : "+f"(f[i]) : "f"(f[(i + 5) & 15]));
         } else if constexpr (kClass == 7) {  // 16-byte shared loads (the port wgmma reads B through)
             if (i % 4 == 0)
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                // volatile in PTX too: ptxas drops a plain load whose registers the next round
+                // overwrites unread (the first run read 303 lanes a cycle, 38 times the port's 128 bytes)
+                asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                              : "=r"(r[i]), "=r"(r[i + 1]), "=r"(r[i + 2]), "=r"(r[i + 3])
                              : "r"(lds_base + 16u * (u32)(i / 4) * 128u));
         } else if constexpr (kClass == 8) {  // FADD with an absolute value (the epilogue's ReLU)
@@ -71,8 +76,12 @@ pipe_overlap_kernel(const u32* __restrict__ a_frag, const uint4* __restrict__ b,
         if (tid == 0) {
             long long n1;
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(n1));
-            clk[4 * blockIdx.x + role] = clock64() - c0;
-            clk[4 * blockIdx.x + 2 + role] = n1 - n0;
+            u32 sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            clk[8 * blockIdx.x + role] = clock64() - c0;
+            clk[8 * blockIdx.x + 2 + role] = n1 - n0;
+            clk[8 * blockIdx.x + 4 + role] = n0;
+            clk[8 * blockIdx.x + 6] = sm;
         }
     };
     float s = 0.0f;

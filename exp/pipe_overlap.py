@@ -42,7 +42,7 @@ def main():
     a = rng.standard_normal(8 * 4 * 128, dtype=cp.float32).astype(cp.float16).view(cp.uint32)
     b = rng.standard_normal(16 * 1024 // 2, dtype=cp.float32).astype(cp.float16)
     out = cp.empty(grid * 256, dtype=cp.float32)
-    clk = cp.zeros(grid * 4, dtype=cp.int64)
+    clk = cp.zeros(grid * 8, dtype=cp.int64)
     smem = 16 * 1024
 
     def run(cls, roles, ss, mma_rounds, class_rounds):
@@ -51,10 +51,27 @@ def main():
             clk.fill(0)
             k((grid,), (256,), (a, b, np.int32(mma_rounds), np.int32(class_rounds), out, clk), shared_mem=smem)
         cp.cuda.Device().synchronize()
-        c = cp.asnumpy(clk).reshape(grid, 4).astype(np.float64)
+        c = cp.asnumpy(clk).reshape(grid, 8)
         mma_cyc, cls_cyc = c[:, 0].mean(), c[:, 1].mean()
         mhz = 1e3 * (c[:, 0].sum() + c[:, 1].sum()) / max(c[:, 2].sum() + c[:, 3].sum(), 1)
+        together[0] = together_share(c, 0 if roles & 1 else 1)
         return mma_cyc, cls_cyc, mhz
+
+    def together_share(c, role):
+        """How much of an SM's CTAs' spans of ``role`` ran at the same time: the mean over SMs
+        of (the spans' intersection / their union); 1 = side by side, 0 = one after the other."""
+        start, span, sm = c[:, 4 + role], c[:, 2 + role], c[:, 6]
+        shares = []
+        for s in np.unique(sm):
+            on = np.flatnonzero(sm == s)
+            if len(on) < 2:
+                shares.append(0.0)
+                continue
+            first, last = start[on], start[on] + span[on]
+            shares.append(max(0, last.min() - first.max()) / max(last.max() - first.min(), 1))
+        return float(np.mean(shares))
+
+    together = [0.0]
 
     R = args.rounds
     flops_round = 2 * 8 * 2 * 64 * 64 * 16  # a round: two sub-tiles of 8 k-steps, a warpgroup
@@ -63,9 +80,10 @@ def main():
         rate = flops_round * R * 2 * sms / (mma_alone / (mhz_m * 1e6))  # FLOP/s at that clock
         print(f"MMA alone ({'A from shared memory' if ss else 'A from registers'}): {mma_alone:,.0f} cycles for "
               f"{R} rounds, {mma_alone / R:.1f} cycles a round (2 CTAs an SM), {mhz_m:.0f} MHz, "
-              f"{rate / 1e12:.0f} TFLOP/s")
+              f"{rate / 1e12:.0f} TFLOP/s if an SM's two CTAs ran side by side; they overlapped {together[0]:.2f} "
+              f"of their spans (1: side by side, 0: one after the other)")
         print(f"{'class':<13} {'lanes/cyc/SM':>12} {'alone cyc':>10} {'MMA with':>9} {'class with':>10} "
-              f"{'MMA kept':>8} {'cls kept':>8} {'sum':>5} {'MHz':>5}")
+              f"{'MMA kept':>8} {'cls kept':>8} {'sum':>5} {'MHz':>5} {'CTAs':>5}")
         for cls, name in enumerate(CLASSES):
             if ss and cls not in SS_CLASSES:
                 continue
@@ -73,11 +91,12 @@ def main():
             rounds = max(1, int(round(R * mma_alone / max(probe, 1))))
             _, alone, _ = run(cls, 2, ss, 0, rounds)
             m_with, c_with, mhz = run(cls, 3, ss, R, rounds)
+            side_by_side = together[0]
             ops = 16 if cls not in (7, 9) else (4 if cls == 7 else 4 * 15)  # instructions a round (decode: ~15 a word)
             lanes = ops * 128 * 2 * rounds / alone  # thread-instructions a cycle an SM
             kept_m, kept_c = mma_alone / m_with, alone / c_with
             print(f"{name:<13} {lanes:12.1f} {alone:10,.0f} {m_with:9,.0f} {c_with:10,.0f} "
-                  f"{kept_m:8.2f} {kept_c:8.2f} {kept_m + kept_c:5.2f} {mhz:5.0f}")
+                  f"{kept_m:8.2f} {kept_c:8.2f} {kept_m + kept_c:5.2f} {mhz:5.0f} {side_by_side:5.2f}")
 
 
 if __name__ == "__main__":
