@@ -48,6 +48,12 @@ __device__ __forceinline__ void class_round(u32 (&r)[16], float (&f)[16], u32 ld
 #pragma unroll
                 for (int j = 0; j < 4; ++j) r[i + j] = hmul2(d[j], 0x3c013c01u);
             }
+        } else if constexpr (kClass == 10) {  // the single-query epilogue's pair, v64's form: x + |x|, then w FMA
+            asm volatile("{.reg .f32 t; abs.f32 t, %1; add.f32 t, t, %1; fma.rn.f32 %0, t, %2, %0;}"
+                         : "+f"(f[i]) : "f"(f[(i + 3) & 15]), "f"(-0.5f));
+        } else if constexpr (kClass == 11) {  // the pair's earlier form: ReLU by max (ALU pipe), then w FMA
+            asm volatile("{.reg .f32 t; max.NaN.f32 t, %1, 0f00000000; fma.rn.f32 %0, t, %2, %0;}"
+                         : "+f"(f[i]) : "f"(f[(i + 3) & 15]), "f"(-0.5f));
         }
     }
 }

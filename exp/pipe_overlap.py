@@ -18,7 +18,8 @@ import numpy as np
 
 from indexer import _jit
 
-CLASSES = ["FFMA", "LOP3", "F2FP e4m3x2", "HFMA2", "IMAD", "SHF", "FMNMX", "LDS.128", "FADD |x|", "decode word"]
+CLASSES = ["FFMA", "LOP3", "F2FP e4m3x2", "HFMA2", "IMAD", "SHF", "FMNMX", "LDS.128", "FADD |x|", "decode word",
+           "x+|x|, FFMA", "FMNMX, FFMA"]  # the last two: the single-query epilogue's (head, entry) pair, two forms
 SS_CLASSES = (0, 1, 2, 9)  # also against MMAs with A from shared memory
 
 
@@ -92,7 +93,8 @@ def main():
             _, alone, _ = run(cls, 2, ss, 0, rounds)
             m_with, c_with, mhz = run(cls, 3, ss, R, rounds)
             side_by_side = together[0]
-            ops = 16 if cls not in (7, 9) else (4 if cls == 7 else 4 * 15)  # instructions a round (decode: ~15 a word)
+            # instructions a round (decode: ~15 a word; an epilogue pair: 2)
+            ops = {7: 4, 9: 4 * 15, 10: 32, 11: 32}.get(cls, 16)
             lanes = ops * 128 * 2 * rounds / alone  # thread-instructions a cycle an SM
             kept_m, kept_c = mma_alone / m_with, alone / c_with
             print(f"{name:<13} {lanes:12.1f} {alone:10,.0f} {m_with:9,.0f} {c_with:10,.0f} "
