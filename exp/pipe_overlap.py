@@ -32,6 +32,22 @@ def build():
     return {n: mod.get_function(n) for n in names}
 
 
+def overlap_share(c, role):
+    """How much of an SM's CTAs' spans of ``role`` (0: MMA, 1: the class) ran at the same time,
+    from a launch's clk words (grid, 8): the mean over SMs of (the spans' intersection / their
+    union); 1 = side by side, 0 = one after the other."""
+    start, span, sm = c[:, 4 + role], c[:, 2 + role], c[:, 6]
+    shares = []
+    for s in np.unique(sm):
+        on = np.flatnonzero(sm == s)
+        if len(on) < 2:
+            shares.append(0.0)
+            continue
+        first, last = start[on], start[on] + span[on]
+        shares.append(max(0, last.min() - first.max()) / max(last.max() - first.min(), 1))
+    return float(np.mean(shares))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4000)
@@ -55,44 +71,26 @@ def main():
         c = cp.asnumpy(clk).reshape(grid, 8)
         mma_cyc, cls_cyc = c[:, 0].mean(), c[:, 1].mean()
         mhz = 1e3 * (c[:, 0].sum() + c[:, 1].sum()) / max(c[:, 2].sum() + c[:, 3].sum(), 1)
-        together[0] = together_share(c, 0 if roles & 1 else 1)
-        return mma_cyc, cls_cyc, mhz
-
-    def together_share(c, role):
-        """How much of an SM's CTAs' spans of ``role`` ran at the same time: the mean over SMs
-        of (the spans' intersection / their union); 1 = side by side, 0 = one after the other."""
-        start, span, sm = c[:, 4 + role], c[:, 2 + role], c[:, 6]
-        shares = []
-        for s in np.unique(sm):
-            on = np.flatnonzero(sm == s)
-            if len(on) < 2:
-                shares.append(0.0)
-                continue
-            first, last = start[on], start[on] + span[on]
-            shares.append(max(0, last.min() - first.max()) / max(last.max() - first.min(), 1))
-        return float(np.mean(shares))
-
-    together = [0.0]
+        return mma_cyc, cls_cyc, mhz, overlap_share(c, 0 if roles & 1 else 1)
 
     R = args.rounds
     flops_round = 2 * 8 * 2 * 64 * 64 * 16  # a round: two sub-tiles of 8 k-steps, a warpgroup
     for ss in (False, True):
-        mma_alone, _, mhz_m = run(0, 1, ss, R, 0)
+        mma_alone, _, mhz_m, mma_overlap = run(0, 1, ss, R, 0)
         rate = flops_round * R * 2 * sms / (mma_alone / (mhz_m * 1e6))  # FLOP/s at that clock
         print(f"MMA alone ({'A from shared memory' if ss else 'A from registers'}): {mma_alone:,.0f} cycles for "
               f"{R} rounds, {mma_alone / R:.1f} cycles a round (2 CTAs an SM), {mhz_m:.0f} MHz, "
-              f"{rate / 1e12:.0f} TFLOP/s if an SM's two CTAs ran side by side; they overlapped {together[0]:.2f} "
+              f"{rate / 1e12:.0f} TFLOP/s if an SM's two CTAs ran side by side; they overlapped {mma_overlap:.2f} "
               f"of their spans (1: side by side, 0: one after the other)")
         print(f"{'class':<13} {'lanes/cyc/SM':>12} {'alone cyc':>10} {'MMA with':>9} {'class with':>10} "
               f"{'MMA kept':>8} {'cls kept':>8} {'sum':>5} {'MHz':>5} {'CTAs':>5}")
         for cls, name in enumerate(CLASSES):
             if ss and cls not in SS_CLASSES:
                 continue
-            _, probe, _ = run(cls, 2, ss, 0, R)
+            _, probe, _, _ = run(cls, 2, ss, 0, R)
             rounds = max(1, int(round(R * mma_alone / max(probe, 1))))
-            _, alone, _ = run(cls, 2, ss, 0, rounds)
-            m_with, c_with, mhz = run(cls, 3, ss, R, rounds)
-            side_by_side = together[0]
+            _, alone, _, _ = run(cls, 2, ss, 0, rounds)
+            m_with, c_with, mhz, side_by_side = run(cls, 3, ss, R, rounds)
             # instructions a round (decode: ~15 a word; an epilogue pair: 2)
             ops = {7: 4, 9: 4 * 15, 10: 32, 11: 32}.get(cls, 16)
             lanes = ops * 128 * 2 * rounds / alone  # thread-instructions a cycle an SM
