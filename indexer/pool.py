@@ -14,7 +14,10 @@ A sequence is a list of physical blocks filled in order; ``block_table`` and ``l
 turn a list of sequence ids into the ``block_table`` / ``valid_lens`` arguments of
 ``indexer.score_topk``. Keys are quantized on write with ``indexer.nvfp4``. The arrays are
 NumPy arrays (``device="cpu"``) or CuPy arrays on one GPU (``device="cuda[:N]"``); all
-bookkeeping (block lists, lengths, free list) is plain Python on the host.
+bookkeeping (block lists, lengths, free list) is plain Python on the host. A GPU pool's
+appends write every block they touch in one kernel launch (``indexer.keywrite``), byte for
+byte what the NumPy form here writes; ``append_many`` takes a decode step's keys for many
+sequences in one such launch.
 
 Global-scale policy
 -------------------
@@ -56,7 +59,7 @@ import re
 
 import numpy as np
 
-from . import arrays, nvfp4, ops, streams, validate as _validate
+from . import arrays, keywrite, nvfp4, ops, streams, validate as _validate
 from . import io as _io
 
 __all__ = ["KeyPool", "PoolFullError"]
@@ -119,6 +122,26 @@ def _check_seq_list(seqs):
     except TypeError:
         raise TypeError(f"seqs: expected a list of sequence ids, got {type(seqs).__name__}") from None
     return [_check_seq(s, "seqs") for s in items]
+
+
+def _check_counts(counts, B, n):
+    """append_many's ``counts``: B ints >= 0 summing to the keys' n rows, as a list of ints."""
+    if isinstance(counts, (str, bytes, numbers.Number)):
+        raise TypeError(f"counts: expected a list of {B} ints, got {type(counts).__name__}")
+    try:
+        values = arrays.to_numpy(counts).reshape(-1).tolist() if hasattr(counts, "shape") else list(counts)
+    except TypeError:
+        raise TypeError(f"counts: expected a list of {B} ints, got {type(counts).__name__}") from None
+    if len(values) != B:
+        raise ValueError(f"counts: expected {B} counts (one a sequence of seqs), got {len(values)}")
+    for c in values:
+        if not isinstance(c, numbers.Integral) or isinstance(c, bool):
+            raise TypeError(f"counts: expected ints, got {type(c).__name__} {c!r}")
+        if c < 0:
+            raise ValueError(f"counts: expected counts >= 0, got {c}")
+    if sum(values) != n:
+        raise ValueError(f"counts: they sum to {sum(values)}, but keys has {n} rows")
+    return [int(c) for c in values]
 
 
 def _check_dims(num_blocks, entries_per_block, head_dim):
@@ -337,30 +360,89 @@ class KeyPool:
     def _append(self, seq, keys):
         """``append`` on the device and stream ``_writing`` chose."""
         k = self._as_keys(keys)
-        n = int(k.shape[0])
-        length = self._lengths.get(seq, 0)
-        if n == 0:
-            return length
+        return self._append_rows([(seq, int(k.shape[0]))], k)[0]
+
+    def append_many(self, seqs, keys, counts=None, *, stream=None):
+        """Quantize ``keys`` and add them at the ends of several sequences at once (a decode
+        step's new keys); returns int64 (B,): each sequence's new length.
+
+        seqs : B distinct sequence ids (a repeated id is a ValueError).
+        keys : float (n, D), as ``append`` takes them: ``seqs[0]``'s rows first, then
+            ``seqs[1]``'s, and so on.
+        counts : None (one row a sequence: n == B) or B ints >= 0 summing to n.
+        stream : as ``append``'s.
+
+        The same as ``append(seqs[i], rows of seqs[i])`` for i = 0, 1, ... in order (same
+        blocks, same bytes), but all or nothing: a PoolFullError (the free list too short
+        for all of them) or a bad argument changes nothing. On a GPU pool every block the
+        keys touch is written by one kernel launch (``indexer.keywrite``), after one
+        read-back that checks the keys.
+        """
+        ids = _check_seq_list(seqs)
+        if len(set(ids)) != len(ids):
+            twice = next(s for i, s in enumerate(ids) if s in ids[:i])
+            raise ValueError(f"seqs: {twice!r} appears more than once; pass its keys as one run")
+        streams.check_stream(stream)
+        with self._writing(stream, keys):
+            k = self._as_keys(keys)
+            n = int(k.shape[0])
+            if counts is None:
+                if n != len(ids):
+                    raise ValueError(f"keys: {n} rows for {len(ids)} sequences; pass counts= for other than "
+                                     "one row a sequence")
+                counts = [1] * n
+            else:
+                counts = _check_counts(counts, len(ids), n)
+            return np.asarray(self._append_rows(list(zip(ids, counts)), k), dtype=np.int64)
+
+    def _append_rows(self, requests, k):
+        """Append rows of ``k`` (float32 (n, D) of the pool's array library) to sequences:
+        ``requests`` lists (seq, count), the rows in that order. Returns the new lengths."""
         E = self.entries_per_block
-        used = length % E  # entries already in the last block (0: it is full, or there is none)
-        head = min(n, E - used) if used else 0
-        need = -(-(n - head) // E)
+        plans = []  # (seq, n, length, used, head, blocks needed)
+        for seq, n in requests:
+            length = self._lengths.get(seq, 0)
+            used = length % E  # entries already in the last block (0: it is full, or there is none)
+            head = min(n, E - used) if used else 0
+            plans.append((seq, n, length, used, head, -(-(n - head) // E)))
+        need = sum(plan[-1] for plan in plans)
         if need > len(self._free):
-            raise PoolFullError(f"append to {seq!r}: {n} keys need {need} free blocks, "
+            who = f"append to {requests[0][0]!r}" if len(requests) == 1 else f"append_many to {len(requests)} sequences"
+            raise PoolFullError(f"{who}: {int(k.shape[0])} keys need {need} free blocks, "
                                 f"the pool has {len(self._free)} free of {self.num_blocks}")
-        blocks = self._blocks.get(seq, [])
-        new = self._free[len(self._free) - need:][::-1]  # the free list's last, in pop order
-        with self._on_device():
+        fresh = self._free[len(self._free) - need:][::-1]  # the free list's last, in pop order
+        grants, items, row = [], [], 0  # items: (block, used, first row, count), one a block written
+        for seq, n, _, used, head, m in plans:
+            new, fresh = fresh[:m], fresh[m:]
+            grants.append((row, new))
             if head:
-                self._write_into(blocks[-1], used, k[:head])
-            if new:
-                self._write_new(new, k[head:])
+                items.append((self._blocks[seq][-1], used, row, head))
+            items.extend((b, 0, row + head + j * E, min(E, n - head - j * E)) for j, b in enumerate(new))
+            row += n
+        with self._on_device():
+            if self._device_id is None:  # the NumPy form: the sequences one after another
+                for (seq, n, _, used, head, _), (first, new) in zip(plans, grants):
+                    if head:
+                        self._write_into(self._blocks[seq][-1], used, k[first: first + head])
+                    if new:
+                        self._write_new(new, k[first + head: first + n])
+            else:  # pragma: no cover  (needs a GPU)
+                self._write_blocks(items, k)
         # the bookkeeping only once the writes went through: a failed write (out of memory)
         # loses no block
         del self._free[len(self._free) - need:]
-        self._blocks[seq] = blocks + new
-        self._lengths[seq] = length + n
-        return length + n
+        lengths = []
+        for (seq, n, length, _, _, _), (_, new) in zip(plans, grants):
+            if n:
+                self._blocks[seq] = self._blocks.get(seq, []) + new
+                self._lengths[seq] = length + n
+            lengths.append(length + n)
+        return lengths
+
+    def _write_blocks(self, items, k):  # pragma: no cover  (needs a GPU)
+        """A GPU pool's writes: ``keywrite.write_blocks`` over ``items`` (block, used, first
+        row, count) of ``k``."""
+        keywrite.write_blocks(self.keys_fp4, self.key_scale, self.key_gscale, items, k)
 
     def free(self, seq, *, stream=None) -> None:
         """Drop ``seq``: its blocks are zeroed (``g`` back to 1.0) and return to the free list.

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from indexer import KeyPool, arrays, testing
+from indexer.pool import PoolFullError
 from tests.gpu import requires_gpu
+from tests.pool_steps import append_steps
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -43,11 +45,11 @@ def test_writes_run_on_the_stream_asked_and_after_the_pools_last_write(monkeypat
     whatever stream that ran; the pool then holds what the host pool holds."""
     cp = arrays.cupy()
     seen, waits = [], []
-    for name in ("_write_new", "_write_into", "_zero_blocks"):
+    for name in ("_write_blocks", "_zero_blocks"):
         original = getattr(KeyPool, name)
 
         def spy(self, *args, _original=original, _name=name):
-            if self._xp is not np:  # the device pool's writes (the host pool's too call these)
+            if self._xp is not np:  # the device pool's writes (the host pool's zeroing too calls this)
                 seen.append((_name, cp.cuda.get_current_stream().ptr))
             return _original(self, *args)
 
@@ -67,18 +69,18 @@ def test_writes_run_on_the_stream_asked_and_after_the_pools_last_write(monkeypat
     host.append("a", keys)
     dev.append("a", keys, stream=side)  # two new blocks
     # the first write waits too: for the pool's zero fill, queued on CuPy's current stream
-    assert seen == [("_write_new", side.ptr)] and waits == [(side.ptr, True)]
+    assert seen == [("_write_blocks", side.ptr)] and waits == [(side.ptr, True)]
     more = rng.standard_normal((5, 64)).astype(np.float32)
     host.append("a", more)
     dev.append("a", more, stream=other)  # into the second block, after the first write
-    assert seen[-1] == ("_write_into", other.ptr) and waits[-1] == (other.ptr, True)
+    assert seen[-1] == ("_write_blocks", other.ptr) and waits[-1] == (other.ptr, True)
     torch = pytest.importorskip("torch")
     tside = torch.cuda.Stream()
     last = rng.standard_normal((3, 64)).astype(np.float32)
     host.append("b", last)
     with torch.cuda.stream(tside):
         dev.append("b", torch.from_numpy(last).cuda())
-    assert seen[-1] == ("_write_new", tside.cuda_stream) and waits[-1] == (tside.cuda_stream, True)
+    assert seen[-1] == ("_write_blocks", tside.cuda_stream) and waits[-1] == (tside.cuda_stream, True)
     tside.synchronize()
     for name in ("keys_fp4", "key_scale", "key_gscale"):
         np.testing.assert_array_equal(getattr(host, name), getattr(dev, name).get())
@@ -111,3 +113,86 @@ def test_a_loaded_pool_orders_its_copies_and_save_waits_for_side_stream_writes(t
     saved, want = KeyPool.load(tmp_path / "b.npz"), KeyPool.load(tmp_path / "h.npz")
     for name in ("keys_fp4", "key_scale", "key_gscale"):
         np.testing.assert_array_equal(getattr(saved, name), getattr(want, name))
+
+
+def _assert_same_pool(host, dev):
+    for name in ("keys_fp4", "key_scale", "key_gscale"):
+        np.testing.assert_array_equal(getattr(host, name).view(np.uint8), getattr(dev, name).get().view(np.uint8),
+                                      err_msg=name)
+    assert host.sequences == dev.sequences and host._free == dev._free
+
+
+@pytest.mark.parametrize("D, E", [(32, 1), (64, 16), (128, 64), (256, 8), (128, 2048)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_device_append_many_writes_the_host_pools_bytes(D, E, dtype):
+    """One kernel launch a step (kernels/key_write.cu) writes exactly the bytes the host pool's
+    appends write, over adversarial keys: blocks that grow (some groups re-quantized), zero and
+    -0.0 rows, rows at exactly a capacity, counts of 0 and off block edges; float16 keys as
+    their float32 values."""
+    cp = arrays.cupy()
+    rng = np.random.default_rng(D * E + (dtype == np.float16))
+    blocks = 400 if E < 2048 else 12
+    host = KeyPool(blocks, entries_per_block=E, head_dim=D)
+    dev = KeyPool(blocks, entries_per_block=E, head_dim=D, device="cuda")
+    launches = []
+    original = KeyPool._write_blocks
+
+    def count(self, items, k):
+        launches.append(len(items))
+        return original(self, items, k)
+
+    KeyPool._write_blocks = count
+    try:
+        for chosen, keys, counts in append_steps(rng, D, min(E, 64), [0, "b", 2, "d", 4], 10):
+            if dtype == np.float16:  # within float16's range
+                keys = np.clip(keys / 1024, -6e4, 6e4)
+            keys = keys.astype(dtype)
+            assert host.append_many(chosen, keys, counts).tolist() == dev.append_many(chosen, cp.asarray(keys),
+                                                                                       counts).tolist()
+        # and through append, into the last blocks
+        more = rng.standard_normal((E + 3, D)).astype(dtype) * dtype(1000)
+        assert host.append("b", more) == dev.append("b", cp.asarray(more))
+    finally:
+        KeyPool._write_blocks = original
+    _assert_same_pool(host, dev)
+    assert len(launches) == 11  # one write a call
+
+
+def test_device_append_many_is_all_or_nothing_when_the_pool_is_full():
+    cp = arrays.cupy()
+    rng = np.random.default_rng(41)
+    host = KeyPool(4, entries_per_block=4, head_dim=32)
+    dev = KeyPool(4, entries_per_block=4, head_dim=32, device="cuda")
+    first = rng.standard_normal((3, 32)).astype(np.float32)
+    host.append("a", first)
+    dev.append("a", cp.asarray(first))
+    keys = cp.asarray(rng.standard_normal((14, 32)).astype(np.float32) * 100)
+    with pytest.raises(PoolFullError, match="need 4 free blocks"):
+        dev.append_many(["a", "b", "c"], keys, [1, 4, 9])
+    _assert_same_pool(host, dev)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        dev.append_many(["a", "b"], cp.asarray(np.full((2, 32), np.nan, np.float32)))
+    _assert_same_pool(host, dev)
+
+
+def test_device_pool_scores_what_append_many_wrote():
+    """A decode step's loop: append one key to each sequence, score every sequence's pool."""
+    cp = arrays.cupy()
+    rng = np.random.default_rng(42)
+    dev = KeyPool(64, entries_per_block=16, head_dim=128, device="cuda")
+    host = KeyPool(64, entries_per_block=16, head_dim=128)
+    seqs = [0, 1, 2, 3]
+    prompt = rng.standard_normal((60, 128)).astype(np.float32)
+    host.append_many(seqs, prompt, [10, 20, 0, 30])
+    dev.append_many(seqs, cp.asarray(prompt), [10, 20, 0, 30])
+    q = rng.standard_normal((4, 64, 128)).astype(np.float32)
+    w = rng.standard_normal((4, 64)).astype(np.float32)
+    for _ in range(5):
+        step = rng.standard_normal((4, 128)).astype(np.float32)
+        host.append_many(seqs, step)
+        dev.append_many(seqs, cp.asarray(step))
+        got = dev.score_topk(cp.asarray(q), cp.asarray(w), seqs, 16)
+        problem = testing.Problem(q, w, host.keys_fp4, host.key_scale, host.key_gscale,
+                                  host.block_table(seqs), host.lengths(seqs), 16)
+        testing.check_topk(problem, got.get(), tol=testing.TOL_FAST)
+    _assert_same_pool(host, dev)

@@ -812,3 +812,79 @@ def test_a_block_whose_first_row_is_zero_still_rescales_its_keys():
     for row in x:
         pool.append("s", row)
     np.testing.assert_allclose(pool.keys("s"), x, rtol=0.3)
+
+
+# ----------------------------------------------------------------------------- append_many
+@pytest.mark.parametrize("D, E", [(32, 1), (64, 16), (128, 64), (256, 8)])
+def test_append_many_equals_appends_in_order(D, E):
+    """append_many gives the blocks, bytes, lengths and free list of append called for each
+    sequence in turn, over adversarial keys (growth, re-quantized groups, zeros, -0.0)."""
+    from tests.pool_steps import append_steps
+
+    rng = np.random.default_rng(D + E)
+    one, many = KeyPool(400, entries_per_block=E, head_dim=D), KeyPool(400, entries_per_block=E, head_dim=D)
+    seqs = [0, "b", 2, "d", 4]
+    for chosen, keys, counts in append_steps(rng, D, E, seqs, 12):
+        want, row = [], 0
+        for s, c in zip(chosen, counts):
+            want.append(one.append(s, keys[row: row + c]))
+            row += c
+        got = many.append_many(chosen, keys, counts)
+        assert got.dtype == np.int64 and got.tolist() == want
+    assert_same_state(snapshot(one), snapshot(many))
+    assert many.sequences == one.sequences and many._free == one._free
+
+
+def test_append_many_one_key_a_sequence_by_default():
+    rng = np.random.default_rng(31)
+    pool = KeyPool(8, entries_per_block=4, head_dim=32)
+    assert pool.append_many(["a", "b", 7], gauss(rng, 3, 32)).tolist() == [1, 1, 1]
+    assert pool.append_many(["b"], gauss(rng, 1, 32)).tolist() == [2]
+    assert pool.append_many([], np.zeros((0, 32), np.float32)).tolist() == []
+    assert pool.append_many(["z"], np.zeros((0, 32), np.float32), counts=[0]).tolist() == [0]
+    assert "z" not in pool.sequences  # no keys: no sequence, as append of none
+
+
+@pytest.mark.parametrize("seqs, n, counts, exc, match", [
+    (["a", "b", "a"], 3, None, ValueError, "seqs: 'a' appears more than once"),
+    (["a", "b"], 3, None, ValueError, "keys: 3 rows for 2 sequences; pass counts="),
+    (["a", "b"], 3, [1, 1], ValueError, "counts: they sum to 2, but keys has 3 rows"),
+    (["a", "b"], 3, [4, -1], ValueError, "counts: expected counts >= 0"),
+    (["a", "b"], 3, [3], ValueError, "counts: expected 2 counts"),
+    (["a", "b"], 3, [1.0, 2.0], TypeError, "counts: expected ints, got float"),
+    (["a", "b"], 3, [True, 2], TypeError, "counts: expected ints, got bool"),
+    (["a", "b"], 3, 3, TypeError, "counts: expected a list of 2 ints"),
+    (["a", "b"], 3, "12", TypeError, "counts: expected a list of 2 ints"),
+    ("ab", 2, None, TypeError, "seqs: expected a list of sequence ids"),
+    (["a", 1.5], 2, None, TypeError, "seqs"),
+])
+def test_append_many_refuses_bad_arguments_and_changes_nothing(seqs, n, counts, exc, match):
+    rng = np.random.default_rng(32)
+    pool = KeyPool(8, entries_per_block=4, head_dim=32)
+    pool.append("a", gauss(rng, 2, 32))
+    before = snapshot(pool)
+    with pytest.raises(exc, match=match):
+        pool.append_many(seqs, gauss(rng, n, 32), counts)
+    assert_same_state(before, snapshot(pool))
+
+
+def test_append_many_takes_counts_as_an_array():
+    rng = np.random.default_rng(33)
+    a, b = KeyPool(8, entries_per_block=4, head_dim=32), KeyPool(8, entries_per_block=4, head_dim=32)
+    keys = gauss(rng, 7, 32)
+    assert a.append_many(["x", "y"], keys, np.array([5, 2], np.int32)).tolist() == [5, 2]
+    assert b.append_many(["x", "y"], keys, (5, 2)).tolist() == [5, 2]
+    assert_same_state(snapshot(a), snapshot(b))
+
+
+def test_append_many_is_all_or_nothing_when_the_pool_is_full():
+    rng = np.random.default_rng(34)
+    pool = KeyPool(4, entries_per_block=4, head_dim=32)
+    pool.append("a", gauss(rng, 3, 32))  # block 0, one slot left
+    before = snapshot(pool)
+    # "a" fits in its block and "b" in one more block, but "c" needs 3: 4 asked, 3 free
+    with pytest.raises(PoolFullError, match="append_many to 3 sequences: 14 keys need 4 free blocks, the pool has 3"):
+        pool.append_many(["a", "b", "c"], gauss(rng, 14, 32, 100.0), [1, 4, 9])
+    assert_same_state(before, snapshot(pool))
+    assert pool.append_many(["a", "b", "c"], gauss(rng, 13, 32), [1, 4, 8]).tolist() == [4, 4, 8]
+    assert pool.free_blocks == 0

@@ -1,0 +1,97 @@
+"""What a decode step's key writes cost on a GPU pool: B sequences, one new key each.
+
+Timed in one process, alternating: ``append_many`` (one kernel launch, kernels/key_write.cu),
+B ``append`` calls (a launch each), and B ``append`` calls through the CuPy array form the
+pool used before the kernel (its methods ``_write_into`` / ``_write_new``, still the host
+pool's). Also the kernel alone, from CUDA events around 200 launches. Host times are
+medians of wall-clock steps, each ended by a synchronize.
+
+    PYTHONPATH=. python exp/key_write_time.py [--batch 64] [--steps 100]
+"""
+
+import argparse
+import statistics
+import time
+
+import cupy as cp
+import numpy as np
+
+from indexer import KeyPool, keywrite
+
+
+def old_write_blocks(self, items, k):
+    """The pool's CuPy-array writes before the kernel, block by block."""
+    for p, used, first, count in items:
+        rows = k[first: first + count]
+        if used:
+            self._write_into(p, used, rows)
+        else:
+            self._write_new([p], rows)
+
+
+def step_times(fn, steps):
+    times = []
+    for _ in range(steps):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        fn()
+        cp.cuda.Device().synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=100)
+    args = ap.parse_args()
+    B, D, E = args.batch, 128, 64
+    rng = np.random.default_rng(0)
+    pool = KeyPool(4096, entries_per_block=E, head_dim=D, device="cuda")
+    seqs = list(range(B))
+    pool.append_many(seqs, cp.asarray(rng.standard_normal((B * 100, D), dtype=np.float32)), [100] * B)
+    keys = cp.asarray(rng.standard_normal((B, D), dtype=np.float32))
+
+    def many():
+        pool.append_many(seqs, keys)
+
+    def each():
+        for i, s in enumerate(seqs):
+            pool.append(s, keys[i])
+
+    new_method = KeyPool._write_blocks
+
+    def each_old():
+        KeyPool._write_blocks = old_write_blocks
+        try:
+            each()
+        finally:
+            KeyPool._write_blocks = new_method
+
+    for fn in (many, each, each_old):  # warm-up: compiles, pools
+        fn()
+    assert KeyPool._write_blocks is new_method
+    rounds = {"append_many": [], "append x B": [], "append x B, CuPy form": []}
+    for _ in range(3):
+        rounds["append_many"].append(step_times(many, args.steps))
+        rounds["append x B"].append(step_times(each, max(5, args.steps // 10)))
+        rounds["append x B, CuPy form"].append(step_times(each_old, max(3, args.steps // 20)))
+    print(f"B = {B} sequences, one key of {D} a step, blocks of {E} (median ms a step, three alternations)")
+    for name, values in rounds.items():
+        print(f"  {name:24s} " + "  ".join(f"{v:8.4f}" for v in values))
+
+    # the kernel alone: B items of one row each into the sequences' last blocks
+    items = [(pool._blocks[s][-1], pool.length(s) % E or E - 1, i, 1) for i, s in enumerate(seqs)]
+    items = [(p, min(u, E - 1), r, c) for p, u, r, c in items]
+    keywrite.write_blocks(pool.keys_fp4, pool.key_scale, pool.key_gscale, items, keys)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(200):
+        keywrite.write_blocks(pool.keys_fp4, pool.key_scale, pool.key_gscale, items, keys)
+    end.record()
+    end.synchronize()
+    print(f"  kernel + item copy, device time a launch: {cp.cuda.get_elapsed_time(start, end) / 200 * 1e3:.2f} us")
+
+
+if __name__ == "__main__":
+    main()

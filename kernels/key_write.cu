@@ -1,0 +1,109 @@
+// key_write.cu: KeyPool's writes on the GPU, every block an append touches in one launch.
+//
+// One CTA per touched block (an "item" of the host's plan, indexer/keywrite.py): rows
+// row0 .. row0 + count - 1 of the float32 keys (n, D) go to entries used .. used + count - 1
+// of physical block p, under the pool's global-scale rule (indexer/pool.py's docstring):
+//   * a block with no entries (used == 0), or whose entries are all zero so far, takes
+//     g = pow2(amax of the new rows);
+//   * a block whose new rows exceed its capacity 6 * 448 * g grows to g_new = pow2(amax),
+//     and its first `used` entries are re-expressed at g_new: each group's scale s becomes
+//     s / 2**m where that is an E4M3 value, else the group is re-quantized from its exactly
+//     decoded values;
+//   * otherwise g stays.
+// A fresh block's entries past the new rows are zeroed, as the host pool's padded write
+// does. Every rounding is the NumPy form's (indexer/nvfp4.py: IEEE float32 division and
+// products, E4M3 and E2M1 nearest-even, saturating), so the bytes equal the host pool's.
+// The host has checked the keys (finite, within the largest storable magnitude) and that the
+// items' blocks are distinct.
+#include "common.cuh"
+#include "nvfp4_encode.cuh"
+
+namespace keywrite {
+
+constexpr int kThreads = 128;
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, scratch[w]);
+    return m;
+}
+
+}  // namespace keywrite
+
+// items: int32 (n_items, 4) = (block p, entries used, first row, row count), distinct blocks.
+// keys: float32 (n, D), C-contiguous. Pool: codes (P, E, D/2), scales (P, E, D/16), gscale (P,).
+__global__ void __launch_bounds__(keywrite::kThreads)
+key_write_kernel(const int* __restrict__ items, const float* __restrict__ keys, int D, int E,
+                 u8* __restrict__ codes, u8* __restrict__ scales, float* __restrict__ gscale)
+{
+    using namespace keywrite;
+    __shared__ float amax_by_warp[kThreads / 32];
+    __shared__ int held_by_warp[kThreads / 32];
+    __shared__ float decided[2];  // g before, g after
+    __shared__ int grows;         // whether the block's entries are re-expressed at the new g
+    const int4 item = reinterpret_cast<const int4*>(items)[blockIdx.x];
+    const int p = item.x, used = item.y, row0 = item.z, count = item.w;
+    const int groups = D / kGroup, row_bytes = D / 2;
+    const float* rows = keys + (long long)row0 * D;
+    u8* block_codes = codes + (long long)p * E * row_bytes;
+    u8* block_scales = scales + (long long)p * E * groups;
+
+    // the new rows' amax, and whether the block holds a nonzero entry (a nonzero scale byte)
+    float amax = 0.0f;
+    for (long long i = threadIdx.x; i < (long long)count * D; i += kThreads) amax = fmaxf(amax, fabsf(rows[i]));
+    int held = 0;
+    for (long long i = threadIdx.x; i < (long long)used * groups; i += kThreads) held |= block_scales[i];
+    held = __any_sync(FULL_MASK, held != 0);
+    if ((threadIdx.x & 31) == 0) held_by_warp[threadIdx.x >> 5] = held;
+    amax = block_max(amax, amax_by_warp);  // synchronises: held_by_warp is written
+    if (threadIdx.x == 0) {
+        bool any_held = false;
+        for (int w = 0; w < kThreads / 32; ++w) any_held |= held_by_warp[w] != 0;
+        const float g_old = gscale[p];
+        const bool over = (double)amax > (double)kCapacity * (double)g_old;
+        // empty or only zeros: those decode to 0 under any g, so g comes from the new rows
+        const float g = (!any_held || over) ? pow2_scale(amax) : g_old;
+        decided[0] = g_old;
+        decided[1] = g;
+        grows = any_held && over;
+        gscale[p] = g;
+    }
+    __syncthreads();
+    const float g_old = decided[0], g = decided[1];
+
+    // a grown block's entries re-expressed at g = g_old * 2**m
+    if (grows) {
+        for (long long i = threadIdx.x; i < (long long)used * groups; i += kThreads) {
+            const long long entry = i / groups;
+            const int group = (int)(i - entry * groups);
+            u8* c = block_codes + entry * row_bytes + group * (kGroup / 2);
+            block_scales[i] = (u8)rescale_group(block_scales[i], g_old, g, c);
+        }
+    }
+
+    // the new rows at g
+    for (long long i = threadIdx.x; i < (long long)count * groups; i += kThreads) {
+        const long long r = i / groups;
+        const int group = (int)(i - r * groups);
+        const float* x = rows + r * D + group * kGroup;
+        float v[kGroup];
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) v[j] = x[j];
+        const long long entry = used + r;
+        block_scales[entry * groups + group] =
+            (u8)quantize_group(v, g, block_codes + entry * row_bytes + group * (kGroup / 2));
+    }
+
+    // a fresh block's entries past the new rows: zero, as the host pool's padded write leaves them
+    if (used == 0) {
+        for (long long i = (long long)count * row_bytes + threadIdx.x; i < (long long)E * row_bytes; i += kThreads)
+            block_codes[i] = 0;
+        for (long long i = (long long)count * groups + threadIdx.x; i < (long long)E * groups; i += kThreads)
+            block_scales[i] = 0;
+    }
+}

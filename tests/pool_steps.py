@@ -1,0 +1,30 @@
+"""Append steps for the pool's tests, host and device alike: several sequences a step, with
+row counts off block edges (0 included) and keys that exercise the global-scale rule."""
+
+import numpy as np
+
+CAP = 6.0 * 448.0  # a block with global scale g holds values up to CAP * g
+
+
+def adversarial_keys(rng, n, d):
+    """float32 (n, d): Gaussian rows whose magnitudes jump by up to 2**+-24 from row to row
+    (blocks that grow, some groups re-quantized as they leave E4M3's exact range), rows of
+    zeros and of -0.0, a row at exactly a power-of-two capacity, rows with one huge element."""
+    x = rng.standard_normal((n, d)) * np.exp2(rng.integers(-24, 25, (n, 1)))
+    # groups of one row spread over 2**-16 .. 1 of the row's largest: small E4M3 scales
+    x *= np.exp2(rng.integers(-16, 1, (n, d // 16, 1))).repeat(16, -1).reshape(n, d)
+    kind = rng.integers(0, 8, n)
+    x[kind == 0] = 0.0
+    x[kind == 1] = -0.0
+    x[kind == 2, 0] = CAP * 2.0 ** rng.integers(-20, 20)
+    x[kind == 3, rng.integers(0, d)] = 1e6
+    return x.astype(np.float32)
+
+
+def append_steps(rng, d, entries_per_block, seqs, steps):
+    """``steps`` of (seqs, keys (n, d) float32, counts): a random subset of ``seqs`` in random
+    order, each with 0 .. 2E + 3 rows."""
+    for _ in range(steps):
+        chosen = [seqs[i] for i in rng.permutation(len(seqs))[: rng.integers(1, len(seqs) + 1)]]
+        counts = [int(c) for c in rng.integers(0, 2 * entries_per_block + 4, len(chosen))]
+        yield chosen, adversarial_keys(rng, sum(counts), d), counts
