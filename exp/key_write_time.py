@@ -1,6 +1,7 @@
 """What a decode step's key writes cost on a GPU pool: B sequences, one new key each.
 
 Timed in one process, alternating: ``append_many`` (one kernel launch, kernels/key_write.cu),
+with and without its keys' check,
 B ``append`` calls (a launch each), and B ``append`` calls through the CuPy array form the
 pool used before the kernel (its methods ``_write_into`` / ``_write_new``, still the host
 pool's). Also the kernel alone, from CUDA events around 200 launches. Host times are
@@ -21,7 +22,8 @@ from indexer import KeyPool, keywrite
 
 def old_write_blocks(self, items, k):
     """The pool's CuPy-array writes before the kernel, block by block."""
-    for p, used, first, count in items:
+    for j in range(0, len(items), 4):
+        p, used, first, count = items[j: j + 4]
         rows = k[first: first + count]
         if used:
             self._write_into(p, used, rows)
@@ -55,6 +57,9 @@ def main():
     def many():
         pool.append_many(seqs, keys)
 
+    def many_unchecked():
+        pool.append_many(seqs, keys, validate=False)
+
     def each():
         for i, s in enumerate(seqs):
             pool.append(s, keys[i])
@@ -68,21 +73,21 @@ def main():
         finally:
             KeyPool._write_blocks = new_method
 
-    for fn in (many, each, each_old):  # warm-up: compiles, pools
+    for fn in (many, many_unchecked, each, each_old):  # warm-up: compiles, pools
         fn()
     assert KeyPool._write_blocks is new_method
-    rounds = {"append_many": [], "append x B": [], "append x B, CuPy form": []}
+    rounds = {"append_many": [], "append_many(validate=False)": [], "append x B": [], "append x B, CuPy form": []}
     for _ in range(3):
         rounds["append_many"].append(step_times(many, args.steps))
+        rounds["append_many(validate=False)"].append(step_times(many_unchecked, args.steps))
         rounds["append x B"].append(step_times(each, max(5, args.steps // 10)))
         rounds["append x B, CuPy form"].append(step_times(each_old, max(3, args.steps // 20)))
     print(f"B = {B} sequences, one key of {D} a step, blocks of {E} (median ms a step, three alternations)")
     for name, values in rounds.items():
-        print(f"  {name:24s} " + "  ".join(f"{v:8.4f}" for v in values))
+        print(f"  {name:28s} " + "  ".join(f"{v:8.4f}" for v in values))
 
     # the kernel alone: B items of one row each into the sequences' last blocks
-    items = [(pool._blocks[s][-1], pool.length(s) % E or E - 1, i, 1) for i, s in enumerate(seqs)]
-    items = [(p, min(u, E - 1), r, c) for p, u, r, c in items]
+    items = [v for i, s in enumerate(seqs) for v in (pool._blocks[s][-1], E - 1, i, 1)]
     keywrite.write_blocks(pool.keys_fp4, pool.key_scale, pool.key_gscale, items, keys)
     start, end = cp.cuda.Event(), cp.cuda.Event()
     start.record()

@@ -26,8 +26,8 @@ def write_blocks(keys_fp4, key_scale, key_gscale, items, keys):  # gpu-only
 
     keys_fp4 : CuPy uint8 (P, E, D/2), key_scale : uint8 (P, E, D/16), key_gscale : float32
         (P,): the pool's arrays, C-contiguous, written in place.
-    items : list of (block, used, first row, count) ints: rows ``first .. first + count - 1``
-        of ``keys`` go after the first ``used`` entries of ``block``. Blocks are distinct,
+    items : flat list of ints, four an item (block, used, first row, count): rows
+        ``first .. first + count - 1`` of ``keys`` go after the first ``used`` entries of ``block``. Blocks are distinct,
         ``used + count <= E``, ``count >= 1``; a block with ``used == 0`` is a fresh one
         (its entries past the new rows are zeroed).
     keys : CuPy float32 (n, D), C-contiguous, finite, within the pool's largest storable key.
@@ -37,7 +37,7 @@ def write_blocks(keys_fp4, key_scale, key_gscale, items, keys):  # gpu-only
     import cupy as cp  # noqa: PLC0415  (GPU path only)
 
     E, half = int(keys_fp4.shape[1]), int(keys_fp4.shape[2])
-    table = cp.asarray(np.asarray(items, dtype=np.int32).reshape(-1, 4))  # the kernel reads rows as int4
+    table = cp.asarray(np.array(items, dtype=np.int32))  # the kernel reads an item as an int4
     kernel = _jit.get_kernel("key_write.cu", "key_write_kernel")
-    kernel((len(items),), (THREADS,),
+    kernel((len(items) // 4,), (THREADS,),
            (table, keys, np.int32(2 * half), np.int32(E), keys_fp4, key_scale, key_gscale))

@@ -106,7 +106,7 @@ def _pow2_scales(amax):
 
 def _check_seq(seq, name="seq"):
     """A sequence id: a str, or an int (NumPy integers become int); bool is refused."""
-    if isinstance(seq, str):
+    if type(seq) is int or isinstance(seq, str):  # the common cases first: no ABC check (~1 us)
         return seq
     if isinstance(seq, numbers.Integral) and not isinstance(seq, bool):
         return int(seq)
@@ -362,7 +362,7 @@ class KeyPool:
         k = self._as_keys(keys)
         return self._append_rows([(seq, int(k.shape[0]))], k)[0]
 
-    def append_many(self, seqs, keys, counts=None, *, stream=None):
+    def append_many(self, seqs, keys, counts=None, *, stream=None, validate=True):
         """Quantize ``keys`` and add them at the ends of several sequences at once (a decode
         step's new keys); returns int64 (B,): each sequence's new length.
 
@@ -371,6 +371,11 @@ class KeyPool:
             ``seqs[1]``'s, and so on.
         counts : None (one row a sequence: n == B) or B ints >= 0 summing to n.
         stream : as ``append``'s.
+        validate : False skips the keys' check for NaN, Inf and magnitudes past the largest
+            storable (``append``'s ValueError) on a GPU pool, and with it the one read-back,
+            so nothing waits for the GPU. Such keys are then written as garbage codes and
+            scales (never outside the blocks the call writes); the shapes, dtypes and counts
+            are checked either way, and a host pool checks its keys always.
 
         The same as ``append(seqs[i], rows of seqs[i])`` for i = 0, 1, ... in order (same
         blocks, same bytes), but all or nothing: a PoolFullError (the free list too short
@@ -384,7 +389,8 @@ class KeyPool:
             raise ValueError(f"seqs: {twice!r} appears more than once; pass its keys as one run")
         streams.check_stream(stream)
         with self._writing(stream, keys):
-            k = self._as_keys(keys)
+            # the host pool checks always: its NumPy encoder refuses such keys part-way through
+            k = self._as_keys(keys, check=bool(validate) or self._device_id is None)
             n = int(k.shape[0])
             if counts is None:
                 if n != len(ids):
@@ -411,13 +417,18 @@ class KeyPool:
             raise PoolFullError(f"{who}: {int(k.shape[0])} keys need {need} free blocks, "
                                 f"the pool has {len(self._free)} free of {self.num_blocks}")
         fresh = self._free[len(self._free) - need:][::-1]  # the free list's last, in pop order
-        grants, items, row = [], [], 0  # items: (block, used, first row, count), one a block written
+        # items: (block, used, first row, count) for each block written, flat (the kernel's table)
+        grants, items, row, taken = [], [], 0, 0
         for seq, n, _, used, head, m in plans:
-            new, fresh = fresh[:m], fresh[m:]
+            new = fresh[taken: taken + m]
+            taken += m
             grants.append((row, new))
             if head:
-                items.append((self._blocks[seq][-1], used, row, head))
-            items.extend((b, 0, row + head + j * E, min(E, n - head - j * E)) for j, b in enumerate(new))
+                items += (self._blocks[seq][-1], used, row, head)
+            first = row + head
+            for b in new:
+                items += (b, 0, first, min(E, row + n - first))
+                first += E
             row += n
         with self._on_device():
             if self._device_id is None:  # the NumPy form: the sequences one after another
@@ -440,8 +451,8 @@ class KeyPool:
         return lengths
 
     def _write_blocks(self, items, k):  # pragma: no cover  (needs a GPU)
-        """A GPU pool's writes: ``keywrite.write_blocks`` over ``items`` (block, used, first
-        row, count) of ``k``."""
+        """A GPU pool's writes: ``keywrite.write_blocks`` over ``items``, a flat list of
+        (block, used, first row, count) of ``k``."""
         keywrite.write_blocks(self.keys_fp4, self.key_scale, self.key_gscale, items, k)
 
     def free(self, seq, *, stream=None) -> None:
@@ -499,8 +510,9 @@ class KeyPool:
         if self._last_write is not None:
             stream.wait_event(self._last_write)
 
-    def _as_keys(self, keys):
-        """``keys`` as a C-contiguous float32 (n, D) array of the pool's array library."""
+    def _as_keys(self, keys, check=True):
+        """``keys`` as a C-contiguous float32 (n, D) array of the pool's array library;
+        ``check``: NaN, Inf and too-large magnitudes refused (a read-back on a GPU pool)."""
         if self._xp is np:
             try:
                 k = np.asarray(arrays.to_numpy(keys))
@@ -519,6 +531,8 @@ class KeyPool:
                              f"got {tuple(k.shape)}")
         with self._on_device(), np.errstate(over="ignore"):  # float64 overflow -> Inf, caught below
             k = self._xp.ascontiguousarray(k, dtype=self._xp.float32)
+            if not check:
+                return k
             amax = float(self._xp.max(self._xp.abs(k))) if k.size else 0.0  # one read-back: NaN and Inf show
             if not math.isfinite(amax):
                 raise ValueError("keys: NaN or Inf cannot be encoded")

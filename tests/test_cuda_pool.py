@@ -196,3 +196,28 @@ def test_device_pool_scores_what_append_many_wrote():
                                   host.block_table(seqs), host.lengths(seqs), 16)
         testing.check_topk(problem, got.get(), tol=testing.TOL_FAST)
     _assert_same_pool(host, dev)
+
+
+def test_device_append_many_unvalidated_writes_the_same_and_stays_in_its_blocks():
+    """validate=False skips the keys' read-back: finite keys give the validated call's bytes;
+    NaN and Inf keys are written as garbage into the call's own blocks only."""
+    cp = arrays.cupy()
+    rng = np.random.default_rng(43)
+    checked = KeyPool(64, entries_per_block=8, head_dim=64, device="cuda")
+    unchecked = KeyPool(64, entries_per_block=8, head_dim=64, device="cuda")
+    for chosen, keys, counts in append_steps(rng, 64, 8, [0, 1, 2], 6):
+        keys = cp.asarray(keys)
+        assert (checked.append_many(chosen, keys, counts).tolist()
+                == unchecked.append_many(chosen, keys, counts, validate=False).tolist())
+    for name in ("keys_fp4", "key_scale", "key_gscale"):
+        np.testing.assert_array_equal(getattr(checked, name).get(), getattr(unchecked, name).get())
+    before = {name: getattr(unchecked, name).get() for name in ("keys_fp4", "key_scale", "key_gscale")}
+    bad = rng.standard_normal((20, 64)).astype(np.float32)
+    bad[3, 5], bad[12, 0], bad[17, 9] = np.nan, np.inf, -np.inf
+    unchecked.append_many([1, "new"], cp.asarray(bad), [4, 16], validate=False)
+    cp.cuda.Device().synchronize()
+    touched = set(unchecked._blocks["new"]) | set(unchecked._blocks[1][-2:])
+    for name, was in before.items():
+        now = getattr(unchecked, name).get()
+        untouched = [b for b in range(64) if b not in touched]
+        np.testing.assert_array_equal(now[untouched], was[untouched], err_msg=name)

@@ -888,3 +888,13 @@ def test_append_many_is_all_or_nothing_when_the_pool_is_full():
     assert_same_state(before, snapshot(pool))
     assert pool.append_many(["a", "b", "c"], gauss(rng, 13, 32), [1, 4, 8]).tolist() == [4, 4, 8]
     assert pool.free_blocks == 0
+
+
+def test_append_many_on_the_host_checks_its_keys_even_unvalidated():
+    pool = KeyPool(4, entries_per_block=4, head_dim=32)
+    before = snapshot(pool)
+    keys = np.ones((2, 32), np.float32)
+    keys[1, 3] = np.nan
+    with pytest.raises(ValueError, match="keys: NaN or Inf cannot be encoded"):
+        pool.append_many(["a", "b"], keys, validate=False)
+    assert_same_state(before, snapshot(pool))
