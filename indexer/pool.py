@@ -337,9 +337,10 @@ class KeyPool:
     def append(self, seq, keys, *, stream=None) -> int:
         """Quantize ``keys`` and add them at the end of ``seq``; returns its new length.
 
-        keys : float (n, D) or (D,); NumPy, CuPy or anything ``np.asarray`` takes. Float64
-            is cast to float32; integer dtypes are a TypeError, NaN/Inf a ValueError. n = 0
-            is a no-op.
+        keys : float (n, D) or (D,); NumPy, CuPy, a PyTorch tensor or anything ``np.asarray``
+            takes. Float64 is cast to float32, float16 and bfloat16 (PyTorch's, or NumPy's
+            through ml_dtypes) widened exactly; integer dtypes are a TypeError, NaN/Inf a
+            ValueError. n = 0 is a no-op.
         stream : where a GPU pool's writes run, as ``score_topk``'s ``stream=`` (None:
             PyTorch's current stream when ``keys`` is a PyTorch tensor, else CuPy's current
             stream). They wait for the pool's previous writes, on whatever stream those ran;
@@ -513,6 +514,8 @@ class KeyPool:
     def _as_keys(self, keys, check=True):
         """``keys`` as a C-contiguous float32 (n, D) array of the pool's array library;
         ``check``: NaN, Inf and too-large magnitudes refused (a read-back on a GPU pool)."""
+        if getattr(keys, "dtype", None) is not None and arrays.dtype_name(keys) == "bfloat16":
+            keys = self._widen_bfloat16(keys)
         if self._xp is np:
             try:
                 k = np.asarray(arrays.to_numpy(keys))
@@ -540,6 +543,26 @@ class KeyPool:
                 raise ValueError(f"keys: magnitudes above {_MAX_KEY:.4g} cannot be stored (their NVFP4 "
                                  "decode could overflow float32)")
         return k
+
+    def _widen_bfloat16(self, keys):
+        """bfloat16 keys (a PyTorch tensor, or a NumPy array of ml_dtypes' type) as float32 of
+        the pool's array library, exactly (every bfloat16 is a float32 with 16 zero bits);
+        a GPU pool widens them on the device from their bits (CuPy has no bfloat16)."""
+        kind = arrays.framework_of(keys)
+        if kind == "torch":  # pragma: no cover  (PyTorch is not a dependency)
+            keys = keys.detach()
+            if self._xp is np:
+                return keys.cpu().float().numpy()
+            bits = arrays.torch_bits(keys, "bfloat16")
+        elif isinstance(keys, np.ndarray):
+            if self._xp is np:
+                return keys.astype(np.float32)
+            bits = keys.view(np.uint16)
+        else:
+            raise TypeError(f"keys: a bfloat16 array of {kind} cannot be read; pass a PyTorch tensor, or float32")
+        with self._on_device():  # pragma: no cover  (needs a GPU)
+            cp = self._xp
+            return (arrays.to_cupy(bits).view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
 
     def _write_new(self, new, k):
         """Fill the fresh blocks ``new`` with the rows of ``k`` (m, D), E rows per block."""

@@ -221,3 +221,26 @@ def test_device_append_many_unvalidated_writes_the_same_and_stays_in_its_blocks(
         now = getattr(unchecked, name).get()
         untouched = [b for b in range(64) if b not in touched]
         np.testing.assert_array_equal(now[untouched], was[untouched], err_msg=name)
+
+
+def test_device_pool_takes_bfloat16_keys_as_their_float32_values():
+    """bfloat16 keys (a PyTorch CUDA tensor, or NumPy's through ml_dtypes) widened on the
+    device from their bits: the bytes of the same keys given as float32."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(44)
+    x = (rng.standard_normal((40, 64)) * 5).astype(ml_dtypes.bfloat16)
+    want = KeyPool(8, entries_per_block=16, head_dim=64)
+    want.append("s", x[:25].astype(np.float32))
+    want.append_many(["s", "t"], x[25:].astype(np.float32), [5, 10])
+    dev = KeyPool(8, entries_per_block=16, head_dim=64, device="cuda")
+    dev.append("s", x[:25])
+    dev.append_many(["s", "t"], x[25:], [5, 10])
+    _assert_same_pool(want, dev)
+    torch = pytest.importorskip("torch")
+    tdev = KeyPool(8, entries_per_block=16, head_dim=64, device="cuda")
+    t = torch.from_numpy(x.astype(np.float32)).to("cuda", torch.bfloat16)
+    tdev.append("s", t[:25])
+    tdev.append_many(["s", "t"], t[25:], [5, 10])
+    torch.cuda.synchronize()
+    _assert_same_pool(want, tdev)

@@ -898,3 +898,19 @@ def test_append_many_on_the_host_checks_its_keys_even_unvalidated():
     with pytest.raises(ValueError, match="keys: NaN or Inf cannot be encoded"):
         pool.append_many(["a", "b"], keys, validate=False)
     assert_same_state(before, snapshot(pool))
+
+
+def test_bfloat16_keys_are_written_as_their_float32_values():
+    rng = np.random.default_rng(35)
+    x = gauss(rng, 40, 64, 3.0).astype(ml_dtypes.bfloat16)
+    a, b = KeyPool(8, entries_per_block=16, head_dim=64), KeyPool(8, entries_per_block=16, head_dim=64)
+    a.append("s", x[:25])
+    a.append_many(["s", "t"], x[25:], [5, 10])
+    b.append("s", x[:25].astype(np.float32))
+    b.append_many(["s", "t"], x[25:].astype(np.float32), [5, 10])
+    assert_same_state(snapshot(a), snapshot(b))
+    torch = pytest.importorskip("torch")
+    c = KeyPool(8, entries_per_block=16, head_dim=64)
+    c.append("s", torch.from_numpy(x[:25].astype(np.float32)).to(torch.bfloat16))
+    c.append_many(["s", "t"], torch.from_numpy(x[25:].astype(np.float32)).to(torch.bfloat16), [5, 10])
+    assert_same_state(snapshot(b), snapshot(c))
