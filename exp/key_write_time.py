@@ -1,6 +1,7 @@
 """What a decode step's key writes cost on a GPU pool: B sequences, one new key each.
 
-Timed in one process, alternating: ``append_many`` (one kernel launch, kernels/key_write.cu),
+Then ``indexer.write_keys`` of the same B keys into raw pool arrays by slot: eager, checked and
+not, and replayed from a CUDA graph (device time). Timed in one process, alternating: ``append_many`` (one kernel launch, kernels/key_write.cu),
 with and without its keys' check,
 B ``append`` calls (a launch each), and B ``append`` calls through the CuPy array form the
 pool used before the kernel (its methods ``_write_into`` / ``_write_new``, still the host
@@ -17,6 +18,7 @@ import time
 import cupy as cp
 import numpy as np
 
+import indexer
 from indexer import KeyPool, keywrite
 
 
@@ -85,6 +87,27 @@ def main():
     print(f"B = {B} sequences, one key of {D} a step, blocks of {E} (median ms a step, three alternations)")
     for name, values in rounds.items():
         print(f"  {name:28s} " + "  ".join(f"{v:8.4f}" for v in values))
+
+    # indexer.write_keys: the same step's keys into raw pool arrays by slot (entry 5 of B blocks)
+    codes, scales, g = cp.zeros_like(pool.keys_fp4), cp.zeros_like(pool.key_scale), cp.ones_like(pool.key_gscale)
+    slots = cp.arange(B, dtype=cp.int64) * E + 5
+    for validate in (True, False):
+        t = [step_times(lambda: indexer.write_keys(keys, slots, codes, scales, g, validate=validate), args.steps)
+             for _ in range(3)]
+        print(f"  write_keys(validate={validate!s:5s}) eager  " + "  ".join(f"{v:8.4f}" for v in t))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        indexer.write_keys(keys, slots, codes, scales, g, validate=False)
+        graph = stream.end_capture()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        graph.launch(stream)
+        start.record(stream)
+        for _ in range(200):
+            graph.launch(stream)
+        end.record(stream)
+        end.synchronize()
+    print(f"  write_keys replayed from a graph, device time a replay: {cp.cuda.get_elapsed_time(start, end) / 200 * 1e3:.2f} us")
 
     # the kernel alone: B items of one row each into the sequences' last blocks
     items = [v for i, s in enumerate(seqs) for v in (pool._blocks[s][-1], E - 1, i, 1)]

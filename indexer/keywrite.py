@@ -1,33 +1,133 @@
-"""A GPU ``KeyPool``'s writes: every block an append touches, written by one kernel launch.
+"""Keys written into a paged NVFP4 pool under the global-scale rule, on the host and the GPU.
 
-``KeyPool`` plans an append on the host (which rows go to which block, after how many of its
-entries); ``write_blocks`` hands that plan to ``kernels/key_write.cu``, one CTA a block,
-which applies the pool's global-scale rule (a fresh or all-zero block takes its scale from
-the new rows; a block whose new rows exceed its capacity grows and re-expresses its
-entries) and quantizes the rows with the NumPy form's exact roundings. So a GPU pool's bytes
-equal a host pool's after the same appends, and a decode step's keys for B sequences cost
-one launch instead of a few dozen array operations per sequence.
+The rule (``KeyPool``'s, described in ``indexer.pool``): each block's global decode scale
+``g`` is a power of two covering its content; a fresh or all-zero block takes ``g`` from the
+keys written into it; keys that overflow a block's capacity ``6 * 448 * g`` grow it, and its
+entries are re-expressed exactly (scales divided by 2**m), groups that would leave E4M3's
+range re-quantized.
+
+* ``host_write_new`` / ``host_write_into`` / ``host_rescale``: the NumPy form (the
+  specification; a host ``KeyPool`` writes through it, and it runs unchanged on CuPy
+  arrays, as the GPU pool did before the kernel).
+* ``write_blocks``: a GPU ``KeyPool``'s writes, the host's plan of which rows go to which
+  block handed to ``kernels/key_write.cu`` (one CTA a block): one launch a call.
+* ``write_keys``: the same rule for an engine's own pool arrays, keys addressed by physical
+  slot (``block * E + entry``) on the device, with no host planning: a CUDA graph can hold
+  it (``validate=False``).
+
+The kernel's encoding (``kernels/nvfp4_encode.cuh``) rounds exactly as ``indexer.nvfp4``, so
+the GPU forms write the host form's bytes.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from . import _jit
+from . import _jit, arrays, nvfp4, streams
 
-__all__ = ["THREADS", "write_blocks"]
+__all__ = ["CAPACITY", "MAX_KEY", "THREADS", "pow2_scales", "host_write_new", "host_write_into", "host_rescale",
+           "write_blocks", "write_keys"]
 
+#: a block with global scale g holds values up to CAPACITY * g (E2M1's largest times E4M3's)
+CAPACITY = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX
+#: smallest global scale: a normal float32, never flushed to zero by an FTZ kernel
+MIN_EXP = -126
+#: largest global scale, and with it the largest key magnitude stored: a block's scale 2**116
+#: decodes to at most CAPACITY * 2**116 (~2.2e38); the next power of two could decode a code
+#: rounded up past float32's largest
+MAX_EXP = 116
+MAX_KEY = CAPACITY * 2.0**MAX_EXP
+#: bytes of packed codes per 16-element scale group
+GROUP_BYTES = nvfp4.GROUP // 2
 #: threads a CTA (kernels/key_write.cu's kThreads)
 THREADS = 128
+#: the slots kernel's element type for each keys dtype (kernels/common.cuh)
+_KEY_ELEMENTS = {"float32": "float", "float16": "half_bits", "bfloat16": "bf16_bits"}
+_SLOT_TYPES = {"int32": "int", "int64": "long long"}
 
 
+def pow2_scales(amax):
+    """The rule's global scales: float64 amax (n,) -> float32 (n,).
+
+    The smallest power of two ``g`` with ``amax <= 6 * 448 * g`` (at least 2**-126), and
+    1.0 where amax is 0.
+    """
+    amax = np.asarray(amax, dtype=np.float64)
+    _, e = np.frexp(amax / CAPACITY)  # amax / CAP in [2**(e-1), 2**e)
+    # the division rounds: settle the exponent with exact comparisons against CAP * 2**e
+    e = np.where(amax > np.ldexp(CAPACITY, e), e + 1, e)
+    e = np.where(amax <= np.ldexp(CAPACITY, e - 1), e - 1, e)
+    e = np.maximum(e, MIN_EXP)
+    return np.where(amax > 0, np.ldexp(1.0, e), 1.0).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- the NumPy form
+def host_write_new(keys_fp4, key_scale, key_gscale, new, k):
+    """Fill the fresh blocks ``new`` (a list of block ids) with the rows of ``k`` (m, D)
+    float32, E rows a block, each block's ``g`` from its rows; the last block's tail zeroed."""
+    xp = arrays.module_of(keys_fp4)
+    E, D = int(keys_fp4.shape[1]), int(keys_fp4.shape[2]) * 2
+    # pad to whole blocks: zero rows encode as zero codes and scales, clearing the tail
+    padded = xp.zeros((len(new) * E, D), dtype=xp.float32)
+    padded[: k.shape[0]] = k
+    padded = padded.reshape(len(new), E, D)
+    amax = arrays.to_numpy(xp.max(xp.abs(padded), axis=(1, 2)))
+    g = xp.asarray(pow2_scales(amax))
+    codes, scales, _ = nvfp4.quantize(padded, g[:, None])
+    b = xp.asarray(np.asarray(new, dtype=np.int64))
+    keys_fp4[b] = codes
+    key_scale[b] = scales
+    key_gscale[b] = g
+
+
+def host_write_into(keys_fp4, key_scale, key_gscale, p, used, k):
+    """Write ``k`` (h, D) float32 into block ``p`` after its ``used`` entries, growing ``g``
+    (and re-expressing the entries) if they overflow it."""
+    xp = arrays.module_of(keys_fp4)
+    amax = float(xp.max(xp.abs(k)))
+    g = float(key_gscale[p])
+    if not bool(xp.any(key_scale[p, :used])):
+        # only zeros so far: they decode to zero under any g, so take g from the new keys
+        g = float(pow2_scales([amax])[0])
+    elif amax > CAPACITY * g:
+        g_new = float(pow2_scales([amax])[0])
+        host_rescale(keys_fp4, key_scale, p, used, g, g_new)
+        g = g_new
+    codes, scales, _ = nvfp4.quantize(k, np.float32(g))
+    keys_fp4[p, used : used + k.shape[0]] = codes
+    key_scale[p, used : used + k.shape[0]] = scales
+    key_gscale[p] = g
+
+
+def host_rescale(keys_fp4, key_scale, p, used, g_old, g_new):
+    """Re-express the first ``used`` entries of block ``p`` at global scale ``g_new = g_old * 2**m``.
+
+    Scale s -> s / 2**m keeps every decoded value bit-identical where s / 2**m is an
+    E4M3 value; the other groups are re-quantized from their exactly decoded values.
+    """
+    xp = arrays.module_of(keys_fp4)
+    m = round(math.log2(g_new / g_old))  # both are powers of two: the ratio is exact
+    codes, scales = keys_fp4[p, :used], key_scale[p, :used]
+    shifted = nvfp4.e4m3_decode(scales).astype(xp.float64) * 2.0**-m  # exact in float64
+    enc = nvfp4.e4m3_encode(shifted.astype(xp.float32))
+    exact = nvfp4.e4m3_decode(enc).astype(xp.float64) == shifted  # (used, D/16)
+    decoded = nvfp4.dequantize(codes, scales, np.float32(g_old))
+    re_codes, re_scales, _ = nvfp4.quantize(decoded, np.float32(g_new))
+    key_scale[p, :used] = xp.where(exact, enc, re_scales)
+    keys_fp4[p, :used] = xp.where(xp.repeat(exact, GROUP_BYTES, axis=-1), codes, re_codes)
+
+
+# ----------------------------------------------------------------------------- KeyPool on the GPU
 def write_blocks(keys_fp4, key_scale, key_gscale, items, keys):  # gpu-only
     """Write rows of ``keys`` into the pool's blocks, on CuPy's current stream.
 
     keys_fp4 : CuPy uint8 (P, E, D/2), key_scale : uint8 (P, E, D/16), key_gscale : float32
         (P,): the pool's arrays, C-contiguous, written in place.
     items : flat list of ints, four an item (block, used, first row, count): rows
-        ``first .. first + count - 1`` of ``keys`` go after the first ``used`` entries of ``block``. Blocks are distinct,
+        ``first .. first + count - 1`` of ``keys`` go after the first ``used`` entries of ``block``.
+        Blocks are distinct,
         ``used + count <= E``, ``count >= 1``; a block with ``used == 0`` is a fresh one
         (its entries past the new rows are zeroed).
     keys : CuPy float32 (n, D), C-contiguous, finite, within the pool's largest storable key.
@@ -41,3 +141,213 @@ def write_blocks(keys_fp4, key_scale, key_gscale, items, keys):  # gpu-only
     kernel = _jit.get_kernel("key_write.cu", "key_write_kernel")
     kernel((len(items) // 4,), (THREADS,),
            (table, keys, np.int32(2 * half), np.int32(E), keys_fp4, key_scale, key_gscale))
+
+
+# ----------------------------------------------------------------------------- write_keys
+def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=True, stream=None):
+    """Quantize ``keys`` into a paged NVFP4 pool at physical ``slots``, in place, by the
+    global-scale rule (a decode step's new keys, into an engine's own pool arrays).
+
+    keys : float32, float16 or bfloat16 (N, D), or (D,) for one key (NumPy, ml_dtypes'
+        bfloat16, CuPy, PyTorch). Written as their float32 values.
+    slots : int32 or int64 (N,): key i goes to entry ``slots[i] % E`` of block
+        ``slots[i] // E`` (``score_topk(..., physical=True)``'s numbering).
+    keys_fp4 : uint8 (P, E, D/2), key_scale : uint8 (P, E, D/16), key_gscale : float32 (P,):
+        the pool, C-contiguous, written in place. NumPy arrays take the host form; device
+        arrays (CuPy, PyTorch CUDA tensors) one kernel launch (``kernels/key_write.cu``).
+    validate : True checks the values: slots in [0, P*E); each block written by one run of
+        keys (below); keys finite and within the largest storable magnitude (~2.2e38); the
+        written blocks' ``key_gscale`` powers of two in [2**-126, 2**116]. ValueError naming
+        the argument, nothing written. On device arrays that costs one read-back; False
+        skips it, so the call neither waits for the GPU nor allocates (with C-contiguous
+        device inputs): a CUDA graph can capture it. Unchecked bad values are written as
+        garbage, never outside the pool's arrays; an out-of-range slot is skipped.
+    stream : where the GPU form runs, as ``score_topk``'s ``stream=``.
+
+    Keys for one block in one call must be one run: consecutive positions with consecutive
+    slots (a sequence's new keys are). A run at entry ``e`` joins the block's entries before
+    ``e`` (growing the block's ``g`` if it overflows them); a run at entry 0 starts the block
+    afresh (its other entries zeroed). So the keys ``KeyPool.append`` calls write, written
+    here in the same calls at the slots the pool gave them, give the pool's bytes. (Calls of
+    other sizes may not: a block grown key by key re-quantizes what one written whole would
+    not.)
+    """
+    streams.check_stream(stream)
+    names = ("keys_fp4", "key_scale", "key_gscale")
+    pool = (keys_fp4, key_scale, key_gscale)
+    on_host = [isinstance(a, np.ndarray) for a in pool]
+    if any(on_host) and not all(on_host):
+        raise TypeError("keys_fp4, key_scale, key_gscale: expected all NumPy arrays or all device arrays")
+    if all(on_host):
+        P, E, D = _check_pool(pool, names)
+        k = _host_keys(keys, D)
+        s = _host_slots(slots, k.shape[0])
+        _check_values(k, s, key_gscale, P, E)  # the host form always checks: its encoder refuses bad keys
+        _host_write_runs(keys_fp4, key_scale, key_gscale, k, s)
+        return None
+    arrays.check_kinds(names, pool)  # pragma: no cover  (needs a GPU, as everything below)
+    with streams.using(stream, (keys_fp4, keys, slots)):
+        return _device_write_keys(keys, slots, pool, names, validate)
+
+
+def _check_pool(pool, names):
+    """(P, E, D) of the pool arrays; TypeError / ValueError naming the argument."""
+    keys_fp4, key_scale, key_gscale = pool
+    for name, a, dt in zip(names, pool, ("uint8", "uint8", "float32")):
+        if arrays.dtype_name(a) != dt:
+            raise TypeError(f"{name}: expected dtype {dt}, got {arrays.dtype_name(a)}")
+        if not arrays.c_contiguous(a):
+            raise ValueError(f"{name}: expected a C-contiguous array (it is written in place)")
+    if keys_fp4.ndim != 3 or keys_fp4.shape[2] == 0 or keys_fp4.shape[2] % GROUP_BYTES:
+        raise ValueError(f"keys_fp4: expected shape (P, E, D/2) with D a positive multiple of {nvfp4.GROUP}, "
+                         f"got {tuple(keys_fp4.shape)}")
+    P, E, D = int(keys_fp4.shape[0]), int(keys_fp4.shape[1]), int(keys_fp4.shape[2]) * 2
+    if tuple(key_scale.shape) != (P, E, D // nvfp4.GROUP):
+        raise ValueError(f"key_scale: expected shape {(P, E, D // nvfp4.GROUP)} for keys_fp4 of shape "
+                         f"{tuple(keys_fp4.shape)}, got {tuple(key_scale.shape)}")
+    if tuple(key_gscale.shape) != (P,):
+        raise ValueError(f"key_gscale: expected shape ({P},), got {tuple(key_gscale.shape)}")
+    if E == 0 or P * E > 2**31 - 1:
+        raise ValueError(f"keys_fp4: {P} blocks of {E} entries: expected 1 to 2**31 - 1 slots")
+    return P, E, D
+
+
+def _check_key_shape(shape, dtype, D):
+    if dtype not in _KEY_ELEMENTS:
+        raise TypeError(f"keys: expected dtype float32, float16 or bfloat16, got {dtype}")
+    if len(shape) not in (1, 2) or shape[-1] != D:
+        raise ValueError(f"keys: expected shape (N, {D}) or ({D},) for the pool's D = {D}, got {tuple(shape)}")
+
+
+def _check_slot_shape(shape, dtype, N):
+    if dtype not in _SLOT_TYPES:
+        raise TypeError(f"slots: expected dtype int32 or int64, got {dtype}")
+    if tuple(shape) != (N,):
+        raise ValueError(f"slots: expected shape ({N},), one slot a key, got {tuple(shape)}")
+
+
+def _host_keys(keys, D):
+    """float32 (N, D) NumPy keys (bfloat16 widened exactly)."""
+    if not hasattr(keys, "dtype") or not hasattr(keys, "shape"):
+        raise TypeError(f"keys: expected an array, got {type(keys).__name__}")
+    _check_key_shape(tuple(keys.shape), arrays.dtype_name(keys), D)
+    k = arrays.query_to_numpy(keys) if arrays.framework_of(keys) == "torch" else arrays.to_numpy(keys)
+    return np.ascontiguousarray(np.asarray(k).astype(np.float32, copy=False).reshape(-1, D))
+
+
+def _host_slots(slots, N):
+    if not hasattr(slots, "dtype") or not hasattr(slots, "shape"):
+        raise TypeError(f"slots: expected an int32 or int64 array, got {type(slots).__name__}")
+    _check_slot_shape(tuple(slots.shape), arrays.dtype_name(slots), N)
+    return np.asarray(arrays.to_numpy(slots)).astype(np.int64)
+
+
+def _runs(s, E):
+    """Starts of the runs of int64 slots ``s`` (N,): bool (N,), position i starting one unless
+    slot i - 1 is the slot before i in the same block (NumPy or CuPy)."""
+    xp = arrays.module_of(s)
+    starts = xp.ones(s.shape, dtype=bool)
+    if s.shape[0] > 1:
+        prev, cur = s[:-1], s[1:]
+        starts[1:] = ~((prev >= 0) & (cur == prev + 1) & (cur // E == prev // E))
+    return starts
+
+
+def _check_values(k, s, key_gscale, P, E):
+    """ValueError naming the first bad value of NumPy keys ``k`` (N, D), slots ``s`` (N,)
+    and the written blocks' global scales; the messages of both forms."""
+    out = np.flatnonzero((s < 0) | (s >= P * E))
+    if out.size:
+        i = int(out[0])
+        raise ValueError(f"slots: slot {int(s[i])} of key {i} is outside [0, {P * E}) ({P} blocks of {E} entries)")
+    with np.errstate(over="ignore"):
+        amax = float(np.max(np.abs(k))) if k.size else 0.0
+    if not math.isfinite(amax):
+        raise ValueError("keys: NaN or Inf cannot be encoded")
+    if amax > MAX_KEY:
+        raise ValueError(f"keys: magnitudes above {MAX_KEY:.4g} cannot be stored (their NVFP4 decode could "
+                         "overflow float32)")
+    starts = np.flatnonzero(_runs(s, E))
+    blocks = s[starts] // E
+    order = np.argsort(blocks, kind="stable")
+    twice = np.flatnonzero(blocks[order][1:] == blocks[order][:-1])
+    if twice.size:
+        a, b = starts[order[twice[0]]], starts[order[twice[0] + 1]]
+        raise ValueError(f"slots: block {int(s[a] // E)} is written by two runs of keys (from key {int(a)} and from "
+                         f"key {int(b)}); a call writes each block's keys as one run of consecutive slots")
+    g = np.asarray(key_gscale)[blocks]
+    ok = np.isfinite(g) & (g >= 2.0**MIN_EXP) & (g <= 2.0**MAX_EXP) & (np.frexp(g)[0] == 0.5)
+    if not ok.all():
+        b = int(blocks[np.flatnonzero(~ok)[0]])
+        raise ValueError(f"key_gscale: block {b}'s global scale {float(np.asarray(key_gscale)[b])!r} is not a power "
+                         f"of two in [2**{MIN_EXP}, 2**{MAX_EXP}] (the rule's)")
+
+
+def _host_write_runs(keys_fp4, key_scale, key_gscale, k, s):
+    """The NumPy form of write_keys: each run through ``host_write_new`` (at entry 0) or
+    ``host_write_into``."""
+    E = int(keys_fp4.shape[1])
+    starts = np.flatnonzero(_runs(s, E)).tolist() + [int(s.shape[0])]
+    for a, b in zip(starts[:-1], starts[1:]):
+        p, e = divmod(int(s[a]), E)
+        if e == 0:
+            host_write_new(keys_fp4, key_scale, key_gscale, [p], k[a:b])
+        else:
+            host_write_into(keys_fp4, key_scale, key_gscale, p, e, k[a:b])
+
+
+def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
+    """write_keys on device arrays, on the stream ``streams.using`` made current."""
+    cp = arrays.cupy()
+    views = [arrays.to_cupy(a) for a in pool]
+    device = int(views[0].data.device_id)
+    for name, v in zip(names, views):
+        if int(v.data.device_id) != device:
+            raise ValueError(f"{name}: expected an array on cuda:{device} (where keys_fp4 is), got cuda:{v.data.device_id}")
+        arrays.check_element_aligned(name, v)
+    P, E, D = _check_pool(views, names)
+    if not hasattr(keys, "dtype") or not hasattr(keys, "shape"):
+        raise TypeError(f"keys: expected an array, got {type(keys).__name__}")
+    key_dtype = arrays.dtype_name(keys)
+    _check_key_shape(tuple(keys.shape), key_dtype, D)
+    k, _ = arrays.query_to_cupy(keys) if key_dtype == "bfloat16" else (arrays.to_cupy(keys), None)
+    N = int(k.shape[0]) if k.ndim == 2 else 1
+    if not hasattr(slots, "dtype") or not hasattr(slots, "shape"):
+        raise TypeError(f"slots: expected an int32 or int64 array, got {type(slots).__name__}")
+    _check_slot_shape(tuple(slots.shape), arrays.dtype_name(slots), N)
+    s = arrays.to_cupy(slots)
+    for name, v in (("keys", k), ("slots", s)):
+        if int(v.data.device_id) != device:
+            raise ValueError(f"{name}: expected an array on cuda:{device} (where keys_fp4 is), got cuda:{v.data.device_id}")
+        if not arrays.c_contiguous(v):
+            raise ValueError(f"{name}: expected a C-contiguous array")
+        arrays.check_element_aligned(name, v)
+    if N == 0:
+        return None
+    if validate:
+        _device_check_values(cp, k.view(cp.uint16) if key_dtype == "bfloat16" else k, key_dtype, s, views[2], P, E)
+    kernel = _jit.get_kernel("key_write.cu", f"key_write_slots_kernel<{_SLOT_TYPES[arrays.dtype_name(s)]}, "
+                                            f"{_KEY_ELEMENTS[key_dtype]}>")
+    kernel((N,), (THREADS,), (s, np.int32(N), k, np.int32(D), np.int32(E), np.int32(P), *views))
+    return None
+
+
+def _device_check_values(cp, k, key_dtype, s, key_gscale, P, E):  # gpu-only
+    """write_keys' value checks on the device, one read-back; on a failure the host form
+    (on copies) words the error."""
+    s64 = s.astype(cp.int64)
+    kf = (k.astype(cp.uint32) << 16).view(cp.float32) if key_dtype == "bfloat16" else k
+    amax = cp.max(cp.abs(kf)).astype(cp.float64)  # NaN and Inf show
+    starts = _runs(s64, E)
+    blocks = cp.where(starts, s64 // E, -1 - cp.arange(s64.shape[0], dtype=cp.int64))  # non-starts distinct, < 0
+    ordered = cp.sort(blocks)
+    twice = cp.any((ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)) if ordered.shape[0] > 1 else cp.zeros((), bool)
+    g = key_gscale[cp.clip(s64 // E, 0, P - 1)]
+    exponent = (g.view(cp.uint32) >> 23) & 0xFF
+    pow2 = ((g.view(cp.uint32) & 0x807FFFFF) == 0) & (exponent >= 127 + MIN_EXP) & (exponent <= 127 + MAX_EXP)
+    summary = cp.stack([amax, cp.min(s64).astype(cp.float64), cp.max(s64).astype(cp.float64),
+                        twice.astype(cp.float64), cp.all(pow2).astype(cp.float64)]).get()  # the one read-back
+    a, lo, hi, dup, scales_ok = (float(v) for v in summary)
+    if not (math.isfinite(a) and a <= MAX_KEY and lo >= 0 and hi < P * E and not dup and scales_ok):
+        _check_values(kf.get(), s64.get(), key_gscale.get(), P, E)
+        raise AssertionError("write_keys: the device check failed where the host check passed")  # pragma: no cover

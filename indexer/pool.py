@@ -70,38 +70,15 @@ FORMAT_VERSION = 1
 _ARRAY_NAMES = ("keys_fp4", "key_scale", "key_gscale")
 _META_NAME = "pool_meta"
 
-# a block with global scale g holds values up to _CAPACITY * g (E2M1 max times E4M3 max)
-_CAPACITY = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX
-# smallest global scale: a normal float32, never flushed to zero by an FTZ kernel
-_MIN_EXP = -126
-# largest global scale, and the largest key magnitude stored: a block's scale 2**116 decodes
-# to at most _CAPACITY * 2**116 (~2.2e38); the next power of two could decode a code rounded
-# up past float32's largest
-_MAX_EXP = 116
-_MAX_KEY = _CAPACITY * 2.0**_MAX_EXP
+# the global-scale rule's constants and function live with the writers (indexer.keywrite)
+_CAPACITY, _MIN_EXP, _MAX_EXP, _MAX_KEY = keywrite.CAPACITY, keywrite.MIN_EXP, keywrite.MAX_EXP, keywrite.MAX_KEY
+_pow2_scales = keywrite.pow2_scales
 # physical slots (block * E + slot) and lengths are int32 in the kernel's interface
 _INT32_MAX = 2**31 - 1
-# bytes of packed codes per 16-element scale group
-_GROUP_BYTES = nvfp4.GROUP // 2
 
 
 class PoolFullError(RuntimeError):
     """The pool has too few free blocks for an append; the pool was left unchanged."""
-
-
-def _pow2_scales(amax):
-    """The policy's global scales: float64 amax (n,) -> float32 (n,).
-
-    The smallest power of two ``g`` with ``amax <= 6 * 448 * g`` (at least 2**-126), and
-    1.0 where amax is 0.
-    """
-    amax = np.asarray(amax, dtype=np.float64)
-    _, e = np.frexp(amax / _CAPACITY)  # amax / CAP in [2**(e-1), 2**e)
-    # the division rounds: settle the exponent with exact comparisons against CAP * 2**e
-    e = np.where(amax > np.ldexp(_CAPACITY, e), e + 1, e)
-    e = np.where(amax <= np.ldexp(_CAPACITY, e - 1), e - 1, e)
-    e = np.maximum(e, _MIN_EXP)
-    return np.where(amax > 0, np.ldexp(1.0, e), 1.0).astype(np.float32)
 
 
 def _check_seq(seq, name="seq"):
@@ -566,52 +543,15 @@ class KeyPool:
 
     def _write_new(self, new, k):
         """Fill the fresh blocks ``new`` with the rows of ``k`` (m, D), E rows per block."""
-        xp, E, D = self._xp, self.entries_per_block, self.head_dim
-        # pad to whole blocks: zero rows encode as zero codes and scales, clearing the tail
-        padded = xp.zeros((len(new) * E, D), dtype=xp.float32)
-        padded[: k.shape[0]] = k
-        padded = padded.reshape(len(new), E, D)
-        amax = arrays.to_numpy(xp.max(xp.abs(padded), axis=(1, 2)))
-        g = xp.asarray(_pow2_scales(amax))
-        codes, scales, _ = nvfp4.quantize(padded, g[:, None])
-        b = xp.asarray(np.asarray(new, dtype=np.int64))
-        self.keys_fp4[b] = codes
-        self.key_scale[b] = scales
-        self.key_gscale[b] = g
+        keywrite.host_write_new(self.keys_fp4, self.key_scale, self.key_gscale, new, k)
 
     def _write_into(self, p, used, k):
         """Write ``k`` (h, D) into block ``p`` after its ``used`` entries, growing ``g`` if needed."""
-        xp = self._xp
-        amax = float(xp.max(xp.abs(k)))
-        g = float(self.key_gscale[p])
-        if not bool(xp.any(self.key_scale[p, :used])):
-            # only zeros so far: they decode to zero under any g, so take g from the new keys
-            g = float(_pow2_scales([amax])[0])
-        elif amax > _CAPACITY * g:
-            g_new = float(_pow2_scales([amax])[0])
-            self._rescale(p, used, g, g_new)
-            g = g_new
-        codes, scales, _ = nvfp4.quantize(k, np.float32(g))
-        self.keys_fp4[p, used : used + k.shape[0]] = codes
-        self.key_scale[p, used : used + k.shape[0]] = scales
-        self.key_gscale[p] = g
+        keywrite.host_write_into(self.keys_fp4, self.key_scale, self.key_gscale, p, used, k)
 
     def _rescale(self, p, used, g_old, g_new):
-        """Re-express the first ``used`` entries of block ``p`` at global scale ``g_new = g_old * 2**m``.
-
-        Scale s -> s / 2**m keeps every decoded value bit-identical where s / 2**m is an
-        E4M3 value; the other groups are re-quantized from their exactly decoded values.
-        """
-        xp = self._xp
-        m = round(math.log2(g_new / g_old))  # both are powers of two: the ratio is exact
-        codes, scales = self.keys_fp4[p, :used], self.key_scale[p, :used]
-        shifted = nvfp4.e4m3_decode(scales).astype(xp.float64) * 2.0**-m  # exact in float64
-        enc = nvfp4.e4m3_encode(shifted.astype(xp.float32))
-        exact = nvfp4.e4m3_decode(enc).astype(xp.float64) == shifted  # (used, D/16)
-        decoded = nvfp4.dequantize(codes, scales, np.float32(g_old))
-        re_codes, re_scales, _ = nvfp4.quantize(decoded, np.float32(g_new))
-        self.key_scale[p, :used] = xp.where(exact, enc, re_scales)
-        self.keys_fp4[p, :used] = xp.where(xp.repeat(exact, _GROUP_BYTES, axis=-1), codes, re_codes)
+        """Re-express the first ``used`` entries of block ``p`` at ``g_new`` (``keywrite.host_rescale``)."""
+        keywrite.host_rescale(self.keys_fp4, self.key_scale, p, used, g_old, g_new)
 
     # ----------------------------------------------------------------- scoring
     def score_topk(self, q, w, seqs, top_k, *, cu_seqlens_q=None, valid_lens=None, **kwargs):

@@ -33,29 +33,24 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return m;
 }
 
-}  // namespace keywrite
-
-// items: int32 (n_items, 4) = (block p, entries used, first row, row count), distinct blocks.
-// keys: float32 (n, D), C-contiguous. Pool: codes (P, E, D/2), scales (P, E, D/16), gscale (P,).
-__global__ void __launch_bounds__(keywrite::kThreads)
-key_write_kernel(const int* __restrict__ items, const float* __restrict__ keys, int D, int E,
-                 u8* __restrict__ codes, u8* __restrict__ scales, float* __restrict__ gscale)
-{
-    using namespace keywrite;
+// Rows `rows` (count of them, D elements each, a key element type of common.cuh) written at
+// entries used .. used + count - 1 of block p under the global-scale rule (the file's head).
+// Called by every thread of a CTA (it synchronises), one block a CTA.
+template <typename KeyT>
+__device__ __forceinline__ void write_block(long long p, int used, const KeyT* __restrict__ rows, int count, int D,
+                                            int E, u8* __restrict__ codes, u8* __restrict__ scales,
+                                            float* __restrict__ gscale) {
     __shared__ float amax_by_warp[kThreads / 32];
     __shared__ int held_by_warp[kThreads / 32];
     __shared__ float decided[2];  // g before, g after
     __shared__ int grows;         // whether the block's entries are re-expressed at the new g
-    const int4 item = reinterpret_cast<const int4*>(items)[blockIdx.x];
-    const int p = item.x, used = item.y, row0 = item.z, count = item.w;
     const int groups = D / kGroup, row_bytes = D / 2;
-    const float* rows = keys + (long long)row0 * D;
-    u8* block_codes = codes + (long long)p * E * row_bytes;
-    u8* block_scales = scales + (long long)p * E * groups;
+    u8* block_codes = codes + p * E * row_bytes;
+    u8* block_scales = scales + p * E * groups;
 
     // the new rows' amax, and whether the block holds a nonzero entry (a nonzero scale byte)
     float amax = 0.0f;
-    for (long long i = threadIdx.x; i < (long long)count * D; i += kThreads) amax = fmaxf(amax, fabsf(rows[i]));
+    for (long long i = threadIdx.x; i < (long long)count * D; i += kThreads) amax = fmaxf(amax, fabsf(query_float(rows[i])));
     int held = 0;
     for (long long i = threadIdx.x; i < (long long)used * groups; i += kThreads) held |= block_scales[i];
     held = __any_sync(FULL_MASK, held != 0);
@@ -90,10 +85,10 @@ key_write_kernel(const int* __restrict__ items, const float* __restrict__ keys, 
     for (long long i = threadIdx.x; i < (long long)count * groups; i += kThreads) {
         const long long r = i / groups;
         const int group = (int)(i - r * groups);
-        const float* x = rows + r * D + group * kGroup;
+        const KeyT* x = rows + r * D + group * kGroup;
         float v[kGroup];
 #pragma unroll
-        for (int j = 0; j < kGroup; ++j) v[j] = x[j];
+        for (int j = 0; j < kGroup; ++j) v[j] = query_float(x[j]);
         const long long entry = used + r;
         block_scales[entry * groups + group] =
             (u8)quantize_group(v, g, block_codes + entry * row_bytes + group * (kGroup / 2));
@@ -106,4 +101,49 @@ key_write_kernel(const int* __restrict__ items, const float* __restrict__ keys, 
         for (long long i = (long long)count * groups + threadIdx.x; i < (long long)E * groups; i += kThreads)
             block_scales[i] = 0;
     }
+}
+
+}  // namespace keywrite
+
+// items: int32 (n_items, 4) = (block p, entries used, first row, row count), distinct blocks
+// (KeyPool's plan, indexer/keywrite.py). keys: float32 (n, D), C-contiguous. Pool: codes
+// (P, E, D/2), scales (P, E, D/16), gscale (P,).
+__global__ void __launch_bounds__(keywrite::kThreads)
+key_write_kernel(const int* __restrict__ items, const float* __restrict__ keys, int D, int E,
+                 u8* __restrict__ codes, u8* __restrict__ scales, float* __restrict__ gscale)
+{
+    const int4 item = reinterpret_cast<const int4*>(items)[blockIdx.x];
+    keywrite::write_block(item.x, item.y, keys + (long long)item.z * D, item.w, D, E, codes, scales, gscale);
+}
+
+// indexer.write_keys: key i (of N, element type KeyT, C-contiguous (N, D)) goes to physical
+// slot slots[i] = block * E + entry of a pool of P blocks. A run is a maximal stretch of keys
+// whose slots follow one another within one block; the CTA of a run's first key writes the
+// run (the others return at once). Runs of distinct blocks write distinct blocks (the host
+// checks that with validate=True; without, two runs of one block race, but nothing is read
+// or written outside the arrays). A slot outside [0, P * E) is skipped.
+template <typename SlotT, typename KeyT>
+__global__ void __launch_bounds__(keywrite::kThreads)
+key_write_slots_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict__ keys, int D, int E, int P,
+                       u8* __restrict__ codes, u8* __restrict__ scales, float* __restrict__ gscale)
+{
+    using namespace keywrite;
+    __shared__ int run;
+    const long long i = blockIdx.x, total = (long long)P * E;
+    const long long slot = (long long)slots[i];
+    if (slot < 0 || slot >= total) return;
+    const long long p = slot / E;
+    const int entry = (int)(slot - p * E);
+    if (i > 0) {
+        const long long prev = (long long)slots[i - 1];
+        if (prev >= 0 && prev + 1 == slot && prev / E == p) return;  // inside a run
+    }
+    // the run's length: the first j with slots[i + j] != slot + j, at most to the block's end
+    const int most = (int)min((long long)(N - i), (long long)(E - entry));
+    if (threadIdx.x == 0) run = most;
+    __syncthreads();
+    for (int j = 1 + threadIdx.x; j < most; j += kThreads)
+        if ((long long)slots[i + j] != slot + j) atomicMin(&run, j);
+    __syncthreads();
+    write_block(p, entry, keys + i * D, run, D, E, codes, scales, gscale);
 }

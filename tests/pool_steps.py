@@ -28,3 +28,29 @@ def append_steps(rng, d, entries_per_block, seqs, steps):
         chosen = [seqs[i] for i in rng.permutation(len(seqs))[: rng.integers(1, len(seqs) + 1)]]
         counts = [int(c) for c in rng.integers(0, 2 * entries_per_block + 4, len(chosen))]
         yield chosen, adversarial_keys(rng, sum(counts), d), counts
+
+
+def new_slots(pool, chosen, counts, lengths_before):
+    """int64 physical slots (block * E + entry) of the keys an append_many of ``counts`` keys
+    to ``chosen`` just wrote into ``pool``, in the keys' order."""
+    E = pool.entries_per_block
+    slots = []
+    for seq, c in zip(chosen, counts):
+        blocks = pool._blocks.get(seq, [])
+        slots += [blocks[j // E] * E + j % E for j in range(lengths_before[seq], lengths_before[seq] + c)]
+    return np.array(slots, dtype=np.int64)
+
+
+def write_keys_steps(rng, d, entries_per_block, seqs, steps, num_blocks=400):
+    """A host KeyPool filled by ``append_steps``, and for each step (keys, slots): the same
+    writes addressed by physical slot, for ``indexer.write_keys`` into a second pool's
+    arrays. Returns (pool, [(keys, slots), ...])."""
+    from indexer import KeyPool  # noqa: PLC0415
+
+    pool = KeyPool(num_blocks, entries_per_block=entries_per_block, head_dim=d)
+    writes = []
+    for chosen, keys, counts in append_steps(rng, d, entries_per_block, seqs, steps):
+        before = {s: pool.length(s) for s in chosen}
+        pool.append_many(chosen, keys, counts)
+        writes.append((keys, new_slots(pool, chosen, counts, before)))
+    return pool, writes
