@@ -6,8 +6,10 @@ Each step of a toy model:
 1. projects the hidden state h (B, hidden) of every request to index queries
    q (B, H=64, D=128) in bfloat16 (as a bf16 model gives them: the indexer reads them as
    they are, no cast), head weights w (B, 64), one new index key and one new value;
-2. appends the key to the request's sequence in a GPU ``indexer.KeyPool`` (NVFP4 on write)
-   and the value to a value cache addressed by the same physical slots;
+2. appends the keys to the requests' sequences in a GPU ``indexer.KeyPool`` (NVFP4 on
+   write; ``append_many``: one kernel launch for every request) and the values to a value
+   cache addressed by the same physical slots (an engine that keeps its own pool arrays
+   would write the keys with ``indexer.write_keys(k, slots, ...)``, which a graph can hold);
 3. selects the top_k entries per request with
    ``indexer.score_topk(..., physical=True, validate=False, out=..., workspace=...)``,
    replayed from a ``torch.cuda.CUDAGraph`` captured once (all inputs live in static
@@ -99,8 +101,7 @@ def main(steps=16, device=0, batch=4, context=4096, top_k=512, heads=64, head_di
             k_new, v_new = h @ W_k, h @ W_v
             # 2. write the step's entries; refresh the static inputs in place
             n = context + step
-            for b, seq in enumerate(seqs):
-                pool.append(seq, k_new[b])
+            pool.append_many(seqs, k_new)  # one key a request, one launch
             values[slots(n, 1).reshape(-1)] = v_new
             table_buf.copy_(torch.from_dlpack(pool.block_table(seqs, width=L)))
             lens_buf.copy_(torch.from_dlpack(pool.lengths(seqs)))
