@@ -310,7 +310,7 @@ def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
         raise TypeError(f"keys: expected an array, got {type(keys).__name__}")
     key_dtype = arrays.dtype_name(keys)
     _check_key_shape(tuple(keys.shape), key_dtype, D)
-    k, _ = arrays.query_to_cupy(keys) if key_dtype == "bfloat16" else (arrays.to_cupy(keys), None)
+    k = _device_keys(cp, keys, key_dtype)
     N = int(k.shape[0]) if k.ndim == 2 else 1
     if not hasattr(slots, "dtype") or not hasattr(slots, "shape"):
         raise TypeError(f"slots: expected an int32 or int64 array, got {type(slots).__name__}")
@@ -325,11 +325,27 @@ def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
     if N == 0:
         return None
     if validate:
-        _device_check_values(cp, k.view(cp.uint16) if key_dtype == "bfloat16" else k, key_dtype, s, views[2], P, E)
+        _device_check_values(cp, k, key_dtype, s, views[2], P, E)
     kernel = _jit.get_kernel("key_write.cu", f"key_write_slots_kernel<{_SLOT_TYPES[arrays.dtype_name(s)]}, "
                                             f"{_KEY_ELEMENTS[key_dtype]}>")
     kernel((N,), (THREADS,), (s, np.int32(N), k, np.int32(D), np.int32(E), np.int32(P), *views))
     return None
+
+
+def _device_keys(cp, keys, key_dtype):  # gpu-only
+    """A CuPy view (or device copy) of ``keys``: bfloat16 as its uint16 bits (CuPy has no
+    bfloat16; the kernel reads the bits as the type); a PyTorch tensor detached first."""
+    if arrays.framework_of(keys) == "torch":  # gpu-only (PyTorch is not a dependency)
+        keys = keys.detach()
+        if key_dtype == "bfloat16":
+            keys = arrays.torch_bits(keys, "bfloat16")
+    elif key_dtype == "bfloat16":
+        if not isinstance(keys, np.ndarray):
+            raise TypeError(f"keys: a bfloat16 array of {arrays.framework_of(keys)} cannot be read (CuPy has no "
+                            "bfloat16); pass a PyTorch tensor, or float16 or float32")
+        keys = keys.view(np.uint16)
+    k = arrays.to_cupy(keys)
+    return k.view(cp.uint16) if key_dtype == "bfloat16" else k
 
 
 def _device_check_values(cp, k, key_dtype, s, key_gscale, P, E):  # gpu-only
