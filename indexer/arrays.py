@@ -214,8 +214,9 @@ def c_contiguous(x) -> bool:
     return flag if type(flag) is bool else bool(x.flags.c_contiguous)
 
 
-def query_to_cupy(x, *, ordered=False):  # gpu-only
-    """``(view, bits_of)`` of a query ``x`` for the CUDA path: ``(to_cupy(x), None)`` for
+def query_to_cupy(x, *, ordered=False, arg="q"):  # gpu-only
+    """``(view, bits_of)`` of a query ``x`` (or of another array read as its bits, named
+    ``arg`` in the errors: write_keys' keys) for the CUDA path: ``(to_cupy(x), None)`` for
     anything but bfloat16 and float8_e4m3fn (its dtype is the view's: the checks refuse all
     but float32 and float16 by name); a bfloat16 or float8_e4m3fn query (a PyTorch tensor,
     or a NumPy array of ml_dtypes' type) as ``(a CuPy array of its bits, the dtype's name)``
@@ -230,12 +231,12 @@ def query_to_cupy(x, *, ordered=False):  # gpu-only
     kind = framework_of(x)
     if kind == "torch":
         if x.requires_grad:  # as DLPack refuses any tensor that does
-            raise TypeError("q: expected a tensor that does not require grad (pass q.detach())")
+            raise TypeError(f"{arg}: expected a tensor that does not require grad (pass {arg}.detach())")
         bits = torch_bits(x, name)
     elif isinstance(x, np.ndarray):
         bits = x.view(BITS_DTYPES[name])
     else:
-        raise TypeError(f"q: a {name} array of {kind} cannot be read (CuPy has no {name}); pass a PyTorch "
+        raise TypeError(f"{arg}: a {name} array of {kind} cannot be read (CuPy has no {name}); pass a PyTorch "
                         "tensor, or float16 or float32")
     return to_cupy(bits, ordered=ordered).view(BITS_DTYPES[name]), name
 

@@ -127,9 +127,8 @@ def write_blocks(keys_fp4, key_scale, key_gscale, items, keys):  # gpu-only
         (P,): the pool's arrays, C-contiguous, written in place.
     items : flat list of ints, four an item (block, used, first row, count): rows
         ``first .. first + count - 1`` of ``keys`` go after the first ``used`` entries of ``block``.
-        Blocks are distinct,
-        ``used + count <= E``, ``count >= 1``; a block with ``used == 0`` is a fresh one
-        (its entries past the new rows are zeroed).
+        Blocks are distinct, ``used + count <= E``, ``count >= 1``; a block with ``used == 0``
+        is a fresh one (its entries past the new rows are zeroed).
     keys : CuPy float32 (n, D), C-contiguous, finite, within the pool's largest storable key.
     """
     if not items:
@@ -310,7 +309,9 @@ def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
         raise TypeError(f"keys: expected an array, got {type(keys).__name__}")
     key_dtype = arrays.dtype_name(keys)
     _check_key_shape(tuple(keys.shape), key_dtype, D)
-    k = _device_keys(cp, keys, key_dtype)
+    if arrays.framework_of(keys) == "torch":  # gpu-only (PyTorch is not a dependency)
+        keys = keys.detach()
+    k, _ = arrays.query_to_cupy(keys, arg="keys")  # bfloat16 as its bits (CuPy has none), read so by the kernel
     N = int(k.shape[0]) if k.ndim == 2 else 1
     if not hasattr(slots, "dtype") or not hasattr(slots, "shape"):
         raise TypeError(f"slots: expected an int32 or int64 array, got {type(slots).__name__}")
@@ -330,22 +331,6 @@ def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
                                             f"{_KEY_ELEMENTS[key_dtype]}>")
     kernel((N,), (THREADS,), (s, np.int32(N), k, np.int32(D), np.int32(E), np.int32(P), *views))
     return None
-
-
-def _device_keys(cp, keys, key_dtype):  # gpu-only
-    """A CuPy view (or device copy) of ``keys``: bfloat16 as its uint16 bits (CuPy has no
-    bfloat16; the kernel reads the bits as the type); a PyTorch tensor detached first."""
-    if arrays.framework_of(keys) == "torch":  # gpu-only (PyTorch is not a dependency)
-        keys = keys.detach()
-        if key_dtype == "bfloat16":
-            keys = arrays.torch_bits(keys, "bfloat16")
-    elif key_dtype == "bfloat16":
-        if not isinstance(keys, np.ndarray):
-            raise TypeError(f"keys: a bfloat16 array of {arrays.framework_of(keys)} cannot be read (CuPy has no "
-                            "bfloat16); pass a PyTorch tensor, or float16 or float32")
-        keys = keys.view(np.uint16)
-    k = arrays.to_cupy(keys)
-    return k.view(cp.uint16) if key_dtype == "bfloat16" else k
 
 
 def _device_check_values(cp, k, key_dtype, s, key_gscale, P, E):  # gpu-only

@@ -530,16 +530,14 @@ class KeyPool:
             keys = keys.detach()
             if self._xp is np:
                 return keys.cpu().float().numpy()
-            bits = arrays.torch_bits(keys, "bfloat16")
-        elif isinstance(keys, np.ndarray):
-            if self._xp is np:
-                return keys.astype(np.float32)
-            bits = keys.view(np.uint16)
-        else:
-            raise TypeError(f"keys: a bfloat16 array of {kind} cannot be read; pass a PyTorch tensor, or float32")
+        elif self._xp is np:
+            if not isinstance(keys, np.ndarray):
+                raise TypeError(f"keys: a bfloat16 array of {kind} cannot be read; pass a PyTorch tensor, or float32")
+            return keys.astype(np.float32)
         with self._on_device():  # pragma: no cover  (needs a GPU)
             cp = self._xp
-            return (arrays.to_cupy(bits).view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32)
+            bits, _ = arrays.query_to_cupy(keys, arg="keys")
+            return (bits.astype(cp.uint32) << 16).view(cp.float32)
 
     def _write_new(self, new, k):
         """Fill the fresh blocks ``new`` with the rows of ``k`` (m, D), E rows per block."""

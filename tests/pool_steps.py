@@ -54,3 +54,8 @@ def write_keys_steps(rng, d, entries_per_block, seqs, steps, num_blocks=400):
         pool.append_many(chosen, keys, counts)
         writes.append((keys, new_slots(pool, chosen, counts, before)))
     return pool, writes
+
+
+def empty_pool(P, E, D, xp=np):
+    """A fresh pool's arrays (keys_fp4, key_scale, key_gscale) in array module ``xp``."""
+    return (xp.zeros((P, E, D // 2), xp.uint8), xp.zeros((P, E, D // 16), xp.uint8), xp.ones(P, xp.float32))

@@ -8,13 +8,9 @@ import pytest
 import indexer
 from indexer import arrays
 from tests.gpu import requires_gpu
-from tests.pool_steps import adversarial_keys, new_slots, write_keys_steps
+from tests.pool_steps import adversarial_keys, empty_pool, new_slots, write_keys_steps
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
-
-
-def empty_pool(xp, P, E, D):
-    return (xp.zeros((P, E, D // 2), xp.uint8), xp.zeros((P, E, D // 16), xp.uint8), xp.ones(P, xp.float32))
 
 
 def assert_pool(dev, host):
@@ -37,12 +33,12 @@ def test_device_write_keys_gives_the_pools_bytes(D, E, slot_dtype, key_dtype):
             before = {s: pool.length(s) for s in (0, 1)}
             pool.append_many([0, 1], keys, [300, 400])
             writes.append((keys, new_slots(pool, [0, 1], [300, 400], before)))
-    dev = empty_pool(cp, pool.num_blocks, E, D)
+    dev = empty_pool(pool.num_blocks, E, D, cp)
     for keys, slots in writes:
         if key_dtype == np.float16:  # a pool of the same keys' float16 values
             keys = np.clip(keys / 1024, -6e4, 6e4).astype(np.float16)
         indexer.write_keys(cp.asarray(keys), cp.asarray(slots.astype(slot_dtype)), *dev)
-    host = empty_pool(np, pool.num_blocks, E, D)
+    host = empty_pool(pool.num_blocks, E, D, np)
     for keys, slots in writes:
         if key_dtype == np.float16:
             keys = np.clip(keys / 1024, -6e4, 6e4).astype(np.float16)
@@ -56,8 +52,8 @@ def test_pytorch_tensors_and_bfloat16_keys():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(51)
     pool, writes = write_keys_steps(rng, 128, 64, [0, 1, 2], 8)
-    dev = tuple(torch.from_numpy(a).cuda() for a in empty_pool(np, pool.num_blocks, 64, 128))
-    host = empty_pool(np, pool.num_blocks, 64, 128)
+    dev = tuple(torch.from_numpy(a).cuda() for a in empty_pool(pool.num_blocks, 64, 128, np))
+    host = empty_pool(pool.num_blocks, 64, 128, np)
     for keys, slots in writes:
         t = torch.from_numpy(keys).to("cuda", torch.bfloat16)
         indexer.write_keys(t, torch.from_numpy(slots).cuda(), *dev)
@@ -73,11 +69,11 @@ def test_a_cuda_graph_holds_the_unvalidated_write():
     rng = np.random.default_rng(52)
     B, D, E = 8, 128, 16
     pool = indexer.KeyPool(200, entries_per_block=E, head_dim=D)
-    host, dev = empty_pool(np, 200, E, D), empty_pool(cp, 200, E, D)
+    host, dev = empty_pool(200, E, D, np), empty_pool(200, E, D, cp)
     keys_buf, slots_buf = cp.zeros((B, D), cp.float32), cp.zeros(B, cp.int64)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        scratch = empty_pool(cp, 200, E, D)
+        scratch = empty_pool(200, E, D, cp)
         indexer.write_keys(keys_buf, slots_buf, *scratch, validate=False)  # compiles outside the capture
         stream.begin_capture()
         indexer.write_keys(keys_buf, slots_buf, *dev, validate=False)
@@ -109,7 +105,7 @@ def bad_values():
 def test_bad_values_refused_with_the_host_forms_message_and_nothing_written(keys, slots, match):
     cp = arrays.cupy()
     rng = np.random.default_rng(53)
-    dev = empty_pool(cp, 4, 16, 32)
+    dev = empty_pool(4, 16, 32, cp)
     indexer.write_keys(cp.asarray(rng.standard_normal((20, 32)).astype(np.float32)), cp.arange(20), *dev)
     dev[2][3] = 0.75
     before = [a.get() for a in dev]
@@ -124,7 +120,7 @@ def test_unvalidated_bad_values_stay_inside_the_pool():
     round)."""
     cp = arrays.cupy()
     rng = np.random.default_rng(54)
-    dev = empty_pool(cp, 8, 16, 32)
+    dev = empty_pool(8, 16, 32, cp)
     indexer.write_keys(cp.asarray(rng.standard_normal((40, 32)).astype(np.float32)), cp.arange(40), *dev)
     before = [a.get() for a in dev]
     keys = rng.standard_normal((6, 32)).astype(np.float32)

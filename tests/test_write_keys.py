@@ -6,11 +6,7 @@ import numpy as np
 import pytest
 
 import indexer
-from tests.pool_steps import write_keys_steps
-
-
-def empty_pool(P, E, D):
-    return (np.zeros((P, E, D // 2), np.uint8), np.zeros((P, E, D // 16), np.uint8), np.ones(P, np.float32))
+from tests.pool_steps import empty_pool, write_keys_steps
 
 
 @pytest.mark.parametrize("D, E", [(32, 1), (64, 16), (128, 64), (256, 8)])
