@@ -95,6 +95,13 @@ def main():
         t = [step_times(lambda: indexer.write_keys(keys, slots, codes, scales, g, validate=validate), args.steps)
              for _ in range(3)]
         print(f"  write_keys(validate={validate!s:5s}) eager  " + "  ".join(f"{v:8.4f}" for v in t))
+    # a prefill chunk's keys: 8,192 keys filling 128 blocks
+    chunk = cp.asarray(rng.standard_normal((8192, D), dtype=np.float32))
+    chunk_slots = cp.arange(8192, dtype=cp.int64) + 1000 * E
+    for validate in (True, False):
+        t = [step_times(lambda: indexer.write_keys(chunk, chunk_slots, codes, scales, g, validate=validate),
+                        args.steps) for _ in range(3)]
+        print(f"  write_keys 8,192 keys (validate={validate!s:5s})  " + "  ".join(f"{v:8.4f}" for v in t))
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()

@@ -163,9 +163,9 @@ INSTANCES = {
     "probe_wgmma.cu": ["wgmma_rate_kernel<128>"] + [f"wgmma_overlap_kernel<{m}>" for m in range(7)] + [
         f"wgmma_tile_kernel<{s}>" for s in (1, 2, 3)],  # scripts/probe_ceiling.py only
     "check_values.cu": ["check_values_kernel"],
-    # KeyPool's writes on the GPU, and indexer.write_keys by slot and key element type (indexer/keywrite.py)
-    "key_write.cu": ["key_write_kernel"] + [f"key_write_slots_kernel<{s}, {k}>" for s in ("int", "long long")
-                                            for k in ("float", "half_bits", "bf16_bits")],
+    # KeyPool's writes on the GPU, and indexer.write_keys (its writes, its checks) by slot and key element type
+    "key_write.cu": ["key_write_kernel"] + [f"{kernel}<{s}, {k}>" for kernel in ("key_write_slots_kernel", "key_check_kernel")
+                                            for s in ("int", "long long") for k in ("float", "half_bits", "bf16_bits")],
     "ragged.cu": ["expand_block_table_kernel"],
     "bench_probes.cu": ["busy_kernel", "read_stream_kernel"],  # bench.py, scripts/sustained_rate.py
     "select_fast.cu": ["topk_histogram_kernel<256, 16>", "topk_histogram_kernel<256, 4>",

@@ -46,6 +46,8 @@ THREADS = 128
 #: the slots kernel's element type for each keys dtype (kernels/common.cuh)
 _KEY_ELEMENTS = {"float32": "float", "float16": "half_bits", "bfloat16": "bf16_bits"}
 _SLOT_TYPES = {"int32": "int", "int64": "long long"}
+#: threads a CTA of the value check (kernels/key_write.cu's key_check_kernel)
+_CHECK_THREADS = 256
 
 
 def pow2_scales(amax):
@@ -334,21 +336,21 @@ def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
 
 
 def _device_check_values(cp, k, key_dtype, s, key_gscale, P, E):  # gpu-only
-    """write_keys' value checks on the device, one read-back; on a failure the host form
-    (on copies) words the error."""
-    s64 = s.astype(cp.int64)
-    kf = (k.astype(cp.uint32) << 16).view(cp.float32) if key_dtype == "bfloat16" else k
-    amax = cp.max(cp.abs(kf)).astype(cp.float64)  # NaN and Inf show
-    starts = _runs(s64, E)
-    blocks = cp.where(starts, s64 // E, -1 - cp.arange(s64.shape[0], dtype=cp.int64))  # non-starts distinct, < 0
-    ordered = cp.sort(blocks)
-    twice = cp.any((ordered[1:] == ordered[:-1]) & (ordered[1:] >= 0)) if ordered.shape[0] > 1 else cp.zeros((), bool)
-    g = key_gscale[cp.clip(s64 // E, 0, P - 1)]
-    exponent = (g.view(cp.uint32) >> 23) & 0xFF
-    pow2 = ((g.view(cp.uint32) & 0x807FFFFF) == 0) & (exponent >= 127 + MIN_EXP) & (exponent <= 127 + MAX_EXP)
-    summary = cp.stack([amax, cp.min(s64).astype(cp.float64), cp.max(s64).astype(cp.float64),
-                        twice.astype(cp.float64), cp.all(pow2).astype(cp.float64)]).get()  # the one read-back
-    a, lo, hi, dup, scales_ok = (float(v) for v in summary)
-    if not (math.isfinite(a) and a <= MAX_KEY and lo >= 0 and hi < P * E and not dup and scales_ok):
-        _check_values(kf.get(), s64.get(), key_gscale.get(), P, E)
-        raise AssertionError("write_keys: the device check failed where the host check passed")  # pragma: no cover
+    """write_keys' value checks on the device: ``key_check_kernel`` (``kernels/key_write.cu``)
+    and one read-back of its four results; on a failure the host form (on copies) words the
+    error."""
+    N, D = (int(k.shape[0]), int(k.shape[1])) if k.ndim == 2 else (1, int(k.shape[0]))
+    log2_places = max(6, (2 * N).bit_length())  # 2**log2_places > 2 N: the set never fills
+    scratch = cp.zeros(4 + (1 << log2_places), dtype=cp.uint64)  # found[4], then the set: one memset
+    kernel = _jit.get_kernel("key_write.cu", f"key_check_kernel<{_SLOT_TYPES[arrays.dtype_name(s)]}, "
+                                            f"{_KEY_ELEMENTS[key_dtype]}>")
+    ctas = max(1, min(1024, -(-N * D // (4 * _CHECK_THREADS))))
+    kernel((ctas,), (_CHECK_THREADS,),
+           (s, np.int32(N), k, np.int32(D), np.int32(E), np.int32(P), key_gscale, np.float32(MAX_KEY),
+            np.int32(MIN_EXP), np.int32(MAX_EXP), scratch, scratch[4:], np.int32(log2_places)))
+    if not scratch[:4].get().any():  # the one read-back
+        return
+    bits = k.get()
+    kf = (bits.astype(np.uint32) << 16).view(np.float32) if key_dtype == "bfloat16" else bits.astype(np.float32)
+    _check_values(kf.reshape(N, D), s.get().astype(np.int64), key_gscale.get(), P, E)
+    raise AssertionError("write_keys: the device check failed where the host check passed")  # pragma: no cover

@@ -147,3 +147,55 @@ key_write_slots_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __res
     __syncthreads();
     write_block(p, entry, keys + i * D, run, D, E, codes, scales, gscale);
 }
+
+// indexer.write_keys(validate=True)'s value checks, in one launch whose result is read back
+// once (as check_values.cu is for score_topk). found[c] is 0 when check c passed, else ~i for
+// an offending position i (atomicMax of ~i keeps the smallest found; ~i is never 0):
+//   c = 0: a key element i (flat) that is NaN, infinite or above max_key in magnitude;
+//   c = 1: a key i whose slot is outside [0, P * E);
+//   c = 2: a key i that starts a run (as key_write_slots_kernel's) of a block another run
+//          also starts in: each start claims its block in `table`, an open-addressed set of
+//          block + 1 (0 = empty) with 2**log2_places places, more than twice the keys, so
+//          a probe always ends (Fibonacci hashing: the product's top bits pick the place);
+//   c = 3: a key i that starts a run of a block whose key_gscale is not a power of two in
+//          [2**min_exp, 2**max_exp].
+// found and table are zero before the launch (one memset). The host words the message from
+// the arrays where a check failed (indexer/keywrite.py), so which offender is found first
+// does not matter.
+template <typename SlotT, typename KeyT>
+__global__ void __launch_bounds__(256)
+key_check_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict__ keys, int D, int E, int P,
+                 const float* __restrict__ gscale, float max_key, int min_exp, int max_exp,
+                 u64* __restrict__ found, u64* __restrict__ table, int log2_places)
+{
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long total = (long long)P * E;
+    const u64 mask = (1ull << log2_places) - 1;
+    for (long long i = first; i < (long long)N * D; i += stride)
+        if (!(fabsf(query_float(keys[i])) <= max_key)) atomicMax(found + 0, ~(u64)i);  // NaN fails too
+    for (long long i = first; i < N; i += stride) {
+        const long long slot = (long long)slots[i];
+        if (slot < 0 || slot >= total) {
+            atomicMax(found + 1, ~(u64)i);
+            continue;
+        }
+        const long long p = slot / E;
+        if (i > 0) {
+            const long long prev = (long long)slots[i - 1];
+            if (prev >= 0 && prev + 1 == slot && prev / E == p) continue;  // inside a run
+        }
+        const u32 bits = __float_as_uint(gscale[p]);
+        const int exponent = (int)((bits >> 23) & 0xFFu) - 127;
+        if ((bits & 0x807FFFFFu) != 0u || exponent < min_exp || exponent > max_exp) atomicMax(found + 3, ~(u64)i);
+        const u64 key = (u64)p + 1;
+        for (u64 h = (key * 0x9E3779B97F4A7C15ull) >> (64 - log2_places);; h = (h + 1) & mask) {
+            const u64 held = atomicCAS(table + h, 0ull, key);
+            if (held == 0ull) break;  // claimed
+            if (held == key) {        // claimed before by another run
+                atomicMax(found + 2, ~(u64)i);
+                break;
+            }
+        }
+    }
+}

@@ -131,3 +131,65 @@ def test_unvalidated_bad_values_stay_inside_the_pool():
     for a, b in zip(dev, before):
         now = a.get()
         np.testing.assert_array_equal(np.delete(now, 4, axis=0), np.delete(b, 4, axis=0))
+
+
+def random_call(rng, P, E, D):
+    """A write_keys call that may be bad in any of the device check's ways: keys, int64
+    slots and the pool's global scales. Runs of 1..E keys into blocks drawn with steps of a
+    power of two (blocks the check's hash places on one probe chain), sometimes one block
+    twice, a slot out of range, a key of NaN, Inf or just above MAX_KEY, or a written block's
+    scale not a power of two or out of range."""
+    from indexer.keywrite import MAX_KEY
+    n_runs = int(rng.integers(1, 400))
+    step = 2 ** int(rng.integers(0, 8))
+    blocks = (rng.permutation(P // step)[:n_runs] * step).astype(np.int64)
+    n_runs = blocks.shape[0]
+    if rng.random() < 0.3 and n_runs > 1:
+        blocks[rng.integers(1, n_runs)] = blocks[rng.integers(0, n_runs)]  # maybe one block twice
+    firsts = rng.integers(0, E, n_runs)
+    lengths = [int(rng.integers(1, E - f + 1)) for f in firsts]
+    slots = np.concatenate([b * E + f + np.arange(n) for b, f, n in zip(blocks, firsts, lengths)])
+    keys = adversarial_keys(rng, slots.shape[0], D)
+    g = np.exp2(rng.integers(-20, 21, P)).astype(np.float32)
+    kind = rng.integers(0, 8)
+    i = int(rng.integers(0, slots.shape[0]))
+    if kind == 0:
+        slots[i] = rng.choice([-1, P * E, -(2**40), 2**40])
+    elif kind == 1:
+        keys[i, int(rng.integers(0, D))] = rng.choice([np.nan, np.inf, -np.inf, np.nextafter(np.float32(MAX_KEY), np.inf)])
+    elif kind == 2:
+        keys[i, int(rng.integers(0, D))] = -MAX_KEY  # the largest storable: refused by neither
+    elif kind == 3:
+        g[slots[i] // E] = rng.choice([0.75, 0.0, np.inf, np.nan, -1.0, 2.0**117, 2.0**-127])
+    return keys, slots, g
+
+
+def test_the_device_check_finds_exactly_what_the_host_check_finds():
+    """validate=True on device (kernels/key_write.cu's key_check_kernel, one read-back) against
+    the host form on copies of the same pool: the same error, or the same bytes written. Up to
+    ~6,000 keys a call; blocks spaced by powers of two make long probe chains in its set."""
+    cp = arrays.cupy()
+    rng = np.random.default_rng(55)
+    P, E, D = 4096, 16, 32
+    outcomes = set()
+    for trial in range(60):
+        keys, slots, g = random_call(rng, P, E, D)
+        host = empty_pool(P, E, D, np)
+        host[2][:] = g
+        dev = tuple(cp.asarray(a) for a in host)
+        try:
+            indexer.write_keys(keys, slots, *host)
+            expected = None
+        except ValueError as e:
+            expected = str(e)
+        slot_dtype = np.int32 if trial % 2 and np.abs(slots).max() < 2**31 else np.int64
+        try:
+            indexer.write_keys(cp.asarray(keys), cp.asarray(slots.astype(slot_dtype)), *dev)
+            got = None
+        except ValueError as e:
+            got = str(e)
+        assert got == expected, trial
+        assert_pool(dev, host)
+        outcomes.add(None if expected is None else " ".join(expected.split(" ")[:2]))
+    # passes and each kind of refusal were drawn
+    assert outcomes == {None, "slots: slot", "slots: block", "keys: NaN", "keys: magnitudes", "key_gscale: block"}
