@@ -336,21 +336,35 @@ def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
 
 
 def _device_check_values(cp, k, key_dtype, s, key_gscale, P, E):  # gpu-only
-    """write_keys' value checks on the device: ``key_check_kernel`` (``kernels/key_write.cu``)
-    and one read-back of its four results; on a failure the host form (on copies) words the
-    error."""
+    """write_keys' value checks on the device (``_device_checks``), and on a failure the
+    host form (on copies) words the error."""
     N, D = (int(k.shape[0]), int(k.shape[1])) if k.ndim == 2 else (1, int(k.shape[0]))
-    log2_places = max(6, (2 * N).bit_length())  # 2**log2_places > 2 N: the set never fills
-    scratch = cp.zeros(4 + (1 << log2_places), dtype=cp.uint64)  # found[4], then the set: one memset
-    kernel = _jit.get_kernel("key_write.cu", f"key_check_kernel<{_SLOT_TYPES[arrays.dtype_name(s)]}, "
-                                            f"{_KEY_ELEMENTS[key_dtype]}>")
-    ctas = max(1, min(1024, -(-N * D // (4 * _CHECK_THREADS))))
-    kernel((ctas,), (_CHECK_THREADS,),
-           (s, np.int32(N), k, np.int32(D), np.int32(E), np.int32(P), key_gscale, np.float32(MAX_KEY),
-            np.int32(MIN_EXP), np.int32(MAX_EXP), scratch, scratch[4:], np.int32(log2_places)))
-    if not scratch[:4].get().any():  # the one read-back
+    if not _device_checks(cp, k, key_dtype, s, key_gscale, P, E).any():
         return
     bits = k.get()
     kf = (bits.astype(np.uint32) << 16).view(np.float32) if key_dtype == "bfloat16" else bits.astype(np.float32)
     _check_values(kf.reshape(N, D), s.get().astype(np.int64), key_gscale.get(), P, E)
     raise AssertionError("write_keys: the device check failed where the host check passed")  # pragma: no cover
+
+
+def device_keys_storable(k):  # gpu-only
+    """Whether C-contiguous float32 CuPy keys are all finite and within MAX_KEY (a GPU
+    ``KeyPool``'s check): one launch, one read-back."""
+    return not _device_checks(arrays.cupy(), k, "float32")[0]
+
+
+def _device_checks(cp, k, key_dtype, s=None, key_gscale=None, P=0, E=1):  # gpu-only
+    """``key_check_kernel``'s four results (``kernels/key_write.cu``; nonzero where a check
+    failed) over keys ``k`` and, with ``s``, slots and the written blocks' scales: one
+    memset, one launch, one read-back, on the current stream."""
+    n_slots = 0 if s is None else int(s.shape[0])
+    log2_places = max(6, (2 * n_slots).bit_length())  # 2**log2_places > 2 n_slots: the set never fills
+    scratch = cp.zeros(4 + (1 << log2_places), dtype=cp.uint64)  # found[4], then the set
+    slot_type = "int" if s is None else _SLOT_TYPES[arrays.dtype_name(s)]
+    kernel = _jit.get_kernel("key_write.cu", f"key_check_kernel<{slot_type}, {_KEY_ELEMENTS[key_dtype]}>")
+    ctas = max(1, min(1024, -(-int(k.size) // (4 * _CHECK_THREADS))))
+    kernel((ctas,), (_CHECK_THREADS,),
+           (0 if s is None else s, np.int32(n_slots), k, np.int64(k.size), np.int32(E), np.int32(P),
+            0 if key_gscale is None else key_gscale, np.float32(MAX_KEY), np.int32(MIN_EXP), np.int32(MAX_EXP),
+            scratch, scratch[4:], np.int32(log2_places)))
+    return scratch[:4].get()  # the one read-back

@@ -149,9 +149,10 @@ key_write_slots_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __res
 }
 
 // indexer.write_keys(validate=True)'s value checks, in one launch whose result is read back
-// once (as check_values.cu is for score_topk). found[c] is 0 when check c passed, else ~i for
-// an offending position i (atomicMax of ~i keeps the smallest found; ~i is never 0):
-//   c = 0: a key element i (flat) that is NaN, infinite or above max_key in magnitude;
+// once (as check_values.cu is for score_topk); KeyPool.append_many's keys check is check 0
+// alone (N = 0). found[c] is 0 when check c passed, else ~i for an offending position i
+// (atomicMax of ~i keeps the smallest found; ~i is never 0):
+//   c = 0: a key element i (of n_values) that is NaN, infinite or above max_key in magnitude;
 //   c = 1: a key i whose slot is outside [0, P * E);
 //   c = 2: a key i that starts a run (as key_write_slots_kernel's) of a block another run
 //          also starts in: each start claims its block in `table`, an open-addressed set of
@@ -164,7 +165,7 @@ key_write_slots_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __res
 // does not matter.
 template <typename SlotT, typename KeyT>
 __global__ void __launch_bounds__(256)
-key_check_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict__ keys, int D, int E, int P,
+key_check_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict__ keys, long long n_values, int E, int P,
                  const float* __restrict__ gscale, float max_key, int min_exp, int max_exp,
                  u64* __restrict__ found, u64* __restrict__ table, int log2_places)
 {
@@ -172,7 +173,7 @@ key_check_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict_
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long total = (long long)P * E;
     const u64 mask = (1ull << log2_places) - 1;
-    for (long long i = first; i < (long long)N * D; i += stride)
+    for (long long i = first; i < n_values; i += stride)
         if (!(fabsf(query_float(keys[i])) <= max_key)) atomicMax(found + 0, ~(u64)i);  // NaN fails too
     for (long long i = first; i < N; i += stride) {
         const long long slot = (long long)slots[i];

@@ -244,3 +244,32 @@ def test_device_pool_takes_bfloat16_keys_as_their_float32_values():
     tdev.append_many(["s", "t"], t[25:], [5, 10])
     torch.cuda.synchronize()
     _assert_same_pool(want, tdev)
+
+
+def test_device_keys_check_refuses_what_the_host_pools_refuses():
+    """A GPU pool's keys check (kernels/key_write.cu's key_check_kernel, one read-back): one
+    element anywhere of NaN, +-Inf, a float64 that overflows float32, or just past MAX_KEY
+    is refused with the host pool's message and nothing written; MAX_KEY itself is stored."""
+    from indexer.keywrite import MAX_KEY
+    cp = arrays.cupy()
+    rng = np.random.default_rng(43)
+    host = KeyPool(64, entries_per_block=16, head_dim=64)
+    dev = KeyPool(64, entries_per_block=16, head_dim=64, device="cuda")
+    above = float(np.nextafter(np.float32(MAX_KEY), np.float32(np.inf)))
+    for trial, value in enumerate([np.nan, np.inf, -np.inf, 1e300, above, -above, MAX_KEY, -MAX_KEY] * 2):
+        n = int(rng.integers(1, 40))
+        keys = rng.standard_normal((n, 64))
+        keys[rng.integers(0, n), rng.integers(0, 64)] = value
+        seqs = [f"s{trial}", f"t{trial}"]
+        counts = [int(c) for c in (rng.integers(0, n + 1),)]
+        counts.append(n - counts[0])
+        outcomes = []
+        for pool, xp in ((host, np), (dev, cp)):
+            try:
+                pool.append_many(seqs, xp.asarray(keys), counts)
+                outcomes.append(None)
+            except ValueError as e:
+                outcomes.append(str(e))
+        assert outcomes[0] == outcomes[1], (trial, value)
+        assert (outcomes[0] is None) == (abs(value) == MAX_KEY), (trial, value)
+        _assert_same_pool(host, dev)
