@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _jit, arrays, nvfp4, streams
 
-__all__ = ["CAPACITY", "MAX_KEY", "THREADS", "pow2_scales", "host_write_new", "host_write_into", "host_rescale",
+__all__ = ["CAPACITY", "MAX_KEY", "PAD_SLOT", "THREADS", "pow2_scales", "host_write_new", "host_write_into", "host_rescale",
            "write_blocks", "write_keys"]
 
 #: a block with global scale g holds values up to CAPACITY * g (E2M1's largest times E4M3's)
@@ -46,6 +46,8 @@ THREADS = 128
 #: the slots kernel's element type for each keys dtype (kernels/common.cuh)
 _KEY_ELEMENTS = {"float32": "float", "float16": "half_bits", "bfloat16": "bf16_bits"}
 _SLOT_TYPES = {"int32": "int", "int64": "long long"}
+#: the slot of a padding key: neither written nor checked (vLLM's PAD_SLOT_ID)
+PAD_SLOT = -1
 #: threads a CTA of the value check (kernels/key_write.cu's key_check_kernel)
 _CHECK_THREADS = 256
 
@@ -152,12 +154,14 @@ def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=True, s
     keys : float32, float16 or bfloat16 (N, D), or (D,) for one key (NumPy, ml_dtypes'
         bfloat16, CuPy, PyTorch). Written as their float32 values.
     slots : int32 or int64 (N,): key i goes to entry ``slots[i] % E`` of block
-        ``slots[i] // E`` (``score_topk(..., physical=True)``'s numbering).
+        ``slots[i] // E`` (``score_topk(..., physical=True)``'s numbering); a slot of -1
+        (``PAD_SLOT``) marks a padding key, neither written nor checked (an engine's batch
+        padded to a captured size, as vLLM's slot mappings pad).
     keys_fp4 : uint8 (P, E, D/2), key_scale : uint8 (P, E, D/16), key_gscale : float32 (P,):
         the pool, C-contiguous, written in place. NumPy arrays take the host form; device
         arrays (CuPy, PyTorch CUDA tensors) one kernel launch (``kernels/key_write.cu``).
-    validate : True checks the values: slots in [0, P*E); each block written by one run of
-        keys (below); keys finite and within the largest storable magnitude (~2.2e38); the
+    validate : True checks the values: slots in [0, P*E) or -1; each block written by one run
+        of keys (below); keys finite and within the largest storable magnitude (~2.2e38); the
         written blocks' ``key_gscale`` powers of two in [2**-126, 2**116]. ValueError naming
         the argument, nothing written. On device arrays that costs one read-back; False
         skips it, so the call neither waits for the GPU nor allocates (with C-contiguous
@@ -257,18 +261,21 @@ def _runs(s, E):
 def _check_values(k, s, key_gscale, P, E):
     """ValueError naming the first bad value of NumPy keys ``k`` (N, D), slots ``s`` (N,)
     and the written blocks' global scales; the messages of both forms."""
-    out = np.flatnonzero((s < 0) | (s >= P * E))
+    pad = s == PAD_SLOT
+    out = np.flatnonzero(~pad & ((s < 0) | (s >= P * E)))
     if out.size:
         i = int(out[0])
-        raise ValueError(f"slots: slot {int(s[i])} of key {i} is outside [0, {P * E}) ({P} blocks of {E} entries)")
+        raise ValueError(f"slots: slot {int(s[i])} of key {i} is outside [0, {P * E}) ({P} blocks of {E} entries; "
+                         f"{PAD_SLOT} marks a padding key)")
     with np.errstate(over="ignore"):
-        amax = float(np.max(np.abs(k))) if k.size else 0.0
+        written = k[~pad]
+        amax = float(np.max(np.abs(written))) if written.size else 0.0
     if not math.isfinite(amax):
         raise ValueError("keys: NaN or Inf cannot be encoded")
     if amax > MAX_KEY:
         raise ValueError(f"keys: magnitudes above {MAX_KEY:.4g} cannot be stored (their NVFP4 decode could "
                          "overflow float32)")
-    starts = np.flatnonzero(_runs(s, E))
+    starts = np.flatnonzero(_runs(s, E) & ~pad)  # a padding key is a run of its own (the next starts one)
     blocks = s[starts] // E
     order = np.argsort(blocks, kind="stable")
     twice = np.flatnonzero(blocks[order][1:] == blocks[order][:-1])
@@ -290,6 +297,8 @@ def _host_write_runs(keys_fp4, key_scale, key_gscale, k, s):
     E = int(keys_fp4.shape[1])
     starts = np.flatnonzero(_runs(s, E)).tolist() + [int(s.shape[0])]
     for a, b in zip(starts[:-1], starts[1:]):
+        if s[a] == PAD_SLOT:
+            continue
         p, e = divmod(int(s[a]), E)
         if e == 0:
             host_write_new(keys_fp4, key_scale, key_gscale, [p], k[a:b])
@@ -364,7 +373,8 @@ def _device_checks(cp, k, key_dtype, s=None, key_gscale=None, P=0, E=1):  # gpu-
     kernel = _jit.get_kernel("key_write.cu", f"key_check_kernel<{slot_type}, {_KEY_ELEMENTS[key_dtype]}>")
     ctas = max(1, min(1024, -(-int(k.size) // (4 * _CHECK_THREADS))))
     kernel((ctas,), (_CHECK_THREADS,),
-           (0 if s is None else s, np.int32(n_slots), k, np.int64(k.size), np.int32(E), np.int32(P),
+           (0 if s is None else s, np.int32(n_slots), k, np.int64(k.size), np.int32(k.shape[-1]), np.int32(E),
+            np.int32(P),
             0 if key_gscale is None else key_gscale, np.float32(MAX_KEY), np.int32(MIN_EXP), np.int32(MAX_EXP),
             scratch, scratch[4:], np.int32(log2_places)))
     return scratch[:4].get()  # the one read-back

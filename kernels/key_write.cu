@@ -21,6 +21,7 @@
 namespace keywrite {
 
 constexpr int kThreads = 128;
+constexpr long long kPadSlot = -1;  // a padding key's slot (indexer.keywrite.PAD_SLOT): not written
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {
 #pragma unroll
@@ -121,7 +122,8 @@ key_write_kernel(const int* __restrict__ items, const float* __restrict__ keys, 
 // whose slots follow one another within one block; the CTA of a run's first key writes the
 // run (the others return at once). Runs of distinct blocks write distinct blocks (the host
 // checks that with validate=True; without, two runs of one block race, but nothing is read
-// or written outside the arrays). A slot outside [0, P * E) is skipped.
+// or written outside the arrays). A slot outside [0, P * E) is skipped: kPadSlot (-1) marks a
+// padding key, any other is bad input the host's check refuses.
 template <typename SlotT, typename KeyT>
 __global__ void __launch_bounds__(keywrite::kThreads)
 key_write_slots_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict__ keys, int D, int E, int P,
@@ -152,8 +154,9 @@ key_write_slots_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __res
 // once (as check_values.cu is for score_topk); KeyPool.append_many's keys check is check 0
 // alone (N = 0). found[c] is 0 when check c passed, else ~i for an offending position i
 // (atomicMax of ~i keeps the smallest found; ~i is never 0):
-//   c = 0: a key element i (of n_values) that is NaN, infinite or above max_key in magnitude;
-//   c = 1: a key i whose slot is outside [0, P * E);
+//   c = 0: a key element i (of n_values, D a key) that is NaN, infinite or above max_key in
+//          magnitude, unless its key is padding;
+//   c = 1: a key i whose slot is outside [0, P * E) and not kPadSlot (-1: padding, skipped);
 //   c = 2: a key i that starts a run (as key_write_slots_kernel's) of a block another run
 //          also starts in: each start claims its block in `table`, an open-addressed set of
 //          block + 1 (0 = empty) with 2**log2_places places, more than twice the keys, so
@@ -165,18 +168,22 @@ key_write_slots_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __res
 // does not matter.
 template <typename SlotT, typename KeyT>
 __global__ void __launch_bounds__(256)
-key_check_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict__ keys, long long n_values, int E, int P,
+key_check_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict__ keys, long long n_values, int D,
+                 int E, int P,
                  const float* __restrict__ gscale, float max_key, int min_exp, int max_exp,
                  u64* __restrict__ found, u64* __restrict__ table, int log2_places)
 {
+    using namespace keywrite;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long total = (long long)P * E;
     const u64 mask = (1ull << log2_places) - 1;
     for (long long i = first; i < n_values; i += stride)
-        if (!(fabsf(query_float(keys[i])) <= max_key)) atomicMax(found + 0, ~(u64)i);  // NaN fails too
+        if (!(fabsf(query_float(keys[i])) <= max_key)                  // NaN fails too
+            && (N == 0 || (long long)slots[i / D] != kPadSlot)) atomicMax(found + 0, ~(u64)i);
     for (long long i = first; i < N; i += stride) {
         const long long slot = (long long)slots[i];
+        if (slot == kPadSlot) continue;
         if (slot < 0 || slot >= total) {
             atomicMax(found + 1, ~(u64)i);
             continue;

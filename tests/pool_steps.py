@@ -59,3 +59,24 @@ def write_keys_steps(rng, d, entries_per_block, seqs, steps, num_blocks=400):
 def empty_pool(P, E, D, xp=np):
     """A fresh pool's arrays (keys_fp4, key_scale, key_gscale) in array module ``xp``."""
     return (xp.zeros((P, E, D // 2), xp.uint8), xp.zeros((P, E, D // 16), xp.uint8), xp.ones(P, xp.float32))
+
+
+def padded_call(rng, D, E, P):
+    """Keys, slots and the same call without its padding: runs of 1..E keys into distinct
+    blocks, with padding keys (slot -1, their values NaN, Inf or huge: never read) before,
+    between and after the runs."""
+    blocks = rng.permutation(P)[: int(rng.integers(1, P + 1))]
+    keys, slots, kept = [], [], []
+    for b in blocks:
+        for _ in range(int(rng.integers(0, 3))):  # padding before the run
+            keys.append(np.full(D, rng.choice([np.nan, np.inf, 3e38]), np.float32))
+            slots.append(-1)
+        first = int(rng.integers(0, E))
+        for e in range(first, first + int(rng.integers(1, E - first + 1))):
+            kept.append(len(keys))
+            keys.append(rng.standard_normal(D).astype(np.float32) * np.float32(2.0 ** rng.integers(-8, 9)))
+            slots.append(int(b) * E + e)
+    keys.append(np.full(D, np.nan, np.float32))  # a padded batch's tail
+    slots.append(-1)
+    keys, slots = np.array(keys), np.array(slots, np.int64)
+    return keys, slots, keys[kept], slots[kept]

@@ -8,7 +8,7 @@ import pytest
 import indexer
 from indexer import arrays
 from tests.gpu import requires_gpu
-from tests.pool_steps import adversarial_keys, empty_pool, new_slots, write_keys_steps
+from tests.pool_steps import adversarial_keys, empty_pool, new_slots, padded_call, write_keys_steps
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -138,7 +138,8 @@ def random_call(rng, P, E, D):
     slots and the pool's global scales. Runs of 1..E keys into blocks drawn with steps of a
     power of two (blocks the check's hash places on one probe chain), sometimes one block
     twice, a slot out of range, a key of NaN, Inf or just above MAX_KEY, or a written block's
-    scale not a power of two or out of range."""
+    scale not a power of two or out of range; sometimes padding keys (slot -1, NaN values)
+    between runs and at the end."""
     from indexer.keywrite import MAX_KEY
     n_runs = int(rng.integers(1, 400))
     step = 2 ** int(rng.integers(0, 8))
@@ -150,11 +151,15 @@ def random_call(rng, P, E, D):
     lengths = [int(rng.integers(1, E - f + 1)) for f in firsts]
     slots = np.concatenate([b * E + f + np.arange(n) for b, f, n in zip(blocks, firsts, lengths)])
     keys = adversarial_keys(rng, slots.shape[0], D)
+    if rng.random() < 0.5:  # padding keys (slot -1, garbage values) between runs and at the end
+        at = np.sort(rng.choice(np.cumsum(lengths), int(rng.integers(1, 20))))
+        slots = np.insert(slots, at, -1)
+        keys = np.insert(keys, at, np.float32(np.nan), axis=0)
     g = np.exp2(rng.integers(-20, 21, P)).astype(np.float32)
     kind = rng.integers(0, 8)
     i = int(rng.integers(0, slots.shape[0]))
     if kind == 0:
-        slots[i] = rng.choice([-1, P * E, -(2**40), 2**40])
+        slots[i] = rng.choice([-2, P * E, -(2**40), 2**40])
     elif kind == 1:
         keys[i, int(rng.integers(0, D))] = rng.choice([np.nan, np.inf, -np.inf, np.nextafter(np.float32(MAX_KEY), np.inf)])
     elif kind == 2:
@@ -193,3 +198,18 @@ def test_the_device_check_finds_exactly_what_the_host_check_finds():
         outcomes.add(None if expected is None else " ".join(expected.split(" ")[:2]))
     # passes and each kind of refusal were drawn
     assert outcomes == {None, "slots: slot", "slots: block", "keys: NaN", "keys: magnitudes", "key_gscale: block"}
+
+
+def test_padding_keys_are_neither_written_nor_checked_on_the_device():
+    """Slot -1 (padding, NaN / Inf / huge values) on the device, checked and not, from int32
+    and int64 slots: the bytes of the same call without its padding keys (the host form's)."""
+    cp = arrays.cupy()
+    rng = np.random.default_rng(56)
+    for trial in range(12):
+        keys, slots, kept_keys, kept_slots = padded_call(rng, 64, 16, 24)
+        host = empty_pool(24, 16, 64, np)
+        indexer.write_keys(kept_keys, kept_slots, *host)
+        dev = empty_pool(24, 16, 64, cp)
+        indexer.write_keys(cp.asarray(keys), cp.asarray(slots.astype(np.int32 if trial % 2 else np.int64)), *dev,
+                           validate=trial % 3 != 0)
+        assert_pool(dev, host)

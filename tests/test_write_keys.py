@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import indexer
-from tests.pool_steps import empty_pool, write_keys_steps
+from tests.pool_steps import empty_pool, padded_call, write_keys_steps
 
 
 @pytest.mark.parametrize("D, E", [(32, 1), (64, 16), (128, 64), (256, 8)])
@@ -50,7 +50,7 @@ def bad_cases():
     big[2, 0] = 3e38
     return [
         (dict(slots=np.array([32, 33, 64])), ValueError, r"slots: slot 64 of key 2 is outside \[0, 64\)"),
-        (dict(slots=np.array([-1, 0, 1])), ValueError, "slots: slot -1 of key 0"),
+        (dict(slots=np.array([-2, 0, 1])), ValueError, "slots: slot -2 of key 0 .* -1 marks a padding key"),
         (dict(slots=np.array([32, 33, 35])), ValueError, "slots: block 2 is written by two runs of keys"),
         (dict(slots=np.array([34, 32, 33])), ValueError, "slots: block 2 is written by two runs"),
         (dict(keys=nan), ValueError, "keys: NaN or Inf cannot be encoded"),
@@ -103,3 +103,20 @@ def test_a_run_at_entry_zero_starts_its_block_afresh():
     indexer.write_keys(rng.standard_normal((2, 32)).astype(np.float32), np.arange(2), codes, scales, g)
     assert not codes[0, 2:].any() and not scales[0, 2:].any()
     assert g[0] <= 2.0**-9  # a scale for values ~1, not ~1000
+
+
+def test_padding_keys_are_neither_written_nor_checked():
+    """A slot of -1 marks a padding key (an engine's batch padded to a captured size): the
+    call writes what the same call without its padding keys writes, whatever their values."""
+    rng = np.random.default_rng(8)
+    for trial in range(20):
+        keys, slots, kept_keys, kept_slots = padded_call(rng, 32, 8, 6)
+        padded, plain = empty_pool(6, 8, 32), empty_pool(6, 8, 32)
+        indexer.write_keys(keys, slots.astype(np.int32) if trial % 2 else slots, *padded)
+        indexer.write_keys(kept_keys, kept_slots, *plain)
+        for a, b in zip(padded, plain):
+            np.testing.assert_array_equal(a, b)
+    only_padding = empty_pool(2, 8, 32)
+    indexer.write_keys(np.full((3, 32), np.nan, np.float32), np.full(3, -1), *only_padding)
+    for a, b in zip(only_padding, empty_pool(2, 8, 32)):
+        np.testing.assert_array_equal(a, b)
