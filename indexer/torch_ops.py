@@ -1,10 +1,10 @@
-"""PyTorch operators ``torch.ops.indexer.score_topk`` and ``score_topk_ragged``, for models
-compiled by ``torch.compile`` or captured in CUDA graphs.
+"""PyTorch operators ``torch.ops.indexer.score_topk``, ``score_topk_ragged`` and
+``write_keys``, for models compiled by ``torch.compile`` or captured in CUDA graphs.
 
 ``torch.compile`` cannot trace into CuPy: a model that calls ``indexer.score_topk`` breaks its
 graph there at every layer (and ``fullgraph=True`` refuses to compile it). Importing this
-module (it needs PyTorch; nothing else in the package imports it) registers the two calls
-as custom operators with ``torch.library``: the compiler sees one opaque node per call, whose
+module (it needs PyTorch; nothing else in the package imports it) registers the calls as
+custom operators with ``torch.library``: the compiler sees one opaque node per call, whose
 outputs' shapes and dtypes the fake implementations below give, and runs the indexer there.
 
     import indexer.torch_ops as iops
@@ -21,7 +21,8 @@ device, exactly what ``indexer.score_topk(..., return_scores=True)`` returns. Wi
 ``torch.ops.indexer.score_topk_out`` / ``score_topk_ragged_out`` instead, which write the
 caller's tensors in place and make none (what an engine with its buffers kept from step to
 step calls eagerly; under ``torch.compile`` the compiler's functionalization handles the
-mutation).
+mutation). ``write_keys`` (``torch.ops.indexer.write_keys``) quantizes a step's keys into
+the pool tensors in place, as ``indexer.write_keys`` does, and returns nothing.
 
 * CUDA tensors take the CUDA path on PyTorch's current stream (the capture stream inside
   ``torch.cuda.graph`` or a compiled model's CUDA graphs), with ``validate=False`` unless
@@ -45,10 +46,10 @@ if not hasattr(torch.library, "register_fake"):  # the fake implementations belo
     raise ImportError(f"indexer.torch_ops: needs PyTorch 2.4 or later (torch.library.register_fake), "
                       f"found {torch.__version__}")
 
-from . import arrays, ops, validate as _validate  # noqa: E402
+from . import arrays, keywrite, ops, validate as _validate  # noqa: E402
 from .workspace import Workspace  # noqa: E402
 
-__all__ = ["score_topk", "score_topk_ragged", "workspace"]
+__all__ = ["score_topk", "score_topk_ragged", "write_keys", "workspace"]
 
 _WORKSPACES = {}  # CUDA device index -> the operators' Workspace there
 
@@ -211,3 +212,45 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
     return _dispatch(torch.ops.indexer.score_topk_ragged, torch.ops.indexer.score_topk_ragged_out,
                      (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens), top_k,
                      (precision, physical, validate), out)
+
+
+# write_keys: the pool tensors are mutable arguments, nothing is returned
+_LIB.define("write_keys(Tensor keys, Tensor slots, Tensor(a!) keys_fp4, Tensor(b!) key_scale, "
+            "Tensor(c!) key_gscale, bool validate) -> ()")
+
+
+def _write_keys(keys, slots, keys_fp4, key_scale, key_gscale, validate):
+    """The write_keys operator's kernel: ``indexer.write_keys`` on the tensors (CUDA: on
+    PyTorch's current stream; CPU: the host form on NumPy views of the pool, written in place)."""
+    pool = (keys_fp4, key_scale, key_gscale)
+    for name, t in zip(("keys", "slots", "key_scale", "key_gscale"), (keys, slots, key_scale, key_gscale)):
+        if t.device != keys_fp4.device:
+            raise ValueError(f"{name}: expected a tensor on keys_fp4's device ({keys_fp4.device}), got {t.device}")
+    keys = keys.detach() if keys.requires_grad else keys
+    if keys_fp4.is_cuda:
+        keywrite.write_keys(keys, slots, *pool, validate=validate)  # gpu-only
+    else:
+        views = [_host_view(name, t, "uint8 codes and scales and float32 global scales")
+                 for name, t in zip(("keys_fp4", "key_scale", "key_gscale"), pool)]
+        keywrite.write_keys(keys, slots, *views)
+
+
+def _write_keys_fake(keys, slots, keys_fp4, key_scale, key_gscale, validate):
+    """Nothing to make: the pool is written in place."""
+    return None
+
+
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("write_keys", _write_keys, _key)
+_LIB.impl("write_keys", torch.library.fallthrough_kernel, "Autograd")
+torch.library.register_fake("indexer::write_keys", _write_keys_fake, lib=_LIB)
+
+
+def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=False):
+    """``torch.ops.indexer.write_keys``: ``indexer.write_keys`` on PyTorch tensors (shapes and
+    dtypes as there: keys float32, float16 or bfloat16 (N, D); slots int32 or int64 (N,), -1
+    for a padding key; the pool's uint8 keys_fp4 (P, E, D/2) and key_scale (P, E, D/16) and
+    float32 key_gscale (P,), written in place), as one operator ``torch.compile`` keeps in its
+    graph. ``validate``: the value checks on CUDA tensors (a host synchronisation, so never
+    inside a captured graph); CPU tensors are always checked. Returns None."""
+    torch.ops.indexer.write_keys(keys, slots, keys_fp4, key_scale, key_gscale, validate)

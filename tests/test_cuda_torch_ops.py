@@ -163,3 +163,56 @@ def test_out_form_compiled_and_captured():
     assert torch.equal(counts, (want[0] >= 0).sum(dim=1))
     graph, _ = capture(lambda: iops.score_topk(*x, 100, out=out))
     assert_replays_follow(graph, x, (new, x), out, 100)
+
+
+def test_write_keys_operator_on_cuda_tensors_eager_compiled_and_captured():
+    """torch.ops.indexer.write_keys on CUDA tensors (bfloat16 keys, padding slots): the host
+    form's bytes eagerly (checked and not), inside torch.compile(fullgraph=True), and from a
+    captured torch.cuda.CUDAGraph replayed with each step's keys and slots copied in."""
+    from tests.pool_steps import adversarial_keys, empty_pool, padded_call
+
+    def host_bytes(steps, P, E, D):
+        pool = empty_pool(P, E, D, np)
+        for keys, slots in steps:
+            indexer.write_keys(keys.float().cpu().numpy(), slots.cpu().numpy(), *pool)
+        return pool
+
+    def assert_pool(dev, host):
+        for d, h in zip(dev, host):
+            np.testing.assert_array_equal(d.cpu().numpy(), h)
+
+    rng = np.random.default_rng(96)
+    P, E, D = 24, 16, 64
+    steps = []
+    for _ in range(4):
+        keys, slots, _, _ = padded_call(rng, D, E, P)
+        steps.append((torch.from_numpy(keys).to("cuda", torch.bfloat16), torch.from_numpy(slots).cuda()))
+    want = host_bytes(steps, P, E, D)
+    for validate in (True, False):
+        dev = [torch.from_numpy(a).cuda() for a in empty_pool(P, E, D, np)]
+        for keys, slots in steps:
+            iops.write_keys(keys, slots, *dev, validate=validate)
+        assert_pool(dev, want)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda k, s, *pool: iops.write_keys(k, s, *pool), fullgraph=True)
+    dev = [torch.from_numpy(a).cuda() for a in empty_pool(P, E, D, np)]
+    for keys, slots in steps:
+        compiled(keys, slots, *dev)
+    assert_pool(dev, want)
+
+    # a decode loop: B keys a step at the next entry of B sequences' blocks, replayed
+    B = 6
+    decode = [(torch.from_numpy(adversarial_keys(rng, B, D)).cuda(),
+               torch.tensor([b * E + step for b in range(B)], device="cuda")) for step in range(E)]
+    want = host_bytes([(k, s) for k, s in decode], P, E, D)
+    dev = [torch.from_numpy(a).cuda() for a in empty_pool(P, E, D, np)]
+    keys_buf, slots_buf = decode[0][0].clone(), decode[0][1].clone()
+    # (capture's warm-up call writes step 0, which the first replay writes again afresh)
+    graph, _ = capture(lambda: iops.write_keys(keys_buf, slots_buf, *dev))
+    for keys, slots in decode:
+        keys_buf.copy_(keys)
+        slots_buf.copy_(slots)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert_pool(dev, want)

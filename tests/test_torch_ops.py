@@ -257,3 +257,65 @@ def test_public_calls_take_cpu_tensors_and_refuse_what_numpy_cannot_hold_by_name
         assert not q.is_contiguous()
         with pytest.raises(ValueError, match=r"^q: expected a C-contiguous array"):
             score_topk(q, *x[1:], 4, backend="numpy")
+
+
+def write_keys_call(seed):
+    """A decode step's keys, slots (with padding) and an empty pool of 8 blocks of 16
+    entries (D = 64), as NumPy arrays."""
+    from tests.pool_steps import empty_pool, padded_call
+    keys, slots, _, _ = padded_call(np.random.default_rng(seed), 64, 16, 8)
+    return keys, slots, empty_pool(8, 16, 64)
+
+
+@pytest.mark.parametrize("key_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_write_keys_operator_writes_the_host_forms_bytes_in_place(key_dtype, slot_dtype):
+    import indexer
+    keys, slots, pool = write_keys_call(80)
+    t_keys = torch.from_numpy(keys).to(key_dtype)
+    want = [a.copy() for a in pool]
+    indexer.write_keys(t_keys.float().numpy(), slots, *want)
+    got = [torch.from_numpy(a.copy()) for a in pool]
+    assert iops.write_keys(t_keys, torch.from_numpy(slots).to(slot_dtype), *got) is None
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_torch_library_checks_the_write_keys_operator():
+    keys, slots, pool = write_keys_call(81)
+    torch.library.opcheck(torch.ops.indexer.write_keys.default,
+                          (torch.from_numpy(keys), torch.from_numpy(slots), *(torch.from_numpy(a) for a in pool), True))
+
+
+def test_write_keys_compiled_with_fullgraph_writes_the_pool():
+    import indexer
+    keys, slots, pool = write_keys_call(82)
+    want = [a.copy() for a in pool]
+    indexer.write_keys(keys * 0.5, slots, *want)
+
+    def step(k, s, keys_fp4, key_scale, key_gscale):
+        iops.write_keys(k * 0.5, s, keys_fp4, key_scale, key_gscale)
+        return key_gscale.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)  # no graph break, or it raises
+    got = [torch.from_numpy(a.copy()) for a in pool]
+    total = compiled(torch.from_numpy(keys), torch.from_numpy(slots), *got)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w)
+    assert float(total) == float(want[2].sum())
+
+
+def test_write_keys_operator_refuses_bad_input_by_name_and_writes_nothing():
+    keys, slots, pool = write_keys_call(83)
+    t = [torch.from_numpy(a.copy()) for a in pool]
+    cases = [((torch.from_numpy(keys), torch.from_numpy(slots) + 10**6, *t), ValueError, "^slots: slot"),
+             ((torch.from_numpy(keys), torch.from_numpy(slots), t[0], t[1], t[2].double()), TypeError,
+              "^key_gscale: expected"),
+             ((torch.from_numpy(keys), torch.from_numpy(slots)[:-1], *t), ValueError, r"^slots: expected shape"),
+             ((torch.from_numpy(keys).double(), torch.from_numpy(slots), *t), TypeError, "^keys: expected dtype")]
+    for args, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            iops.write_keys(*args)
+    for g, w in zip(t, pool):
+        np.testing.assert_array_equal(g.numpy(), w)
