@@ -102,6 +102,36 @@ def main():
         t = [step_times(lambda: indexer.write_keys(chunk, chunk_slots, codes, scales, g, validate=validate),
                         args.steps) for _ in range(3)]
         print(f"  write_keys 8,192 keys (validate={validate!s:5s})  " + "  ".join(f"{v:8.4f}" for v in t))
+    # from PyTorch tensors on PyTorch's current stream: viewed by pointer (ordered, v94) or
+    # through DLPack's handshake a tensor (streams.on_torch_stream forced False), alternating
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        from indexer import streams
+        t_pool = [torch.as_tensor(a, device="cuda") for a in (codes, scales, g)]
+        t_keys, t_slots = torch.as_tensor(keys, device="cuda"), torch.as_tensor(slots, device="cuda")
+        t_bf16 = t_keys.to(torch.bfloat16)
+        real = streams.on_torch_stream
+
+        def torch_call(k, validate, by_pointer):
+            streams.on_torch_stream = real if by_pointer else (lambda inputs: False)
+            try:
+                indexer.write_keys(k, t_slots, *t_pool, validate=validate)
+            finally:
+                streams.on_torch_stream = real
+
+        for k, kname in ((t_keys, "float32"), (t_bf16, "bfloat16")):
+            for validate in (False, True):
+                rows = {True: [], False: []}
+                for _ in range(3):
+                    for by_pointer in (True, False):
+                        rows[by_pointer].append(step_times(lambda: torch_call(k, validate, by_pointer), args.steps))
+                for by_pointer in (True, False):
+                    how = "by pointer" if by_pointer else "DLPack   "
+                    print(f"  write_keys torch {kname:8s} validate={validate!s:5s} {how} "
+                          + "  ".join(f"{v:8.4f}" for v in rows[by_pointer]))
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()

@@ -309,7 +309,10 @@ def _host_write_runs(keys_fp4, key_scale, key_gscale, k, s):
 def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
     """write_keys on device arrays, on the stream ``streams.using`` made current."""
     cp = arrays.cupy()
-    views = [arrays.to_cupy(a) for a in pool]
+    # PyTorch tensors on PyTorch's current stream (the call's, inside streams.using) are
+    # viewed from their pointers, without DLPack's stream handshake a tensor (arrays.to_cupy)
+    ordered = streams.on_torch_stream((keys, slots, *pool))
+    views = [arrays.to_cupy(a, ordered=ordered) for a in pool]
     device = int(views[0].data.device_id)
     for name, v in zip(names, views):
         if int(v.data.device_id) != device:
@@ -322,12 +325,12 @@ def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
     _check_key_shape(tuple(keys.shape), key_dtype, D)
     if arrays.framework_of(keys) == "torch":  # gpu-only (PyTorch is not a dependency)
         keys = keys.detach()
-    k, _ = arrays.query_to_cupy(keys, arg="keys")  # bfloat16 as its bits (CuPy has none), read so by the kernel
+    k, _ = arrays.query_to_cupy(keys, ordered=ordered, arg="keys")  # bfloat16 as its bits, read so by the kernel
     N = int(k.shape[0]) if k.ndim == 2 else 1
     if not hasattr(slots, "dtype") or not hasattr(slots, "shape"):
         raise TypeError(f"slots: expected an int32 or int64 array, got {type(slots).__name__}")
     _check_slot_shape(tuple(slots.shape), arrays.dtype_name(slots), N)
-    s = arrays.to_cupy(slots)
+    s = arrays.to_cupy(slots, ordered=ordered)
     for name, v in (("keys", k), ("slots", s)):
         if int(v.data.device_id) != device:
             raise ValueError(f"{name}: expected an array on cuda:{device} (where keys_fp4 is), got cuda:{v.data.device_id}")
