@@ -500,8 +500,8 @@ class KeyPool:
                 raise TypeError(f"keys: expected a float array, got a {type(keys).__name__} NumPy cannot read "
                                 f"as one ({exc})") from None
         else:  # pragma: no cover  (needs a GPU)
-            with self._on_device():
-                k = arrays.to_cupy(keys)
+            with self._on_device():  # (inside _writing: a tensor on PyTorch's current stream is viewed by pointer)
+                k = arrays.to_cupy(keys, ordered=streams.on_torch_stream((keys,)))
         if not np.issubdtype(k.dtype, np.floating):
             raise TypeError(f"keys: expected a float array, got dtype {k.dtype}")
         if k.ndim == 1:
@@ -540,7 +540,7 @@ class KeyPool:
             return keys.astype(np.float32)
         with self._on_device():  # pragma: no cover  (needs a GPU)
             cp = self._xp
-            bits, _ = arrays.query_to_cupy(keys, arg="keys")
+            bits, _ = arrays.query_to_cupy(keys, ordered=streams.on_torch_stream((keys,)), arg="keys")
             return (bits.astype(cp.uint32) << 16).view(cp.float32)
 
     def _write_new(self, new, k):

@@ -213,3 +213,24 @@ def test_padding_keys_are_neither_written_nor_checked_on_the_device():
         indexer.write_keys(cp.asarray(keys), cp.asarray(slots.astype(np.int32 if trial % 2 else np.int64)), *dev,
                            validate=trial % 3 != 0)
         assert_pool(dev, host)
+
+
+def test_pytorch_keys_and_slots_written_late_on_its_stream_are_the_ones_written():
+    """Keys and slots PyTorch writes after ~0.1 s of GPU sleep on its current stream, read by
+    pointer on that stream (write_keys' default there): the new values, not the old."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(57)
+    x = rng.standard_normal((6, 32)).astype(np.float32)
+    slots = np.arange(6, dtype=np.int64) + 16
+    dev = tuple(torch.from_numpy(a).cuda() for a in empty_pool(4, 16, 32, np))
+    keys, t_slots = torch.zeros((6, 32), device="cuda"), torch.full((6,), -1, dtype=torch.int64, device="cuda")
+    new_keys, new_slots = torch.from_numpy(x).cuda(), torch.from_numpy(slots).cuda()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    keys.copy_(new_keys)
+    t_slots.copy_(new_slots)
+    indexer.write_keys(keys, t_slots, *dev, validate=False)
+    host = empty_pool(4, 16, 32, np)
+    indexer.write_keys(x, slots, *host)
+    torch.cuda.synchronize()
+    assert_pool(dev, host)
