@@ -138,7 +138,7 @@ key_write_slots_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __res
     const int entry = (int)(slot - p * E);
     if (i > 0) {
         const long long prev = (long long)slots[i - 1];
-        if (prev >= 0 && prev + 1 == slot && prev / E == p) return;  // inside a run
+        if (prev >= 0 && prev == slot - 1 && prev / E == p) return;  // inside a run (slot - 1: no overflow)
     }
     // the run's length: the first j with slots[i + j] != slot + j, at most to the block's end
     const int most = (int)min((long long)(N - i), (long long)(E - entry));
@@ -191,7 +191,7 @@ key_check_kernel(const SlotT* __restrict__ slots, int N, const KeyT* __restrict_
         const long long p = slot / E;
         if (i > 0) {
             const long long prev = (long long)slots[i - 1];
-            if (prev >= 0 && prev + 1 == slot && prev / E == p) continue;  // inside a run
+            if (prev >= 0 && prev == slot - 1 && prev / E == p) continue;  // inside a run (slot - 1: no overflow)
         }
         const u32 bits = __float_as_uint(gscale[p]);
         const int exponent = (int)((bits >> 23) & 0xFFu) - 127;

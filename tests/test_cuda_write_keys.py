@@ -123,14 +123,18 @@ def test_unvalidated_bad_values_stay_inside_the_pool():
     dev = empty_pool(8, 16, 32, cp)
     indexer.write_keys(cp.asarray(rng.standard_normal((40, 32)).astype(np.float32)), cp.arange(40), *dev)
     before = [a.get() for a in dev]
-    keys = rng.standard_normal((6, 32)).astype(np.float32)
+    keys = rng.standard_normal((8, 32)).astype(np.float32)
     keys[0, 0], keys[3, 1] = np.nan, np.inf
-    slots = np.array([-5, 64, 65, 67, 10**9, 2**31 - 1], np.int64)  # block 4 twice; three out of range
+    # block 4 twice; four out of range; slot 0 after the largest int64 (no overflow joins them)
+    slots = np.array([-5, 64, 65, 67, 10**9, 2**31 - 1, 2**63 - 1, 0], np.int64)
     indexer.write_keys(cp.asarray(keys), cp.asarray(slots), *dev, validate=False)
     cp.cuda.Device().synchronize()
-    for a, b in zip(dev, before):
+    block0 = [a.copy() for a in before]
+    indexer.write_keys(keys[7:], slots[7:], *block0)  # the host form of the one good run
+    for a, b, c in zip(dev, before, block0):
         now = a.get()
-        np.testing.assert_array_equal(np.delete(now, 4, axis=0), np.delete(b, 4, axis=0))
+        np.testing.assert_array_equal(np.delete(now, [0, 4], axis=0), np.delete(b, [0, 4], axis=0))
+        np.testing.assert_array_equal(now[0], c[0])
 
 
 def random_call(rng, P, E, D):
