@@ -156,7 +156,8 @@ def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=True, s
     slots : int32 or int64 (N,): key i goes to entry ``slots[i] % E`` of block
         ``slots[i] // E`` (``score_topk(..., physical=True)``'s numbering); a slot of -1
         (``PAD_SLOT``) marks a padding key, neither written nor checked (an engine's batch
-        padded to a captured size, as vLLM's slot mappings pad).
+        padded to a captured size, as vLLM's slot mappings pad); like any break in the
+        slots it ends a run (below).
     keys_fp4 : uint8 (P, E, D/2), key_scale : uint8 (P, E, D/16), key_gscale : float32 (P,):
         the pool, C-contiguous, written in place. NumPy arrays take the host form; device
         arrays (CuPy, PyTorch CUDA tensors) one kernel launch (``kernels/key_write.cu``).
@@ -236,7 +237,11 @@ def _host_keys(keys, D):
     if not hasattr(keys, "dtype") or not hasattr(keys, "shape"):
         raise TypeError(f"keys: expected an array, got {type(keys).__name__}")
     _check_key_shape(tuple(keys.shape), arrays.dtype_name(keys), D)
-    k = arrays.query_to_numpy(keys) if arrays.framework_of(keys) == "torch" else arrays.to_numpy(keys)
+    if arrays.framework_of(keys) == "torch":  # (any layout, as NumPy keys: copied into order below)
+        k = keys.detach().cpu()
+        k = k.float().numpy() if arrays.dtype_name(keys) == "bfloat16" else k.numpy()
+    else:
+        k = arrays.to_numpy(keys)
     return np.ascontiguousarray(np.asarray(k).astype(np.float32, copy=False).reshape(-1, D))
 
 

@@ -491,6 +491,13 @@ class KeyPool:
     def _as_keys(self, keys, check=True):
         """``keys`` as a C-contiguous float32 (n, D) array of the pool's array library;
         ``check``: NaN, Inf and too-large magnitudes refused (a read-back on a GPU pool)."""
+        if self._device_id is not None:  # pragma: no cover  (needs a GPU)
+            # keys on another GPU: refused here (the check and the write launch raw kernels,
+            # which would read them through a pointer of the wrong device)
+            where = streams.device_of((keys,))  # the current one (the pool's) for host keys
+            if where != self._device_id:
+                raise ValueError(f"keys: expected an array on cuda:{self._device_id} (the pool's) or on the host, "
+                                 f"got one on cuda:{where}")
         if getattr(keys, "dtype", None) is not None and arrays.dtype_name(keys) == "bfloat16":
             keys = self._widen_bfloat16(keys)
         if self._xp is np:

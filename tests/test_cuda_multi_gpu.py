@@ -84,6 +84,24 @@ def test_ragged_and_key_pool_on_gpu1():
     testing.check_topk(problem, got[0].get(), got[1].get(), tol=testing.TOL_FAST)
 
 
+def test_key_pool_refuses_keys_on_another_gpu_by_name():
+    """A pool on cuda:1 given keys on cuda:0: a ValueError naming keys (its check and write
+    kernels would read them through a pointer of the wrong device), nothing written."""
+    cp = arrays.cupy()
+    pool = indexer.KeyPool(8, entries_per_block=16, head_dim=64, device="cuda:1")
+    pool.append("a", np.ones((3, 64), np.float32))
+    before = [a.get() for a in (pool.keys_fp4, pool.key_scale, pool.key_gscale)]
+    with cp.cuda.Device(0):
+        keys = cp.ones((2, 64), cp.float32)
+    for call in (lambda: pool.append("a", keys), lambda: pool.append_many(["a", "b"], keys),
+                 lambda: pool.append_many(["a", "b"], keys, validate=False)):
+        with pytest.raises(ValueError, match=r"^keys: expected an array on cuda:1 \(the pool's\)"):
+            call()
+    assert pool.length("a") == 3 and pool.length("b") == 0
+    for a, b in zip((pool.keys_fp4, pool.key_scale, pool.key_gscale), before):
+        np.testing.assert_array_equal(a.get(), b)
+
+
 def test_concurrent_calls_from_four_threads_on_two_gpus():
     problems = [[testing.random_problem(np.random.default_rng(200 + 10 * i + j), T=4, H=32, D=128, E=64,
                                         lens=None, L=30, top_k=128) for j in range(3)] for i in range(4)]

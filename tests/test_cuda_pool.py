@@ -277,9 +277,10 @@ def test_device_keys_check_refuses_what_the_host_pools_refuses():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_pytorch_keys_written_late_on_its_stream_are_the_ones_appended(dtype):
-    """Keys a PyTorch kernel writes after ~0.1 s of GPU sleep on PyTorch's current stream:
-    the pool (no stream given: PyTorch's) reads them by pointer on that stream, after the
-    write, not the zeros before it."""
+    """Keys a PyTorch kernel writes after ~0.1 s of GPU sleep on PyTorch's current stream, a
+    side stream (not the legacy default stream, which every blocking stream waits for): the
+    pool (no stream given: PyTorch's) reads them by pointer on that stream, after the write,
+    not the zeros before it."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(44)
     x = rng.standard_normal((5, 64)).astype(np.float32)
@@ -288,9 +289,10 @@ def test_pytorch_keys_written_late_on_its_stream_are_the_ones_appended(dtype):
     keys = torch.zeros((5, 64), device="cuda", dtype=getattr(torch, dtype))
     source = torch.from_numpy(x).cuda().to(keys.dtype)
     torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)
-    keys.copy_(source)
-    dev.append_many(["a"], keys, [5])
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda._sleep(200_000_000)
+        keys.copy_(source)
+        dev.append_many(["a"], keys, [5])
     host.append_many(["a"], source.float().cpu().numpy(), [5])
     torch.cuda.synchronize()
     _assert_same_pool(host, dev)

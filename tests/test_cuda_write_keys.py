@@ -220,8 +220,9 @@ def test_padding_keys_are_neither_written_nor_checked_on_the_device():
 
 
 def test_pytorch_keys_and_slots_written_late_on_its_stream_are_the_ones_written():
-    """Keys and slots PyTorch writes after ~0.1 s of GPU sleep on its current stream, read by
-    pointer on that stream (write_keys' default there): the new values, not the old."""
+    """Keys and slots PyTorch writes after ~0.1 s of GPU sleep on its current stream (a side
+    stream, not the legacy default one every blocking stream waits for), read by pointer on
+    that stream (write_keys' default there): the new values, not the old."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(57)
     x = rng.standard_normal((6, 32)).astype(np.float32)
@@ -230,10 +231,11 @@ def test_pytorch_keys_and_slots_written_late_on_its_stream_are_the_ones_written(
     keys, t_slots = torch.zeros((6, 32), device="cuda"), torch.full((6,), -1, dtype=torch.int64, device="cuda")
     new_keys, new_slots = torch.from_numpy(x).cuda(), torch.from_numpy(slots).cuda()
     torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)
-    keys.copy_(new_keys)
-    t_slots.copy_(new_slots)
-    indexer.write_keys(keys, t_slots, *dev, validate=False)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda._sleep(200_000_000)
+        keys.copy_(new_keys)
+        t_slots.copy_(new_slots)
+        indexer.write_keys(keys, t_slots, *dev, validate=False)
     host = empty_pool(4, 16, 32, np)
     indexer.write_keys(x, slots, *host)
     torch.cuda.synchronize()

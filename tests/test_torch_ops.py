@@ -319,3 +319,18 @@ def test_write_keys_operator_refuses_bad_input_by_name_and_writes_nothing():
             iops.write_keys(*args)
     for g, w in zip(t, pool):
         np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_write_keys_operator_takes_keys_of_any_layout_on_the_cpu():
+    """The host form takes keys in any layout, float32 and bfloat16 alike (copied into order)."""
+    import indexer
+    keys, slots, pool = write_keys_call(84)
+    want = [a.copy() for a in pool]
+    t = torch.from_numpy(keys).to(torch.bfloat16)
+    indexer.write_keys(t.float().numpy(), slots, *want)
+    for k in (t.t().contiguous().t(), t.float().t().contiguous().t()):
+        assert not k.is_contiguous()
+        got = [torch.from_numpy(a.copy()) for a in pool]
+        iops.write_keys(k, torch.from_numpy(slots), *got)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.numpy(), w)
