@@ -27,8 +27,8 @@ import numpy as np
 
 from . import _jit, arrays, nvfp4, streams
 
-__all__ = ["CAPACITY", "MAX_KEY", "PAD_SLOT", "THREADS", "pow2_scales", "host_write_new", "host_write_into", "host_rescale",
-           "write_blocks", "write_keys"]
+__all__ = ["CAPACITY", "MAX_KEY", "PAD_SLOT", "THREADS", "pow2_scales", "check_key_amax", "host_write_new",
+           "host_write_into", "host_rescale", "write_blocks", "write_keys"]
 
 #: a block with global scale g holds values up to CAPACITY * g (E2M1's largest times E4M3's)
 CAPACITY = nvfp4.E2M1_MAX * nvfp4.E4M3_MAX
@@ -253,14 +253,23 @@ def _host_slots(slots, N):
 
 
 def _runs(s, E):
-    """Starts of the runs of int64 slots ``s`` (N,): bool (N,), position i starting one unless
-    slot i - 1 is the slot before i in the same block (NumPy or CuPy)."""
-    xp = arrays.module_of(s)
-    starts = xp.ones(s.shape, dtype=bool)
+    """Starts of the runs of int64 NumPy slots ``s`` (N,): bool (N,), position i starting one
+    unless slot i - 1 is the slot before i in the same block."""
+    starts = np.ones(s.shape, dtype=bool)
     if s.shape[0] > 1:
         prev, cur = s[:-1], s[1:]
         starts[1:] = ~((prev >= 0) & (cur == prev + 1) & (cur // E == prev // E))
     return starts
+
+
+def check_key_amax(amax):
+    """ValueError for keys whose largest magnitude is ``amax`` (a float; NaN where a key is)
+    when they cannot be stored: NaN or Inf, or above ``MAX_KEY``."""
+    if not math.isfinite(amax):
+        raise ValueError("keys: NaN or Inf cannot be encoded")
+    if amax > MAX_KEY:
+        raise ValueError(f"keys: magnitudes above {MAX_KEY:.4g} cannot be stored (their NVFP4 decode could "
+                         "overflow float32)")
 
 
 def _check_values(k, s, key_gscale, P, E):
@@ -272,14 +281,8 @@ def _check_values(k, s, key_gscale, P, E):
         i = int(out[0])
         raise ValueError(f"slots: slot {int(s[i])} of key {i} is outside [0, {P * E}) ({P} blocks of {E} entries; "
                          f"{PAD_SLOT} marks a padding key)")
-    with np.errstate(over="ignore"):
-        written = k[~pad]
-        amax = float(np.max(np.abs(written))) if written.size else 0.0
-    if not math.isfinite(amax):
-        raise ValueError("keys: NaN or Inf cannot be encoded")
-    if amax > MAX_KEY:
-        raise ValueError(f"keys: magnitudes above {MAX_KEY:.4g} cannot be stored (their NVFP4 decode could "
-                         "overflow float32)")
+    written = k[~pad]
+    check_key_amax(float(np.max(np.abs(written))) if written.size else 0.0)
     starts = np.flatnonzero(_runs(s, E) & ~pad)  # a padding key is a run of its own (the next starts one)
     blocks = s[starts] // E
     order = np.argsort(blocks, kind="stable")

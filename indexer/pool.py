@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import numbers
 import os
 import re
@@ -70,9 +69,6 @@ FORMAT_VERSION = 1
 _ARRAY_NAMES = ("keys_fp4", "key_scale", "key_gscale")
 _META_NAME = "pool_meta"
 
-# the global-scale rule's constants and function live with the writers (indexer.keywrite)
-_CAPACITY, _MIN_EXP, _MAX_EXP, _MAX_KEY = keywrite.CAPACITY, keywrite.MIN_EXP, keywrite.MAX_EXP, keywrite.MAX_KEY
-_pow2_scales = keywrite.pow2_scales
 # physical slots (block * E + slot) and lengths are int32 in the kernel's interface
 _INT32_MAX = 2**31 - 1
 
@@ -522,12 +518,7 @@ class KeyPool:
                 return k
             if self._xp is not np and k.size and keywrite.device_keys_storable(k):  # pragma: no cover  (GPU)
                 return k  # one launch and read-back; a failure is worded below
-            amax = float(self._xp.max(self._xp.abs(k))) if k.size else 0.0  # NaN and Inf show
-            if not math.isfinite(amax):
-                raise ValueError("keys: NaN or Inf cannot be encoded")
-            if amax > _MAX_KEY:
-                raise ValueError(f"keys: magnitudes above {_MAX_KEY:.4g} cannot be stored (their NVFP4 "
-                                 "decode could overflow float32)")
+            keywrite.check_key_amax(float(self._xp.max(self._xp.abs(k))) if k.size else 0.0)  # NaN, Inf show
             if self._xp is not np and k.size:  # pragma: no cover
                 raise AssertionError("KeyPool: the device check of the keys failed where the host check passed")
         return k
@@ -725,9 +716,9 @@ class KeyPool:
             raise bad("key_scale: negative or NaN E4M3 scales (bytes >= 0x7F) are never written")
         g = tensors["key_gscale"]
         with np.errstate(invalid="ignore"):
-            ok = np.isfinite(g) & (g >= 2.0**_MIN_EXP) & (g <= 2.0**_MAX_EXP) & (np.frexp(g)[0] == 0.5)
+            ok = np.isfinite(g) & (g >= 2.0**keywrite.MIN_EXP) & (g <= 2.0**keywrite.MAX_EXP) & (np.frexp(g)[0] == 0.5)
         if not ok.all():
-            raise bad(f"key_gscale: expected powers of two in [2**{_MIN_EXP}, 2**{_MAX_EXP}] (what the pool "
+            raise bad(f"key_gscale: expected powers of two in [2**{keywrite.MIN_EXP}, 2**{keywrite.MAX_EXP}] (what the pool "
                       f"writes), got {g[~ok][:4]}")
 
         owner = {}  # block -> who holds it, to catch blocks shared or left out

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from indexer import _jit, nvfp4
-from indexer.pool import _CAPACITY, _MAX_KEY, KeyPool, _pow2_scales
+from indexer.keywrite import CAPACITY as _CAPACITY, MAX_KEY as _MAX_KEY, pow2_scales as _pow2_scales
+from indexer.pool import KeyPool
 
 CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")

@@ -359,7 +359,7 @@ def test_append_validation(seq, keys, exc, match):
 def test_largest_storable_keys_decode_finite():
     """Keys at the largest magnitude the pool takes decode to finite values within NVFP4's
     rounding of them, in a new block and into an existing one (its scale grown)."""
-    from indexer.pool import _MAX_KEY  # noqa: PLC0415
+    from indexer.keywrite import MAX_KEY as _MAX_KEY  # noqa: PLC0415
 
     big = np.float32(_MAX_KEY)
     assert float(big) <= _MAX_KEY
@@ -777,7 +777,7 @@ def test_block_table_width_exactly_at_the_row_limit():
 
 
 def test_the_largest_storable_keys_survive_save_and_load(tmp_path):
-    from indexer.pool import _MAX_KEY  # noqa: PLC0415
+    from indexer.keywrite import MAX_KEY as _MAX_KEY  # noqa: PLC0415
 
     pool = KeyPool(1, 4, 32)
     x = np.zeros((1, 32), np.float32)
