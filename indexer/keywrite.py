@@ -50,6 +50,7 @@ _SLOT_TYPES = {"int32": "int", "int64": "long long"}
 PAD_SLOT = -1
 #: threads a CTA of the value check (kernels/key_write.cu's key_check_kernel)
 _CHECK_THREADS = 256
+_NULL = np.uint64(0)  # a null pointer argument
 
 
 def pow2_scales(amax):
@@ -198,21 +199,28 @@ def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=True, s
 
 def _check_pool(pool, names):
     """(P, E, D) of the pool arrays; TypeError / ValueError naming the argument."""
-    keys_fp4, key_scale, key_gscale = pool
-    for name, a, dt in zip(names, pool, ("uint8", "uint8", "float32")):
-        if arrays.dtype_name(a) != dt:
-            raise TypeError(f"{name}: expected dtype {dt}, got {arrays.dtype_name(a)}")
-        if not arrays.c_contiguous(a):
+    return _pool_dims([tuple(a.shape) for a in pool], [arrays.dtype_name(a) for a in pool],
+                      [arrays.c_contiguous(a) for a in pool], names)
+
+
+def _pool_dims(shapes, dtypes, contiguous, names):
+    """(P, E, D) of pool arrays of these shapes, dtype names and C-contiguity flags;
+    TypeError / ValueError naming the argument."""
+    for name, dtype, flat, want in zip(names, dtypes, contiguous, ("uint8", "uint8", "float32")):
+        if dtype != want:
+            raise TypeError(f"{name}: expected dtype {want}, got {dtype}")
+        if not flat:
             raise ValueError(f"{name}: expected a C-contiguous array (it is written in place)")
-    if keys_fp4.ndim != 3 or keys_fp4.shape[2] == 0 or keys_fp4.shape[2] % GROUP_BYTES:
+    codes, scales, gscales = shapes
+    if len(codes) != 3 or codes[2] == 0 or codes[2] % GROUP_BYTES:
         raise ValueError(f"keys_fp4: expected shape (P, E, D/2) with D a positive multiple of {nvfp4.GROUP}, "
-                         f"got {tuple(keys_fp4.shape)}")
-    P, E, D = int(keys_fp4.shape[0]), int(keys_fp4.shape[1]), int(keys_fp4.shape[2]) * 2
-    if tuple(key_scale.shape) != (P, E, D // nvfp4.GROUP):
+                         f"got {codes}")
+    P, E, D = int(codes[0]), int(codes[1]), int(codes[2]) * 2
+    if scales != (P, E, D // nvfp4.GROUP):
         raise ValueError(f"key_scale: expected shape {(P, E, D // nvfp4.GROUP)} for keys_fp4 of shape "
-                         f"{tuple(keys_fp4.shape)}, got {tuple(key_scale.shape)}")
-    if tuple(key_gscale.shape) != (P,):
-        raise ValueError(f"key_gscale: expected shape ({P},), got {tuple(key_gscale.shape)}")
+                         f"{codes}, got {scales}")
+    if gscales != (P,):
+        raise ValueError(f"key_gscale: expected shape ({P},), got {gscales}")
     if E == 0 or P * E > 2**31 - 1:
         raise ValueError(f"keys_fp4: {P} blocks of {E} entries: expected 1 to 2**31 - 1 slots")
     return P, E, D
@@ -315,77 +323,78 @@ def _host_write_runs(keys_fp4, key_scale, key_gscale, k, s):
 
 
 def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
-    """write_keys on device arrays, on the stream ``streams.using`` made current."""
+    """write_keys on device arrays, on the stream ``streams.using`` made current. The kernels
+    take the arrays by address (``arrays.device_operand``): PyTorch tensors on PyTorch's
+    current stream (the call's, inside streams.using) are read from their attributes, with
+    neither a CuPy view (~3-5 us a tensor) nor DLPack's stream handshake."""
     cp = arrays.cupy()
-    # PyTorch tensors on PyTorch's current stream (the call's, inside streams.using) are
-    # viewed from their pointers, without DLPack's stream handshake a tensor (arrays.to_cupy)
     ordered = streams.on_torch_stream((keys, slots, *pool))
-    views = [arrays.to_cupy(a, ordered=ordered) for a in pool]
-    device = int(views[0].data.device_id)
-    for name, v in zip(names, views):
-        if int(v.data.device_id) != device:
-            raise ValueError(f"{name}: expected an array on cuda:{device} (where keys_fp4 is), got cuda:{v.data.device_id}")
-        arrays.check_element_aligned(name, v)
-    P, E, D = _check_pool(views, names)
+    ops = [arrays.device_operand(a, ordered=ordered, arg=name) for name, a in zip(names, pool)]
+    device = ops[0].device
+    for name, op in zip(names, ops):
+        _check_operand(name, op, device)
+    P, E, D = _pool_dims([op.shape for op in ops], [op.dtype for op in ops], [op.contiguous for op in ops], names)
     if not hasattr(keys, "dtype") or not hasattr(keys, "shape"):
         raise TypeError(f"keys: expected an array, got {type(keys).__name__}")
     key_dtype = arrays.dtype_name(keys)
     _check_key_shape(tuple(keys.shape), key_dtype, D)
-    if arrays.framework_of(keys) == "torch":  # gpu-only (PyTorch is not a dependency)
+    if arrays.framework_of(keys) == "torch" and keys.requires_grad:  # gpu-only (PyTorch is not a dependency)
         keys = keys.detach()
-    k, _ = arrays.query_to_cupy(keys, ordered=ordered, arg="keys")  # bfloat16 as its bits, read so by the kernel
-    N = int(k.shape[0]) if k.ndim == 2 else 1
+    k = arrays.device_operand(keys, ordered=ordered, arg="keys")  # bfloat16 as its bits, read so by the kernel
+    N = int(k.shape[0]) if len(k.shape) == 2 else 1
     if not hasattr(slots, "dtype") or not hasattr(slots, "shape"):
         raise TypeError(f"slots: expected an int32 or int64 array, got {type(slots).__name__}")
     _check_slot_shape(tuple(slots.shape), arrays.dtype_name(slots), N)
-    s = arrays.to_cupy(slots, ordered=ordered)
-    for name, v in (("keys", k), ("slots", s)):
-        if int(v.data.device_id) != device:
-            raise ValueError(f"{name}: expected an array on cuda:{device} (where keys_fp4 is), got cuda:{v.data.device_id}")
-        if not arrays.c_contiguous(v):
+    s = arrays.device_operand(slots, ordered=ordered, arg="slots")
+    for name, op in (("keys", k), ("slots", s)):
+        _check_operand(name, op, device)
+        if not op.contiguous:
             raise ValueError(f"{name}: expected a C-contiguous array")
-        arrays.check_element_aligned(name, v)
     if N == 0:
         return None
-    if validate:
-        _device_check_values(cp, k, key_dtype, s, views[2], P, E)
-    kernel = _jit.get_kernel("key_write.cu", f"key_write_slots_kernel<{_SLOT_TYPES[arrays.dtype_name(s)]}, "
+    if validate and _device_checks(cp, k, key_dtype, s, ops[2].arg, P, E).any():
+        # the host form words the error, from host copies of the caller's arrays (the check's
+        # read-back has waited for the call's stream; nothing was written)
+        _check_values(_host_keys(keys, D), _host_slots(slots, N), arrays.to_numpy(pool[2]), P, E)
+        raise AssertionError("write_keys: the device check failed where the host check passed")  # pragma: no cover
+    kernel = _jit.get_kernel("key_write.cu", f"key_write_slots_kernel<{_SLOT_TYPES[s.dtype]}, "
                                             f"{_KEY_ELEMENTS[key_dtype]}>")
-    kernel((N,), (THREADS,), (s, np.int32(N), k, np.int32(D), np.int32(E), np.int32(P), *views))
+    kernel((N,), (THREADS,), (s.arg, np.int32(N), k.arg, np.int32(D), np.int32(E), np.int32(P),
+                              *(op.arg for op in ops)))
     return None
 
 
-def _device_check_values(cp, k, key_dtype, s, key_gscale, P, E):  # gpu-only
-    """write_keys' value checks on the device (``_device_checks``), and on a failure the
-    host form (on copies) words the error."""
-    N, D = (int(k.shape[0]), int(k.shape[1])) if k.ndim == 2 else (1, int(k.shape[0]))
-    if not _device_checks(cp, k, key_dtype, s, key_gscale, P, E).any():
-        return
-    bits = k.get()
-    kf = (bits.astype(np.uint32) << 16).view(np.float32) if key_dtype == "bfloat16" else bits.astype(np.float32)
-    _check_values(kf.reshape(N, D), s.get().astype(np.int64), key_gscale.get(), P, E)
-    raise AssertionError("write_keys: the device check failed where the host check passed")  # pragma: no cover
+def _check_operand(name, op, device):  # gpu-only
+    """ValueError naming an ``arrays.Operand`` on another device than ``device`` (where
+    keys_fp4 is) or at an address that is not a multiple of its element size (the kernel
+    loads elements whole: ``arrays.check_element_aligned``)."""
+    if op.device != device:
+        raise ValueError(f"{name}: expected an array on cuda:{device} (where keys_fp4 is), got cuda:{op.device}")
+    if op.ptr % op.itemsize:
+        raise ValueError(f"{name}: expected a device array aligned to its {op.itemsize}-byte elements, "
+                         f"got one at address {op.ptr:#x}")
 
 
 def device_keys_storable(k):  # gpu-only
     """Whether C-contiguous float32 CuPy keys are all finite and within MAX_KEY (a GPU
     ``KeyPool``'s check): one launch, one read-back."""
-    return not _device_checks(arrays.cupy(), k, "float32")[0]
+    return not _device_checks(arrays.cupy(), arrays.device_operand(k), "float32")[0]
 
 
-def _device_checks(cp, k, key_dtype, s=None, key_gscale=None, P=0, E=1):  # gpu-only
+def _device_checks(cp, k, key_dtype, s=None, key_gscale=_NULL, P=0, E=1):  # gpu-only
     """``key_check_kernel``'s four results (``kernels/key_write.cu``; nonzero where a check
-    failed) over keys ``k`` and, with ``s``, slots and the written blocks' scales: one
-    memset, one launch, one read-back, on the current stream."""
+    failed) over keys ``k`` and, with ``s``, slots and the written blocks' scales
+    (``key_gscale``: a kernel argument, ``arrays.Operand.arg``); ``k`` and ``s`` are
+    ``arrays.Operand``s. One memset, one launch, one read-back, on the current stream."""
     n_slots = 0 if s is None else int(s.shape[0])
     log2_places = max(6, (2 * n_slots).bit_length())  # 2**log2_places > 2 n_slots: the set never fills
     scratch = cp.zeros(4 + (1 << log2_places), dtype=cp.uint64)  # found[4], then the set
-    slot_type = "int" if s is None else _SLOT_TYPES[arrays.dtype_name(s)]
+    slot_type = "int" if s is None else _SLOT_TYPES[s.dtype]
     kernel = _jit.get_kernel("key_write.cu", f"key_check_kernel<{slot_type}, {_KEY_ELEMENTS[key_dtype]}>")
-    ctas = max(1, min(1024, -(-int(k.size) // (4 * _CHECK_THREADS))))
+    size = math.prod(k.shape)
+    ctas = max(1, min(1024, -(-size // (4 * _CHECK_THREADS))))
     kernel((ctas,), (_CHECK_THREADS,),
-           (0 if s is None else s, np.int32(n_slots), k, np.int64(k.size), np.int32(k.shape[-1]), np.int32(E),
-            np.int32(P),
-            0 if key_gscale is None else key_gscale, np.float32(MAX_KEY), np.int32(MIN_EXP), np.int32(MAX_EXP),
-            scratch, scratch[4:], np.int32(log2_places)))
+           (_NULL if s is None else s.arg, np.int32(n_slots), k.arg, np.int64(size), np.int32(k.shape[-1]),
+            np.int32(E), np.int32(P), key_gscale, np.float32(MAX_KEY), np.int32(MIN_EXP), np.int32(MAX_EXP),
+            scratch, np.uint64(scratch.data.ptr + 32), np.int32(log2_places)))  # found, then the set past it
     return scratch[:4].get()  # the one read-back

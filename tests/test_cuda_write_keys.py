@@ -101,17 +101,69 @@ def bad_values():
             (k, np.array([48, 49, 50]), "key_gscale: block 3's global scale 0.75")]
 
 
+def on_device(framework, a, dtype=None):
+    """NumPy array ``a`` as a CuPy array or a PyTorch CUDA tensor (of PyTorch dtype ``dtype``)."""
+    if framework == "cupy":
+        return arrays.cupy().asarray(a)
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(np.ascontiguousarray(a)).cuda()
+    return t if dtype is None else t.to(getattr(torch, dtype))
+
+
+@pytest.mark.parametrize("framework, key_dtype", [("cupy", None), ("torch", None), ("torch", "bfloat16")])
 @pytest.mark.parametrize("keys, slots, match", bad_values())
-def test_bad_values_refused_with_the_host_forms_message_and_nothing_written(keys, slots, match):
-    cp = arrays.cupy()
+def test_bad_values_refused_with_the_host_forms_message_and_nothing_written(keys, slots, match, framework,
+                                                                            key_dtype):
+    """From CuPy arrays and from PyTorch tensors (read by address on PyTorch's stream; float32
+    and bfloat16 keys, whose values here are bfloat16's too): the host form's message, worded
+    from the caller's arrays, and the pool as it was."""
     rng = np.random.default_rng(53)
-    dev = empty_pool(4, 16, 32, cp)
-    indexer.write_keys(cp.asarray(rng.standard_normal((20, 32)).astype(np.float32)), cp.arange(20), *dev)
-    dev[2][3] = 0.75
-    before = [a.get() for a in dev]
+    host = empty_pool(4, 16, 32, np)
+    indexer.write_keys(rng.standard_normal((20, 32)).astype(np.float32), np.arange(20), *host)
+    host[2][3] = 0.75
+    dev = [on_device(framework, a) for a in host]
     with pytest.raises(ValueError, match=match):
-        indexer.write_keys(cp.asarray(keys), cp.asarray(slots), *dev)
-    assert_pool(dev, before)
+        indexer.write_keys(on_device(framework, keys, key_dtype), on_device(framework, slots), *dev)
+    assert_pool(dev, host)
+
+
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_bad_arguments_refused_by_name_from_each_framework(framework):
+    """The arguments' checks on device arrays: dtypes, shapes, layouts, each named."""
+    rng = np.random.default_rng(58)
+    host = empty_pool(4, 16, 32, np)
+    dev = [on_device(framework, a) for a in host]
+    keys = on_device(framework, rng.standard_normal((3, 32)).astype(np.float32))
+    slots = on_device(framework, np.array([16, 17, 18]))
+    wide = on_device(framework, rng.standard_normal((32, 3)).astype(np.float32))
+    cases = [
+        ((wide.T, slots, *dev), ValueError, "keys: expected a C-contiguous array"),
+        ((keys, slots[::1].reshape(3, 1), *dev), ValueError, r"slots: expected shape \(3,\)"),
+        ((keys, slots.astype("int16") if framework == "cupy" else slots.short(), *dev), TypeError,
+         "slots: expected dtype int32 or int64"),
+        ((keys, slots, dev[0][:, ::2], *dev[1:]), ValueError, r"keys_fp4: expected a C-contiguous array"),
+        ((keys, slots, dev[0], dev[1][:3], dev[2]), ValueError, "key_scale: expected shape"),
+        ((keys, slots, dev[1], dev[1], dev[2]), ValueError, r"keys_fp4: expected shape \(P, E, D/2\)"),
+        ((keys[:, :16], slots, *dev), ValueError, r"keys: expected shape \(N, 32\)"),
+    ]
+    for args, error, match in cases:
+        with pytest.raises(error, match=match):
+            indexer.write_keys(*args)
+    assert_pool(dev, host)
+
+
+def test_pytorch_keys_that_require_grad_are_written():
+    """Keys of a model's graph (requires_grad) are read as their values, as NumPy's would be."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(59)
+    x = rng.standard_normal((5, 32)).astype(np.float32)
+    host = empty_pool(4, 16, 32, np)
+    indexer.write_keys(x, np.arange(5) + 20, *host)
+    dev = [on_device("torch", a) for a in empty_pool(4, 16, 32, np)]
+    keys = torch.from_numpy(x).cuda().requires_grad_()
+    indexer.write_keys(keys * 1.0, torch.arange(5, device="cuda") + 20, *dev)
+    torch.cuda.synchronize()
+    assert_pool(dev, host)
 
 
 def test_unvalidated_bad_values_stay_inside_the_pool():
