@@ -138,6 +138,7 @@ class PreparedCall:
         self._torch_slots = tuple(kind == "torch" for kind in self._kinds)
         self._any_torch = any(self._torch_slots)
         self._views = [None] * len(given)  # PyTorch: (pointer, CuPy view) of the last tensor a slot took
+        self._keep_views = True  # False: hold no tensor between calls (the PyTorch operators' calls)
         self._graphs_on = self._fast and bool(graphs)
         self._graphs = {}  # pointers -> (CUDA graph of the call's launches, the workspace's generation)
         self._seen = {}  # pointers -> calls that came with them
@@ -251,7 +252,8 @@ class PreparedCall:
         if held is not None and held[0] == ptr:
             return held[1]
         view = convert(x, ordered=True)
-        self._views[i] = (ptr, view)
+        if self._keep_views:
+            self._views[i] = (ptr, view)
         return view
 
     def _run(self, given, out, stream):  # gpu-only

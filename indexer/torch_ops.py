@@ -33,6 +33,11 @@ the pool tensors in place, as ``indexer.write_keys`` does, and returns nothing.
   ``workspace(device).reserve(nbytes)``. Calls on several streams or threads take turns on
   that workspace (``Workspace.turn``): each waits for the one before, on the GPU; graphs
   replayed by the caller are the caller's to order.
+* Unchecked CUDA calls of a signature met before (the tensors' shapes, dtypes, devices and
+  contiguity, ``top_k`` and the keywords) run through an ``indexer.PreparedCall`` of it, made
+  at the signature's second call on the operators' workspace and holding none of the
+  tensors (16 kept): checked and planned once, launched from a CUDA graph where the same
+  pointers come again. The answers are the public call's, bit for bit.
 * CPU tensors take the NumPy reference (always validated), on zero-copy NumPy views.
 
 Bad input raises the same ``ValueError`` / ``TypeError`` naming the argument as the public
@@ -85,12 +90,57 @@ def _call(public, tensors, top_k, precision, physical, validate, out=None):
     if out is None:
         out = _results(tensors[0], top_k)
     kwargs = dict(precision=precision, return_scores=isinstance(out, tuple), physical=physical)
-    if tensors[0].is_cuda:
-        public(*tensors, top_k, backend="cuda", validate=validate, out=out,  # gpu-only
-               workspace=workspace(tensors[0].device), **kwargs)
+    if tensors[0].is_cuda:  # gpu-only
+        key = None if validate else (public, top_k, *kwargs.values(),
+                                     tuple((t.shape, t.dtype, t.get_device(), t.is_contiguous()) for t in tensors))
+        step = None if key is None else _PREPARED.get(key)
+        if step is None:
+            public(*tensors, top_k, backend="cuda", validate=validate, out=out,
+                   workspace=workspace(tensors[0].device), **kwargs)
+            if key is not None:
+                _sighted(key, public, tensors, top_k, kwargs)
+        elif public is ops.score_topk_ragged:  # its arrays' order: ... block_table, cu_seqlens_q, valid_lens
+            step(*tensors[:6], tensors[7], cu_seqlens_q=tensors[6], out=out)
+        else:
+            step(*tensors, out=out)
     else:
         public(*_host_views(public, tensors), top_k, backend="numpy", out=_host_out(out), **kwargs)
     return out
+
+
+# The CUDA calls of a signature met before go through an ``indexer.PreparedCall`` of it: its
+# checks and launch plan made once, its launches replayed from a CUDA graph where the same
+# tensors' pointers come again (docs/performance.md v95). A signature's first call takes the
+# public call, so shapes that change every call (an eager engine's batch) pay nothing for it.
+# A signature: the tensors' shapes, dtypes, devices and contiguity, top_k and the keywords.
+_PREPARED = {}  # signature -> its PreparedCall (the oldest dropped past _PREPARED_MAX)
+_SIGHTED = {}  # signature -> public calls of it that went through, until its PreparedCall is made
+_PREPARED_MAX = 16
+_SIGHTED_MAX = 4096
+
+
+def _sighted(key, public, tensors, top_k, kwargs):  # gpu-only
+    """Count a public call of signature ``key`` that went through; at the second, make the
+    signature's PreparedCall (on the operators' workspace, holding none of the tensors)."""
+    seen = _SIGHTED.get(key, 0) + 1
+    if len(_SIGHTED) >= _SIGHTED_MAX:
+        _SIGHTED.clear()
+    _SIGHTED[key] = seen
+    if seen < 2:
+        return
+    from .prepared import prepare  # noqa: PLC0415
+
+    if public is ops.score_topk_ragged:
+        arrays_, cu = (*tensors[:6], tensors[7]), tensors[6]
+    else:
+        arrays_, cu = tensors, None
+    step = prepare(*arrays_, top_k, cu_seqlens_q=cu, validate=False, workspace=workspace(tensors[0].device),
+                   **kwargs)
+    step._keep_views = False  # nothing of the caller's kept alive between calls
+    if len(_PREPARED) >= _PREPARED_MAX:
+        _PREPARED.pop(next(iter(_PREPARED), None), None)
+    _PREPARED[key] = step
+    _SIGHTED.pop(key, None)
 
 
 def _host_out(out):

@@ -216,3 +216,50 @@ def test_write_keys_operator_on_cuda_tensors_eager_compiled_and_captured():
         graph.replay()
     torch.cuda.synchronize()
     assert_pool(dev, want)
+
+
+def test_repeated_signatures_run_through_a_prepared_call_with_the_public_bits():
+    """A signature's calls after its second run through an ``indexer.PreparedCall`` of it
+    (``iops._PREPARED``), which replays a CUDA graph once the same tensors come again: every
+    call's answer is the public call's, with new contents in the same tensors and with new
+    tensors, in the functional and _out forms and the grouped operator; a capture of the
+    operator still holds its launches; and no prepared call keeps the caller's tensors."""
+    import gc
+    import weakref
+
+    iops._PREPARED.clear()
+    iops._SIGHTED.clear()
+    a, b = pair_of_problems(99, T=3, H=64, D=128, E=64, lens=[5000, 0, 900], top_k=128)
+    sources = [tensors(a), tensors(b)]
+    static = [t.clone() for t in sources[0]]
+    out = (torch.empty((3, 128), dtype=torch.int32, device="cuda"), torch.empty((3, 128), device="cuda"))
+    for i in range(8):
+        src = sources[i % 2]
+        want = indexer.score_topk(*src, 128, return_scores=True)
+        for dst, s in zip(static, src):
+            dst.copy_(s)
+        assert_same(iops.score_topk(*static, 128, out=out), want)  # same tensors: replays
+        assert_same(iops.score_topk(*static, 128), want)  # new results each call
+        assert_same(iops.score_topk(*[t.clone() for t in src], 128), want)  # new tensors
+    assert len(iops._PREPARED) == 1  # one signature: the functional and _out forms, new tensors or not
+    assert all(step._graphs for step in iops._PREPARED.values())  # replayed from graphs
+
+    graph, captured = capture(lambda: iops.score_topk(*static, 128, out=out))
+    assert_replays_follow(graph, static, (sources[1], sources[0]), out, 128)
+
+    arrays = grouped_problem(np.random.default_rng(100), [30, 0, 9], H=64, D=128, E=64, seq_entries=[2000, 50, 900],
+                             top_k=128, ratio=1)
+    g = [torch.from_numpy(x).cuda() for x in arrays]
+    want = indexer.score_topk_ragged(*g, 128, return_scores=True)
+    for _ in range(4):
+        assert_same(iops.score_topk_ragged(*g, 128), want)
+    assert len(iops._PREPARED) == 2
+
+    kept = [t.clone() for t in sources[1]]
+    for _ in range(4):
+        iops.score_topk(*kept, 128)
+    torch.cuda.synchronize()
+    refs = [weakref.ref(t) for t in kept]
+    del kept
+    gc.collect()
+    assert all(r() is None for r in refs)
