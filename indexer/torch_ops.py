@@ -126,7 +126,7 @@ def _sighted(key, public, tensors, top_k, kwargs):  # gpu-only
     if len(_SIGHTED) >= _SIGHTED_MAX:
         _SIGHTED.clear()
     _SIGHTED[key] = seen
-    if seen < 2:
+    if seen < 2 or torch.cuda.is_current_stream_capturing():  # nothing made inside a caller's capture
         return
     from .prepared import prepare  # noqa: PLC0415
 
@@ -134,8 +134,12 @@ def _sighted(key, public, tensors, top_k, kwargs):  # gpu-only
         arrays_, cu = (*tensors[:6], tensors[7]), tensors[6]
     else:
         arrays_, cu = tensors, None
-    step = prepare(*arrays_, top_k, cu_seqlens_q=cu, validate=False, workspace=workspace(tensors[0].device),
-                   **kwargs)
+    try:
+        step = prepare(*arrays_, top_k, cu_seqlens_q=cu, validate=False, workspace=workspace(tensors[0].device),
+                       **kwargs)
+    except Exception:  # noqa: BLE001  (the call itself went through: its signature stays on the public call)
+        _SIGHTED[key] = -_SIGHTED_MAX
+        return
     step._keep_views = False  # nothing of the caller's kept alive between calls
     if len(_PREPARED) >= _PREPARED_MAX:
         _PREPARED.pop(next(iter(_PREPARED), None), None)

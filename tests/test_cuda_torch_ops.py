@@ -263,3 +263,18 @@ def test_repeated_signatures_run_through_a_prepared_call_with_the_public_bits():
     del kept
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_no_prepared_call_is_made_inside_a_callers_capture():
+    """A signature's second call inside the caller's torch.cuda.graph capture makes no
+    PreparedCall (its construction would run inside the capture); the captured graph replays
+    the public call's answers, and the next eager call makes it."""
+    iops._PREPARED.clear()
+    iops._SIGHTED.clear()
+    a, b = pair_of_problems(101, T=2, H=64, D=128, E=64, lens=[3000, 700], top_k=64)
+    x, new = tensors(a), tensors(b)
+    graph, out = capture(lambda: iops.score_topk(*x, 64))  # its warm-up call is the first
+    assert not iops._PREPARED
+    assert_replays_follow(graph, x, (new, x), out, 64)
+    assert_same(iops.score_topk(*x, 64), indexer.score_topk(*x, 64, return_scores=True))
+    assert len(iops._PREPARED) == 1
