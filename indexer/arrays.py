@@ -363,7 +363,7 @@ def _torch_operand(t):  # gpu-only
     name = dtype_name(t)
     itemsize = _OPERAND_SIZES.get(name)
     device = t.get_device()  # -1 on the host
-    if (itemsize is None or device < 0 or t.layout != torch.strided or t.requires_grad or t.is_neg()
+    if (itemsize is None or device < 0 or not t.is_cuda or t.layout != torch.strided or t.requires_grad or t.is_neg()
             or t.is_conj() or t.numel() == 0):
         return None
     ptr = t.data_ptr()

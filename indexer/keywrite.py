@@ -355,7 +355,10 @@ def _device_write_keys(keys, slots, pool, names, validate):  # gpu-only
     if validate and _device_checks(cp, k, key_dtype, s, ops[2].arg, P, E).any():
         # the host form words the error, from host copies of the caller's arrays (the check's
         # read-back has waited for the call's stream; nothing was written)
-        _check_values(_host_keys(keys, D), _host_slots(slots, N), arrays.to_numpy(pool[2]), P, E)
+        # (arrays of other libraries through their CuPy views: NumPy may not read them)
+        k_src, s_src, g_src = (x if arrays.framework_of(x) in ("cupy", "torch") else op.arg
+                               for x, op in ((keys, k), (slots, s), (pool[2], ops[2])))
+        _check_values(_host_keys(k_src, D), _host_slots(s_src, N), arrays.to_numpy(g_src), P, E)
         raise AssertionError("write_keys: the device check failed where the host check passed")  # pragma: no cover
     kernel = _jit.get_kernel("key_write.cu", f"key_write_slots_kernel<{_SLOT_TYPES[s.dtype]}, "
                                             f"{_KEY_ELEMENTS[key_dtype]}>")

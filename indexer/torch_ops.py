@@ -37,7 +37,9 @@ the pool tensors in place, as ``indexer.write_keys`` does, and returns nothing.
   contiguity, ``top_k`` and the keywords) run through an ``indexer.PreparedCall`` of it, made
   at the signature's second call on the operators' workspace and holding none of the
   tensors (16 kept): checked and planned once, launched from a CUDA graph where the same
-  pointers come again. The answers are the public call's, bit for bit.
+  pointers come again. The answers are the public call's, bit for bit; such a call also
+  refuses an ``out`` that overlaps its inputs (ValueError naming it), which an unchecked
+  public call does not look for.
 * CPU tensors take the NumPy reference (always validated), on zero-copy NumPy views.
 
 Bad input raises the same ``ValueError`` / ``TypeError`` naming the argument as the public
@@ -91,8 +93,7 @@ def _call(public, tensors, top_k, precision, physical, validate, out=None):
         out = _results(tensors[0], top_k)
     kwargs = dict(precision=precision, return_scores=isinstance(out, tuple), physical=physical)
     if tensors[0].is_cuda:  # gpu-only
-        key = None if validate else (public, top_k, *kwargs.values(),
-                                     tuple((t.shape, t.dtype, t.get_device(), t.is_contiguous()) for t in tensors))
+        key = None if validate else _signature(public, tensors, top_k, kwargs, out)
         step = None if key is None else _PREPARED.get(key)
         if step is None:
             public(*tensors, top_k, backend="cuda", validate=validate, out=out,
@@ -119,6 +120,16 @@ _PREPARED_MAX = 16
 _SIGHTED_MAX = 4096
 
 
+def _signature(public, tensors, top_k, kwargs, out):  # gpu-only
+    """What a PreparedCall fixes or checks by type of a call: each tensor's type, shape,
+    dtype, device, contiguity and lazy negation bit (a negated view goes to DLPack, which
+    refuses it), and out's types and grad flags (PreparedCall reads out by pointer)."""
+    outs = out if isinstance(out, tuple) else (out,)
+    return (public, top_k, *kwargs.values(),
+            tuple((type(t), t.shape, t.dtype, t.get_device(), t.is_contiguous(), t.is_neg()) for t in tensors),
+            tuple((type(o), o.requires_grad, o.is_neg()) for o in outs))
+
+
 def _sighted(key, public, tensors, top_k, kwargs):  # gpu-only
     """Count a public call of signature ``key`` that went through; at the second, make the
     signature's PreparedCall (on the operators' workspace, holding none of the tensors)."""
@@ -126,8 +137,13 @@ def _sighted(key, public, tensors, top_k, kwargs):  # gpu-only
     if len(_SIGHTED) >= _SIGHTED_MAX:
         _SIGHTED.clear()
     _SIGHTED[key] = seen
-    if seen < 2 or torch.cuda.is_current_stream_capturing():  # nothing made inside a caller's capture
+    if seen < 2:
         return
+    # nothing made inside a caller's capture on the tensors' GPU (a grouped call's table
+    # kernel, launched by the construction, would join the caller's graph)
+    with torch.cuda.device(tensors[0].device):
+        if torch.cuda.is_current_stream_capturing():
+            return
     from .prepared import prepare  # noqa: PLC0415
 
     if public is ops.score_topk_ragged:
@@ -142,7 +158,10 @@ def _sighted(key, public, tensors, top_k, kwargs):  # gpu-only
         return
     step._keep_views = False  # nothing of the caller's kept alive between calls
     if len(_PREPARED) >= _PREPARED_MAX:
-        _PREPARED.pop(next(iter(_PREPARED), None), None)
+        try:  # the oldest (another thread may drop or add one meanwhile)
+            del _PREPARED[next(iter(_PREPARED))]
+        except (StopIteration, KeyError, RuntimeError):
+            pass
     _PREPARED[key] = step
     _SIGHTED.pop(key, None)
 

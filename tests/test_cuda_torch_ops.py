@@ -15,6 +15,14 @@ torch = pytest.importorskip("torch")
 iops = pytest.importorskip("indexer.torch_ops")
 
 
+@pytest.fixture(autouse=True)
+def fresh_signatures():
+    """Each test starts with no signature seen (the operators' PreparedCalls are a cache of
+    the process's calls: tests stay independent of their order)."""
+    iops._PREPARED.clear()
+    iops._SIGHTED.clear()
+
+
 def tensors(p):
     return [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in p.arrays()]
 
@@ -256,13 +264,36 @@ def test_repeated_signatures_run_through_a_prepared_call_with_the_public_bits():
     assert len(iops._PREPARED) == 2
 
     kept = [t.clone() for t in sources[1]]
-    for _ in range(4):
-        iops.score_topk(*kept, 128)
+    for _ in range(4):  # a new signature (top_k): the third and fourth calls launch from views
+        iops.score_topk(*kept, 100)
+    assert len(iops._PREPARED) == 3
     torch.cuda.synchronize()
+    assert all(view is None for step in iops._PREPARED.values() for view in step._views)
     refs = [weakref.ref(t) for t in kept]
     del kept
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_a_prepared_call_that_cannot_be_made_leaves_the_public_call(monkeypatch):
+    """Where a signature's PreparedCall cannot be made, its calls keep taking the public call
+    (each has gone through before): the same answers, no error, no retry each call."""
+    import indexer.prepared
+
+    made = []
+
+    def failing(*args, **kwargs):
+        made.append(1)
+        raise RuntimeError("no prepared call here")
+
+    monkeypatch.setattr(indexer.prepared, "prepare", failing)
+    p = testing.random_problem(np.random.default_rng(102), T=2, H=64, D=128, E=64, lens=[2000, 64], top_k=32)
+    x = tensors(p)
+    want = indexer.score_topk(*x, 32, return_scores=True)
+    for _ in range(5):
+        assert_same(iops.score_topk(*x, 32), want)
+    assert not iops._PREPARED
+    assert len(made) == 1
 
 
 def test_no_prepared_call_is_made_inside_a_callers_capture():

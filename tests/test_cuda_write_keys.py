@@ -152,6 +152,31 @@ def test_bad_arguments_refused_by_name_from_each_framework(framework):
     assert_pool(dev, host)
 
 
+@pytest.mark.parametrize("framework", ["cupy", "torch"])
+def test_misaligned_keys_refused_and_empty_or_single_keys_taken(framework):
+    """Keys 2 bytes off their float32 alignment (a view cut inside a buffer) refused by name
+    from CuPy and from PyTorch (read by address); no keys write nothing; one key of shape
+    (D,) is one key."""
+    cp = arrays.cupy()
+    rng = np.random.default_rng(60)
+    host = empty_pool(4, 16, 32, np)
+    dev = [on_device(framework, a) for a in host]
+    buf = cp.zeros(3 * 32 + 1, cp.float32)
+    odd = cp.ndarray((3, 32), cp.float32, buf.data + 2)
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        odd = torch.from_dlpack(odd)
+    with pytest.raises(ValueError, match="keys: expected a device array aligned to its 4-byte elements"):
+        indexer.write_keys(odd, on_device(framework, np.array([16, 17, 18])), *dev)
+    empty = on_device(framework, np.zeros((0, 32), np.float32))
+    assert indexer.write_keys(empty, on_device(framework, np.zeros(0, np.int64)), *dev) is None
+    assert_pool(dev, host)
+    one = rng.standard_normal(32).astype(np.float32)
+    indexer.write_keys(on_device(framework, one), on_device(framework, np.array([40])), *dev)
+    indexer.write_keys(one, np.array([40]), *host)
+    assert_pool(dev, host)
+
+
 def test_pytorch_keys_that_require_grad_are_written():
     """Keys of a model's graph (requires_grad) are read as their values, as NumPy's would be."""
     torch = pytest.importorskip("torch")
