@@ -24,6 +24,30 @@ def batch1(torch=None):
     return dev, out
 
 
+def key_write_forms(torch):
+    """The key-write experiments' calls (exp/write_keys_*.py): a decode step's 64 float32
+    keys of 128 at entry 5 of 64 blocks of a pool of 4,096 blocks of 64 entries. Returns
+    name -> (keys, slots, pool arrays, validate) for CuPy arrays (unchecked and checked) and
+    PyTorch tensors (float32 and bfloat16 keys unchecked, float32 checked)."""
+    B, D, E, P = 64, 128, 64, 4096
+    rng = np.random.default_rng(0)
+    pool = (cp.zeros((P, E, D // 2), cp.uint8), cp.zeros((P, E, D // 16), cp.uint8), cp.ones(P, cp.float32))
+    keys = cp.asarray(rng.standard_normal((B, D), dtype=np.float32))
+    slots = cp.arange(B, dtype=cp.int64) * E + 5
+    cp.cuda.Device().synchronize()
+    t_pool = [torch.from_dlpack(a) for a in pool]
+    t_keys, t_slots = torch.from_dlpack(keys), torch.from_dlpack(slots)
+    t_bf16 = t_keys.to(torch.bfloat16)
+    torch.cuda.synchronize()
+    return {
+        "cupy f32 unchecked": (keys, slots, pool, False),
+        "cupy f32 checked": (keys, slots, pool, True),
+        "torch f32 unchecked": (t_keys, t_slots, t_pool, False),
+        "torch bf16 unchecked": (t_bf16, t_slots, t_pool, False),
+        "torch f32 checked": (t_keys, t_slots, t_pool, True),
+    }
+
+
 def host_us(fn, n=200, sync_every=20):
     """Median host us of a call of ``fn`` over ``n`` calls, synchronising every
     ``sync_every`` calls (kept out of the times) so the GPU's queue stays short: host time,

@@ -10,37 +10,18 @@ round (a host's noise moves both alike). Median us of each form over the rounds.
 import argparse
 import statistics
 
-import cupy as cp
 import indexer_base
-import numpy as np
 import torch
 
 import indexer
-from host_timing import host_us
-
-B, D, E, P = 64, 128, 64, 4096
+from host_timing import host_us, key_write_forms
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=12)
     rounds = ap.parse_args().rounds
-    rng = np.random.default_rng(0)
-    pool = (cp.zeros((P, E, D // 2), cp.uint8), cp.zeros((P, E, D // 16), cp.uint8), cp.ones(P, cp.float32))
-    keys = cp.asarray(rng.standard_normal((B, D), dtype=np.float32))
-    slots = cp.arange(B, dtype=cp.int64) * E + 5
-    cp.cuda.Device().synchronize()
-    t_pool = [torch.from_dlpack(a) for a in pool]
-    t_keys, t_slots = torch.from_dlpack(keys), torch.from_dlpack(slots)
-    t_bf16 = t_keys.to(torch.bfloat16)
-    torch.cuda.synchronize()
-    forms = {
-        "cupy f32 unchecked": (keys, slots, pool, False),
-        "cupy f32 checked": (keys, slots, pool, True),
-        "torch f32 unchecked": (t_keys, t_slots, t_pool, False),
-        "torch bf16 unchecked": (t_bf16, t_slots, t_pool, False),
-        "torch f32 checked": (t_keys, t_slots, t_pool, True),
-    }
+    forms = key_write_forms(torch)
     times = {(name, which): [] for name in forms for which in ("base", "new")}
     for r in range(rounds):
         for name, (k, s, p, check) in forms.items():

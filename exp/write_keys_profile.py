@@ -9,33 +9,15 @@ functions for the PyTorch forms.
 
 import sys
 
-import cupy as cp
-import numpy as np
 import torch
 
 import indexer
-from host_timing import host_us, profile
-
-B, D, E, P = 64, 128, 64, 4096
+from host_timing import host_us, key_write_forms, profile
 
 
 def main():
-    rng = np.random.default_rng(0)
-    pool = (cp.zeros((P, E, D // 2), cp.uint8), cp.zeros((P, E, D // 16), cp.uint8), cp.ones(P, cp.float32))
-    keys = cp.asarray(rng.standard_normal((B, D), dtype=np.float32))
-    slots = cp.arange(B, dtype=cp.int64) * E + 5
-    cp.cuda.Device().synchronize()
-    t_pool = [torch.from_dlpack(a) for a in pool]
-    t_keys, t_slots = torch.from_dlpack(keys), torch.from_dlpack(slots)
-    t_bf16 = t_keys.to(torch.bfloat16)
-    torch.cuda.synchronize()
-    forms = {
-        "cupy f32 unchecked": lambda: indexer.write_keys(keys, slots, *pool, validate=False),
-        "cupy f32 checked": lambda: indexer.write_keys(keys, slots, *pool, validate=True),
-        "torch f32 unchecked": lambda: indexer.write_keys(t_keys, t_slots, *t_pool, validate=False),
-        "torch bf16 unchecked": lambda: indexer.write_keys(t_bf16, t_slots, *t_pool, validate=False),
-        "torch f32 checked": lambda: indexer.write_keys(t_keys, t_slots, *t_pool, validate=True),
-    }
+    forms = {name: (lambda k=k, s=s, p=p, check=check: indexer.write_keys(k, s, *p, validate=check))
+             for name, (k, s, p, check) in key_write_forms(torch).items()}
     for fn in forms.values():
         for _ in range(5):
             fn()
