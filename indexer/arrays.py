@@ -286,21 +286,26 @@ def _torch_dtypes(torch):  # gpu-only
     return {getattr(torch, n): np.dtype(n) for n in names if hasattr(torch, n)}
 
 
+def _plain_cuda_tensor(torch, t) -> bool:  # gpu-only
+    """Whether ``t`` is a PyTorch tensor whose memory a kernel may read from its pointer,
+    shape and strides alone (``torch``: the module, or None where it is not imported): on a
+    CUDA device, strided, not empty, not requiring grad and with no lazy negation or
+    conjugation bit. DLPack decides for every other tensor (refusing the last three with the
+    message the caller should see)."""
+    return (torch is not None and isinstance(t, torch.Tensor) and t.is_cuda and t.layout == torch.strided
+            and not t.requires_grad and not t.is_neg() and not t.is_conj() and t.numel() != 0)
+
+
 def _torch_view(cp, t):  # gpu-only
     """A CuPy array over CUDA tensor ``t``'s memory (its shape, strides and dtype; it keeps
     ``t`` alive), or None where DLPack must decide: a tensor on the host, empty, of a dtype
     NumPy lacks, not strided, requiring grad, or with a lazy negation or conjugation bit
     (DLPack refuses the last three, with the message the caller should see)."""
     torch = sys.modules.get("torch")
-    if torch is None or not isinstance(t, torch.Tensor):
-        return None
-    dtype = _torch_dtypes(torch).get(t.dtype)
-    if (dtype is None or not t.is_cuda or t.layout != torch.strided or t.requires_grad or t.is_neg()
-            or t.is_conj()):
+    dtype = _torch_dtypes(torch).get(t.dtype) if _plain_cuda_tensor(torch, t) else None
+    if dtype is None:
         return None
     count = t.numel()
-    if count == 0:
-        return None
     shape = tuple(t.shape)
     if t.is_contiguous():  # the common case: no strides to convert (a call views ~8 tensors)
         span, strides = count * dtype.itemsize, None
@@ -357,17 +362,15 @@ def _torch_operand(t):  # gpu-only
     """``Operand`` of CUDA tensor ``t`` read from its attributes, or None where ``_torch_view``
     would leave it to DLPack (a tensor on the host, empty, not strided, requiring grad, or
     with a lazy negation or conjugation bit), or of a dtype whose size is not known here."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(t, torch.Tensor):
+    if not _plain_cuda_tensor(sys.modules.get("torch"), t):
         return None
     name = dtype_name(t)
     itemsize = _OPERAND_SIZES.get(name)
-    device = t.get_device()  # -1 on the host
-    if (itemsize is None or device < 0 or not t.is_cuda or t.layout != torch.strided or t.requires_grad or t.is_neg()
-            or t.is_conj() or t.numel() == 0):
+    if itemsize is None:
         return None
     ptr = t.data_ptr()
-    return _new_operand(Operand, (np.uint64(ptr), ptr, tuple(t.shape), name, itemsize, device, t.is_contiguous()))
+    return _new_operand(Operand, (np.uint64(ptr), ptr, tuple(t.shape), name, itemsize, t.get_device(),
+                                  t.is_contiguous()))
 
 
 _OPERAND_SIZES = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
