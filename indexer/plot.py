@@ -24,7 +24,7 @@ import numpy as np
 
 from . import arrays
 
-__all__ = ["selection_map", "score_distribution", "benchmark_bars", "require_matplotlib", "RASTER_ABOVE"]
+__all__ = ["selection_map", "score_distribution", "benchmark_bars", "require_matplotlib", "RASTER_ABOVE", "MAX_BINS"]
 
 _MISSING = "indexer.plot needs matplotlib: pip install 'indexer[plot]'"
 #: above this many selected (query, entry) pairs the selection map is a raster, not a scatter
@@ -33,6 +33,10 @@ RASTER_ABOVE = 100_000
 _RASTER_BINS = 1024
 #: score histograms switch to log counts when the fullest bin holds this many entries
 _LOG_COUNTS = 50
+#: the most bins a score histogram takes (matplotlib draws a patch a bin: 10**8 would not end)
+MAX_BINS = 10_000
+# the rules numpy.histogram_bin_edges takes by name
+_BIN_RULES = ("auto", "fd", "doane", "scott", "stone", "rice", "sturges", "sqrt")
 # the largest time / floor a benchmark bar takes (far past any measurement)
 _MAX_X_FLOOR = 1e12
 
@@ -128,6 +132,7 @@ def selection_map(indices, valid_lens=None, *, ax=None, title=None, raster=None)
 
     Returns the matplotlib ``Figure``. The scatter's offsets are the (entry, query) pairs.
     """
+    _check_optional_flag("raster", raster)
     idx = _as_indices(indices)
     T, k = idx.shape
     lens = _as_lens(valid_lens, T)
@@ -175,9 +180,47 @@ def _kth_score(scores, top_k):
 def _check_top_k(top_k):
     if top_k is None:
         return None
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+        raise TypeError(f"top_k: expected a positive int, got {type(top_k).__name__} {top_k!r}")
+    if top_k < 1:
         raise ValueError(f"top_k: expected a positive int, got {top_k!r}")
     return int(top_k)
+
+
+def _check_optional_flag(name, value):
+    """TypeError naming ``name`` unless ``value`` is None (the default rule) or a bool."""
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True, False or None, got {type(value).__name__} {value!r}")
+
+
+def _check_bins(bins):
+    """``bins`` as ``Axes.hist`` takes it (an int, a 1-D sequence of edges or a NumPy rule's
+    name), an int at most ``MAX_BINS``; TypeError / ValueError naming ``bins``."""
+    if isinstance(bins, str):
+        if bins not in _BIN_RULES:
+            raise ValueError(f"bins: expected an int, edges or one of {', '.join(_BIN_RULES)}, got {bins!r}")
+        return bins
+    if isinstance(bins, numbers.Integral) and not isinstance(bins, bool):
+        if not 1 <= bins <= MAX_BINS:
+            raise ValueError(f"bins: expected 1 to {MAX_BINS} bins, got {bins}")
+        return int(bins)
+    edges = np.asarray(bins) if not isinstance(bins, bool) else np.asarray(None)
+    if edges.ndim != 1 or edges.dtype.kind not in "fiu" or not 2 <= edges.size <= MAX_BINS + 1:
+        raise TypeError(f"bins: expected an int, a rule's name or 2 to {MAX_BINS + 1} increasing edges, "
+                        f"got {type(bins).__name__}")
+    return edges
+
+
+def _bin_edges(values, bins, span):
+    """The histogram's edges over ``values`` (float64, finite) in ``span``; ValueError naming
+    ``scores_row`` where NumPy cannot split their range into ``bins`` bins (values at the
+    ends of float64's range, or a range narrower than the bins)."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # a span past float64's range: refused below
+            return np.histogram_bin_edges(values, bins=bins, range=span)
+    except ValueError as exc:
+        raise ValueError(f"scores_row: its scores' range cannot be cut into these bins ({exc}); "
+                         "pass bins= as edges") from None
 
 
 def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None, bins=100, title=None,
@@ -202,6 +245,8 @@ def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None,
     Returns the matplotlib ``Figure``.
     """
     top_k = _check_top_k(top_k)
+    _check_optional_flag("log", log)
+    bins = _check_bins(bins)
     finite = _finite_1d(scores_row, "scores_row")
     selected = None if selected_scores is None else _finite_1d(selected_scores, "selected_scores")
     if top_k is None and selected is not None and selected.size:
@@ -212,7 +257,8 @@ def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None,
     if finite.size and selected is not None and selected.size and np.ndim(bins) == 0:
         span = (min(finite.min(), selected.min()), max(finite.max(), selected.max()))
     if finite.size:
-        counts, edges, _ = ax.hist(finite, bins=bins, range=span, color="C0", alpha=0.8,
+        edges = _bin_edges(finite, bins, span)
+        counts, edges, _ = ax.hist(finite, bins=edges, color="C0", alpha=0.8,
                                    label=f"all entries ({finite.size})")
         if log or (log is None and counts.max() >= _LOG_COUNTS):
             ax.set_yscale("log")

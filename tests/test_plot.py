@@ -164,6 +164,20 @@ def test_selection_map_errors(indices, lens, message):
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("raster", ["no", 1, np.zeros(2)])
+def test_selection_map_refuses_a_raster_that_is_no_bool(raster):
+    with pytest.raises(TypeError, match="^raster: expected True, False or None"):
+        plot.selection_map(np.zeros((2, 3), dtype=np.int32), raster=raster)
+
+
+def test_score_distribution_takes_edges_and_rules():
+    row = np.arange(100.0)
+    ax = plot.score_distribution(row, bins=[0.0, 50.0, 99.0]).axes[0]
+    assert [p.get_height() for p in ax.patches] == [50, 50]
+    ax = plot.score_distribution(row, bins="sturges").axes[0]
+    assert len(ax.patches) == len(np.histogram_bin_edges(row, bins="sturges")) - 1
+
+
 # ----------------------------------------------------------------------------- score_distribution
 
 
@@ -240,8 +254,17 @@ def test_score_distribution_padding_and_edges():
     (dict(scores_row=np.array(["a", "b"])), ValueError, "scores_row: expected a 1-D array"),
     (dict(scores_row=np.zeros(3), selected_scores=np.zeros((1, 2))), ValueError, "selected_scores"),
     (dict(scores_row=np.zeros(3), top_k=0), ValueError, "top_k: expected a positive int"),
-    (dict(scores_row=np.zeros(3), top_k=True), ValueError, "top_k"),
-    (dict(scores_row=np.zeros(3), top_k=2.0), ValueError, "top_k"),
+    (dict(scores_row=np.zeros(3), top_k=True), TypeError, "top_k"),
+    (dict(scores_row=np.zeros(3), top_k=2.0), TypeError, "top_k"),
+    (dict(scores_row=np.zeros(3), log="no"), TypeError, "log: expected True, False or None"),
+    (dict(scores_row=np.zeros(3), bins=10**8), ValueError, "bins: expected 1 to"),
+    (dict(scores_row=np.zeros(3), bins=0), ValueError, "bins: expected 1 to"),
+    (dict(scores_row=np.zeros(3), bins="many"), ValueError, "bins: expected an int, edges or one of"),
+    (dict(scores_row=np.zeros(3), bins=[[0, 1]]), TypeError, "bins: expected an int"),
+    (dict(scores_row=np.zeros(3), bins=True), TypeError, "bins: expected an int"),
+    # finite scores whose range NumPy cannot cut into bins: named, not NumPy's own error
+    (dict(scores_row=np.array([-1e308, 1e308])), ValueError, "scores_row: its scores' range"),
+    (dict(scores_row=np.array([1.0, np.nextafter(1.0, 2.0)])), ValueError, "scores_row: its scores' range"),
 ])
 def test_score_distribution_errors(kwargs, error, message):
     with pytest.raises(error) as info:
