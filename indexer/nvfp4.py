@@ -98,19 +98,50 @@ def _round_to_table(xp, v, table):
     return idx.astype(xp.uint8)
 
 
+def _int_array(xp, a, name, top):
+    """``a`` as an integer array of values 0..``top``; TypeError / ValueError naming ``name``.
+    (A uint8 array holding bytes needs no pass over its values.)"""
+    a = arrays.as_array(xp, a, name)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
+    if a.size and not (a.dtype == xp.uint8 and top == 255) and bool((a.min() < 0) | (a.max() > top)):
+        raise ValueError(f"{name}: expected values 0 to {top}")
+    return a
+
+
+def _float_array(xp, x, name):
+    """``x`` as a float32 array; TypeError naming ``name`` where it holds no real numbers."""
+    x = arrays.as_array(xp, x, name)
+    if x.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected real numbers, got dtype {x.dtype}")
+    return x.astype(xp.float32, copy=False)
+
+
 def e2m1_decode(codes):
-    """float32 value of each 4-bit E2M1 code (uint8 array holding 0..15)."""
+    """float32 value of each 4-bit E2M1 code: the low nibble of each byte of ``codes`` (an
+    integer array holding 0..255)."""
     xp = arrays.module_of(codes)
+    return _e2m1_values(xp, _int_array(xp, codes, "codes", 255))
+
+
+def _e2m1_values(xp, codes):
     return _table(xp, E2M1_VALUES)[codes & 0xF]
 
 
 def e2m1_encode(x):
     """4-bit E2M1 code of float32 ``x``: round to nearest-even, saturating at +-6.
 
-    ``x`` must be finite. Negative values (and -0.0) get the sign bit.
+    Negative values (and -0.0) get the sign bit; NaN is refused (ValueError naming ``x``).
     """
     xp = arrays.module_of(x)
-    x = xp.asarray(x, dtype=xp.float32)
+    x = _float_array(xp, x, "x")
+    if bool(xp.isnan(x).any()):
+        raise ValueError("x: NaN has no E2M1 code")
+    return _e2m1_codes(xp, x)
+
+
+def _e2m1_codes(xp, x):
+    """``e2m1_encode`` of float32 array ``x`` holding no NaN."""
     a = xp.abs(x)
     # The magnitude code counts the rounding boundaries at or below |x|: the midpoints
     # between neighbouring magnitudes (exact in float32), each reached at equality only
@@ -123,28 +154,58 @@ def e2m1_encode(x):
 
 
 def e4m3_decode(scale_bytes):
-    """float32 value of each float8_e4m3fn byte; 0x7F and 0xFF decode to NaN."""
+    """float32 value of each float8_e4m3fn byte (an integer array holding 0..255); 0x7F and
+    0xFF decode to NaN."""
     xp = arrays.module_of(scale_bytes)
+    return _e4m3_values(xp, _int_array(xp, scale_bytes, "scale_bytes", 255))
+
+
+def _e4m3_values(xp, scale_bytes):
     return _table(xp, E4M3_VALUES)[scale_bytes]
 
 
 def e4m3_encode(x):
     """float8_e4m3fn byte of non-negative float32 ``x``: nearest-even, saturating at 448.
 
-    Block scales are never negative; a negative input is a programming error here.
+    Block scales are never negative: a negative value or NaN is refused (ValueError naming ``x``).
     """
     xp = arrays.module_of(x)
-    return _round_to_table(xp, xp.asarray(x, dtype=xp.float32), _E4M3_POS)
+    x = _float_array(xp, x, "x")
+    if x.size and not bool((x >= 0).all()):  # NaN fails the compare too
+        raise ValueError("x: expected values >= 0 (block scales), got a negative value or NaN")
+    return _e4m3_bytes(xp, x)
+
+
+def _e4m3_bytes(xp, x):
+    """``e4m3_encode`` of non-negative float32 array ``x``."""
+    return _round_to_table(xp, x, _E4M3_POS)
 
 
 def pack_nibbles(codes):
-    """Pack 4-bit codes (..., D) into bytes (..., D/2): element 2j low nibble, 2j+1 high."""
+    """Pack 4-bit codes (..., D) into bytes (..., D/2): element 2j low nibble, 2j+1 high.
+    ``codes``: integers 0..15, D even."""
+    xp = arrays.module_of(codes)
+    codes = _int_array(xp, codes, "codes", 15)
+    if codes.ndim < 1 or codes.shape[-1] % 2:
+        raise ValueError(f"codes: expected a last dimension of even length, got shape {codes.shape}")
+    return _pack(codes)
+
+
+def _pack(codes):
     return (codes[..., 0::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)
 
 
 def unpack_nibbles(packed):
-    """Unpack bytes (..., D/2) into 4-bit codes (..., D), the inverse of ``pack_nibbles``."""
+    """Unpack bytes (..., D/2) into 4-bit codes (..., D), the inverse of ``pack_nibbles``.
+    ``packed``: integers 0..255, at least one dimension."""
     xp = arrays.module_of(packed)
+    packed = _int_array(xp, packed, "packed", 255)
+    if packed.ndim < 1:
+        raise ValueError("packed: expected at least one dimension, got a 0-d array")
+    return _unpack(xp, packed)
+
+
+def _unpack(xp, packed):
     out = xp.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=xp.uint8)
     out[..., 0::2] = packed & 0xF
     out[..., 1::2] = packed >> 4
@@ -154,7 +215,14 @@ def unpack_nibbles(packed):
 def global_scale_for(amax):
     """The standard global decode scale ``amax / (6 * 448)`` in float32, 1 where amax is 0."""
     xp = arrays.module_of(amax)
-    amax = xp.asarray(amax, dtype=xp.float32)
+    amax = _float_array(xp, amax, "amax")
+    if amax.size and not bool((xp.isfinite(amax) & (amax >= 0)).all()):
+        raise ValueError("amax: expected finite values >= 0")
+    return _global_scale(xp, amax)
+
+
+def _global_scale(xp, amax):
+    """``global_scale_for`` of a finite, non-negative float32 ``amax``."""
     g = amax / xp.float32(E2M1_MAX * E4M3_MAX)
     # g = 1 for all-zero data, and also where amax / 2688 underflows to 0 (amax < ~1.9e-42)
     return xp.where(g > 0, g, xp.float32(1.0)).astype(xp.float32)
@@ -162,9 +230,13 @@ def global_scale_for(amax):
 
 def _check_global_scale(xp, g, batch_shape):
     """``g`` as float32, a 0-d array or broadcast to ``batch_shape``; finite and > 0."""
-    if g is None or isinstance(g, (str, bytes, complex)) or getattr(getattr(g, "dtype", None), "kind", "f") in "cSUOb":
+    if (g is None or isinstance(g, (str, bytes, complex, bool))
+            or getattr(getattr(g, "dtype", None), "kind", "f") in "cSUOb"):
         raise TypeError(f"global_scale: expected a real number or a float array, got {type(g).__name__}")
-    g = xp.asarray(g, dtype=xp.float32)
+    try:
+        g = xp.asarray(g, dtype=xp.float32)
+    except (TypeError, ValueError):
+        raise TypeError(f"global_scale: expected a real number or a float array, got {type(g).__name__}") from None
     if g.ndim == 0:
         if not bool(xp.isfinite(g) & (g > 0)):
             raise ValueError(f"global_scale: expected a finite value > 0, got {float(g)}")
@@ -201,7 +273,7 @@ def quantize(x, global_scale=None):
     Raises ``ValueError`` for NaN or Inf input, a bad D or a bad global scale.
     """
     xp = arrays.module_of(x)
-    x = xp.asarray(x)
+    x = arrays.as_array(xp, x, "x")
     if x.dtype != xp.float32:
         if not xp.issubdtype(x.dtype, xp.floating):
             raise TypeError(f"x: expected a float32 array, got dtype {x.dtype}")
@@ -213,7 +285,7 @@ def quantize(x, global_scale=None):
     batch_shape = x.shape[:-1]
     if global_scale is None:
         amax = xp.max(xp.abs(x)) if x.size else xp.float32(0)
-        g_out = global_scale_for(amax)
+        g_out = _global_scale(xp, xp.asarray(amax, dtype=xp.float32))  # x is finite
         g = g_out
     else:
         g_out = _check_global_scale(xp, global_scale, batch_shape)
@@ -224,13 +296,13 @@ def quantize(x, global_scale=None):
     block_amax = xp.max(xp.abs(groups), axis=-1)
     # s = e4m3(block_amax / (6 g)), computed in float32 and saturated before the cast
     scale_f = block_amax / (xp.float32(E2M1_MAX) * g_b)
-    scales = e4m3_encode(xp.minimum(scale_f, xp.float32(E4M3_MAX)))
-    s_dec = e4m3_decode(scales)  # exact float32 value of the stored scale
+    scales = _e4m3_bytes(xp, xp.minimum(scale_f, xp.float32(E4M3_MAX)))
+    s_dec = _e4m3_values(xp, scales)  # exact float32 value of the stored scale
     denom = (s_dec * g_b)[..., None]  # (..., D/16, 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         y = xp.where(denom > 0, groups / xp.where(denom > 0, denom, xp.float32(1)), xp.float32(0))
-    codes = e2m1_encode(y.astype(xp.float32)).reshape(x.shape)
-    return pack_nibbles(codes), scales, xp.asarray(g_out, dtype=xp.float32)
+    codes = _e2m1_codes(xp, y.astype(xp.float32)).reshape(x.shape)
+    return _pack(codes), scales, xp.asarray(g_out, dtype=xp.float32)
 
 
 def dequantize(codes, scales, global_scale):
@@ -261,7 +333,7 @@ def dequantize(codes, scales, global_scale):
         )
     batch_shape = codes.shape[:-1]
     g = xp.broadcast_to(_check_global_scale(xp, global_scale, batch_shape), batch_shape)
-    elems = e2m1_decode(unpack_nibbles(codes)).reshape(batch_shape + (d // GROUP, GROUP))
-    blockwise = elems * e4m3_decode(scales)[..., None]  # exact in float32
+    elems = _e2m1_values(xp, _unpack(xp, codes)).reshape(batch_shape + (d // GROUP, GROUP))
+    blockwise = elems * _e4m3_values(xp, scales)[..., None]  # exact in float32
     out = blockwise.reshape(batch_shape + (d,)) * g[..., None]
     return out.astype(xp.float32, copy=False)
