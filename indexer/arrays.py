@@ -23,7 +23,7 @@ __all__ = [
     "is_cupy",
     "is_device_array",
     "check_kinds",
-    "check_torch_dtype",
+    "check_torch_tensor",
     "check_element_aligned",
     "ARGUMENT_DTYPES",
     "module_of",
@@ -38,6 +38,7 @@ __all__ = [
     "query_to_numpy",
     "to_numpy",
     "byte_extent",
+    "as_array",
     "framework_of",
     "any_torch",
     "wrap_like",
@@ -117,18 +118,25 @@ ARGUMENT_DTYPES = {"q": "float32, float16, bfloat16 or float8_e4m3fn", "w": "flo
 def check_kinds(names, xs) -> None:
     """TypeError naming the first of ``xs`` that is neither a NumPy or CuPy array nor a
     DLPack CUDA array (what the GPU path takes), or a PyTorch tensor of a dtype NumPy and
-    CuPy lack (``check_torch_dtype``)."""
+    CuPy lack or on a device that is neither the host nor CUDA (``check_torch_tensor``)."""
     for name, x in zip(names, xs):
         if not (isinstance(x, np.ndarray) or is_cupy(x) or is_device_array(x)):
             raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
-        check_torch_dtype(name, x)
+        check_torch_tensor(name, x)
 
 
-def check_torch_dtype(name, x) -> None:
+def check_torch_tensor(name, x) -> None:
     """TypeError naming ``x``, a PyTorch tensor of a dtype NumPy and CuPy cannot hold (a
-    bfloat16 ``w``, say), where the conversion would fail with a message of its own that
-    names no argument. ``q``'s bfloat16 and float8_e4m3fn are read as their bits (``query_to_cupy``)."""
-    if _is_torch_type(type(x)) and not (name == "q" and dtype_name(x) in QUERY_DTYPES):  # gpu-only
+    bfloat16 ``w``, say), or on a device that holds no data the call can read (``meta``) or
+    is neither the host nor CUDA, where the conversion would fail with a message of its own
+    that names no argument. ``q``'s bfloat16 and float8_e4m3fn are read as their bits
+    (``query_to_cupy``)."""
+    if not _is_torch_type(type(x)) or not hasattr(x, "device"):
+        return
+    # gpu-only below (PyTorch is not a dependency); is_cuda first: one attribute on the hot path
+    if not x.is_cuda and x.device.type != "cpu":
+        raise TypeError(f"{name}: expected a tensor on the host or a CUDA GPU, got one on {x.device.type!r}")
+    if not (name == "q" and dtype_name(x) in QUERY_DTYPES):
         torch = sys.modules["torch"]
         if x.dtype not in _torch_dtypes(torch):
             raise TypeError(f"{name}: expected dtype {ARGUMENT_DTYPES.get(name, 'of NumPy')}, got {x.dtype}")
@@ -375,6 +383,16 @@ def _torch_operand(t):  # gpu-only
 
 _OPERAND_SIZES = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
                   "uint64": 8, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float32": 4, "float64": 8}
+
+
+def as_array(xp, x, name, *, copy=False):
+    """``xp.asarray(x)`` (``xp.array`` with ``copy``), NumPy or CuPy; TypeError naming ``name``
+    where the module cannot make one array of ``x`` (a ragged nested list, a dict)."""
+    try:
+        return xp.array(x) if copy else xp.asarray(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected an array, got a {type(x).__name__} that is not one "
+                        "(a ragged nested list?)") from None
 
 
 def byte_extent(x):

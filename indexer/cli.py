@@ -201,6 +201,9 @@ def demo(ctx, backend, precision, seed, T, N, top_k, show, device, as_json):
         raise RuntimeError("backend 'cuda': CuPy with a usable CUDA GPU is required (pip install 'indexer[cuda13]')")
     rng = np.random.default_rng(seed)
     blocks = T * -(-N // E)
+    if blocks * E > 2**31 - 1:  # the pool's int32 slots, said in the options' own terms
+        raise click.BadParameter(f"{T} sequences of {N} entries need {blocks * E} pool slots, more than "
+                                 "2**31 - 1", param_hint="'--queries' / '--entries'")
     on_gpu = chosen == "cuda"
     # on the GPU the pool and the queries live there, so the time is the kernels' alone
     pool = KeyPool(blocks, entries_per_block=E, head_dim=D, device="cuda" if on_gpu else "cpu")

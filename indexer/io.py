@@ -46,6 +46,7 @@ import contextlib
 import importlib
 import json
 import math
+import numbers
 import os
 import re
 import stat
@@ -141,13 +142,17 @@ def read_arrays(path) -> dict[str, np.ndarray]:
         if fmt == ".npy":
             return {p.stem: np.load(p, allow_pickle=False)}
         with np.load(p, allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
+            found = {name: npz[name] for name in npz.files}
     except MemoryError:  # an array larger than memory, or a corrupt header claiming one
         raise ValueError(f"{path}: an array in it needs more memory than is free (or its header is corrupt)") from None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
         if "allow_pickle" in str(exc):
             raise ValueError(f"{path}: holds an object (pickled) array; refusing to unpickle it") from None
         raise ValueError(f"{path}: not a readable {fmt} file ({_one_line(exc)})") from None
+    for name, a in found.items():
+        if not isinstance(a, np.ndarray):  # a zip member not written by NumPy comes back as its bytes
+            raise ValueError(f"{path}: member {name!r} is not a NumPy .npy array")
+    return found
 
 
 class _ArrayError(ValueError):
@@ -260,6 +265,8 @@ def write_arrays(path, arrays: dict) -> None:
                 a = _arrays.to_numpy(a)
             except TypeError as exc:  # a PyTorch dtype NumPy has no type for (float8_e5m2, ...)
                 raise ValueError(f"{path}: array {name!r} of dtype {kind} cannot be written ({_one_line(exc)})") from None
+            except ValueError:  # what NumPy cannot make one array of (a ragged nested list)
+                raise ValueError(f"{path}: array {name!r} is a {type(a).__name__} that is not one array") from None
         if fmt != ".safetensors" and not _npy_holds(a.dtype):
             raise ValueError(f"{path}: array {name!r} is {a.dtype}, which {fmt} cannot hold (NumPy saves it as raw "
                              "bytes); use .safetensors")
@@ -441,6 +448,8 @@ def key_sequences(arrays: dict, *, name="keys") -> dict:
     out = {}
     D = None
     for key, a in arrays.items():
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{name}: array {key!r} must be a NumPy array, got {type(a).__name__}")
         if a.ndim != 2:
             raise ValueError(f"{name}: array {key!r} must be 2-D (n, D), got shape {a.shape}")
         if a.dtype != np.float32:
@@ -458,4 +467,8 @@ def key_sequences(arrays: dict, *, name="keys") -> dict:
 
 def blocks_needed(sequences: dict, entries_per_block: int) -> int:
     """Pool blocks that ``sequences`` (``{id: (n, D)}``) fill: sum of ceil(n / E)."""
+    if isinstance(entries_per_block, bool) or not isinstance(entries_per_block, numbers.Integral):
+        raise TypeError(f"entries_per_block: expected an int, got {type(entries_per_block).__name__}")
+    if entries_per_block < 1:
+        raise ValueError(f"entries_per_block: expected an int >= 1, got {entries_per_block}")
     return sum(math.ceil(a.shape[0] / entries_per_block) for a in sequences.values())

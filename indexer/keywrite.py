@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from . import _jit, arrays, nvfp4, streams
+from . import _jit, arrays, nvfp4, streams, validate as _validate
 
 __all__ = ["CAPACITY", "MAX_KEY", "PAD_SLOT", "THREADS", "pow2_scales", "check_key_amax", "host_write_new",
            "host_write_into", "host_rescale", "write_blocks", "write_keys"]
@@ -180,6 +180,7 @@ def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=True, s
     not.)
     """
     streams.check_stream(stream)
+    _validate.check_flag("validate", validate)
     names = ("keys_fp4", "key_scale", "key_gscale")
     pool = (keys_fp4, key_scale, key_gscale)
     on_host = [isinstance(a, np.ndarray) for a in pool]
@@ -198,7 +199,11 @@ def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=True, s
 
 
 def _check_pool(pool, names):
-    """(P, E, D) of the pool arrays; TypeError / ValueError naming the argument."""
+    """(P, E, D) of the pool arrays (NumPy's); TypeError / ValueError naming the argument,
+    a read-only one's too (before anything is written)."""
+    for name, a in zip(names, pool):
+        if not a.flags.writeable:
+            raise ValueError(f"{name}: expected a writeable array (it is written in place), got a read-only one")
     return _pool_dims([tuple(a.shape) for a in pool], [arrays.dtype_name(a) for a in pool],
                       [arrays.c_contiguous(a) for a in pool], names)
 

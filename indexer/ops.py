@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import arrays, outbuf, ragged, reference, streams, validate as _validate
 from .workspace import check_budget, check_workspace, turn_of
 
@@ -33,22 +31,15 @@ def _check_call(precision, workspace, workspace_budget, stream, **flags):
     if precision not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
     for name, value in flags.items():
-        _check_flag(name, value)
+        _validate.check_flag(name, value)
     check_workspace(workspace)
     check_budget(workspace_budget)
     streams.check_stream(stream)
 
 
-def _check_flag(name, value):
-    """TypeError naming ``name`` unless ``value`` is a bool (NumPy's too): a truthy string or
-    None would silently pick a mode."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
-
-
 def _host_array(name, x):
     """``arrays.to_numpy(x)``; what NumPy cannot make an array of (a ragged list) is refused by name."""
-    arrays.check_torch_dtype(name, x)
+    arrays.check_torch_tensor(name, x)
     try:
         return arrays.query_to_numpy(x) if name == "q" else arrays.to_numpy(x)
     except (ValueError, TypeError) as exc:
@@ -205,12 +196,7 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
         # for NumPy's (the per-token table is built where the call runs)
         cu_seqlens_q, block_table = (arrays.to_cupy(x, ordered=ordered) if on_gpu else _host_array(name, x)
                                      for name, x in (("cu_seqlens_q", cu_seqlens_q), ("block_table", block_table)))
-    shape = getattr(q, "shape", None)
-    if shape is None or isinstance(q, np.generic):  # before its rows are counted; the call checks the rest
-        raise TypeError(f"q: expected a NumPy or CuPy array (or a GPU tensor), got {type(q).__name__}")
-    if len(shape) != 3:
-        raise ValueError(f"q: expected 3 dimensions, got shape {tuple(shape)}")
-    T = int(shape[0])
+    T = _validate.query_rows(q)  # before the offsets are checked against it; the call checks the rest
     # the NumPy backend always checks values (the GPU path checks them with the others)
     _validate.check_groups(cu_seqlens_q, block_table, T, values=not on_gpu)
     per_token = ragged.expand_block_table(block_table, cu_seqlens_q, T, workspace=kwargs["workspace"])

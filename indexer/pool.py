@@ -60,6 +60,7 @@ import numpy as np
 
 from . import arrays, keywrite, nvfp4, ops, streams, validate as _validate
 from . import io as _io
+from .arrays import as_array
 
 __all__ = ["KeyPool", "PoolFullError"]
 
@@ -102,7 +103,13 @@ def _check_counts(counts, B, n):
     if isinstance(counts, (str, bytes, numbers.Number)):
         raise TypeError(f"counts: expected a list of {B} ints, got {type(counts).__name__}")
     try:
-        values = arrays.to_numpy(counts).reshape(-1).tolist() if hasattr(counts, "shape") else list(counts)
+        if hasattr(counts, "shape"):
+            values = arrays.to_numpy(counts)
+            if values.ndim != 1:
+                raise ValueError(f"counts: expected a 1-D array of {B} ints, got shape {values.shape}")
+            values = values.tolist()
+        else:
+            values = list(counts)
     except TypeError:
         raise TypeError(f"counts: expected a list of {B} ints, got {type(counts).__name__}") from None
     if len(values) != B:
@@ -127,10 +134,18 @@ def _check_dims(num_blocks, entries_per_block, head_dim):
             raise ValueError(f"{name}: expected an int >= 1, got {v}")
     if head_dim % 32 or head_dim > _validate.MAX_HEAD_DIM:  # what score_topk takes
         raise ValueError(f"head_dim: expected a positive multiple of 32 up to {_validate.MAX_HEAD_DIM}, got {head_dim}")
-    if num_blocks * entries_per_block > _INT32_MAX:
+    if int(num_blocks) * int(entries_per_block) > _INT32_MAX:  # Python ints: NumPy's would wrap
         raise ValueError(f"num_blocks: {num_blocks} blocks of {entries_per_block} entries exceed the "
                          f"int32 slot range ({_INT32_MAX} entries)")
     return int(num_blocks), int(entries_per_block), int(head_dim)
+
+
+def _as_path(path) -> str:
+    """``path`` (a str, bytes or os.PathLike) as a str; TypeError naming ``path`` otherwise."""
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise TypeError(f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
 
 
 def _parse_device(device):
@@ -362,6 +377,7 @@ class KeyPool:
             twice = next(s for i, s in enumerate(ids) if s in ids[:i])
             raise ValueError(f"seqs: {twice!r} appears more than once; pass its keys as one run")
         streams.check_stream(stream)
+        _validate.check_flag("validate", validate)
         with self._writing(stream, keys):
             # the host pool checks always: its NumPy encoder refuses such keys part-way through
             k = self._as_keys(keys, check=bool(validate) or self._device_id is None)
@@ -597,7 +613,7 @@ class KeyPool:
             return ops.score_topk(q, w, self.keys_fp4, self.key_scale, self.key_gscale,
                                   self.block_table(ids), self.lengths(ids), top_k, **kwargs)
         xp = self._xp
-        cu = xp.asarray(cu_seqlens_q)
+        cu = as_array(xp, cu_seqlens_q, "cu_seqlens_q")
         table = self.block_table(ids)
         if valid_lens is None and len(shape) >= 1:  # (a q of no rows is refused by the call)
             # the offsets checked before they size anything: each sequence's length repeated
@@ -617,7 +633,7 @@ class KeyPool:
         Written to a temporary file beside ``path`` and renamed onto it: a save that fails
         (a full disk, an interrupt) leaves a file already at ``path`` as it was.
         """
-        path = os.fspath(path)
+        path = _as_path(path)
         kind = _file_kind(path)
         if self._last_write is not None:  # pragma: no cover  (a GPU pool: writes on any stream done)
             self._last_write.synchronize()
@@ -639,7 +655,7 @@ class KeyPool:
         problem for anything inconsistent (arrays, shapes, dtypes, block ids, lengths);
         ``.npz`` files are read with ``allow_pickle=False``.
         """
-        path = os.fspath(path)
+        path = _as_path(path)
         kind = _file_kind(path)
         _parse_device(device)  # a bad device is the caller's error, not the file's
         if not os.path.isfile(path):
@@ -662,7 +678,7 @@ class KeyPool:
             "free": list(self._free),
         }
 
-    
+
     @classmethod
     def from_arrays(cls, arrays, *, device="cpu", name="arrays"):
         """A pool from the arrays of a saved pool already in memory (e.g. read with
@@ -672,10 +688,11 @@ class KeyPool:
         if not isinstance(arrays, dict):
             raise TypeError(f"arrays: expected a dict of arrays, got {type(arrays).__name__}")
         _parse_device(device)
-        tensors = {k: np.array(v) for k, v in arrays.items() if k != _META_NAME}  # copies: the pool writes them
+        # copies: the pool writes them
+        tensors = {k: as_array(np, v, f"{name}: {k}", copy=True) for k, v in arrays.items() if k != _META_NAME}
         meta = arrays.get(_META_NAME)
         if meta is not None:
-            meta = np.asarray(meta)
+            meta = as_array(np, meta, f"{name}: {_META_NAME}")
             if meta.dtype != np.uint8 or meta.ndim != 1:
                 raise ValueError(f"{name}: pool_meta: expected a 1-D uint8 array of UTF-8 JSON, got "
                                  f"{meta.dtype} {meta.shape}")
@@ -699,6 +716,8 @@ class KeyPool:
             meta = json.loads(meta_text)
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise bad(f"{_META_NAME} is not UTF-8 JSON ({e})") from e
+        except RecursionError:  # nesting deeper than the parser's stack: no pool's bookkeeping
+            raise bad(f"{_META_NAME}: JSON nested too deeply for a pool's bookkeeping") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
             raise bad(f"{_META_NAME}: expected a {FORMAT!r} object of version {FORMAT_VERSION}")
         try:

@@ -153,8 +153,9 @@ class PreparedCall:
         host = [arrays.query_to_numpy(given[0])] + [arrays.to_numpy(x) for x in given[1:]]
         table = host[5]
         if self._grouped:
-            _validate.check_groups(host[7], host[5], host[0].shape[0])
-            table = ragged.expand_block_table(host[5], host[7], host[0].shape[0])
+            T = _validate.query_rows(host[0])
+            _validate.check_groups(host[7], host[5], T)
+            table = ragged.expand_block_table(host[5], host[7], T)
         return _validate.check_score_topk(*host[:5], table, host[6], self.top_k, values=True)
 
     def _check_device(self, given, validate):  # gpu-only
@@ -169,7 +170,7 @@ class PreparedCall:
             table, cu = views[5], None
             if self._grouped:
                 cu = views[7]
-                T = int(views[0].shape[0])
+                T = _validate.query_rows(views[0])
                 _validate.check_groups(cu, views[5], T, values=False)
                 table = ragged.expand_block_table(views[5], cu, T, workspace=self.workspace)
             prob = _validate.check_score_topk(*views[:5], table, views[6], self.top_k, values=validate,
@@ -193,7 +194,7 @@ class PreparedCall:
         keywords; ``out``, ``stream`` and ``validate`` as ``score_topk`` takes them, but
         ``validate`` is False by default (True runs the whole public call)."""
         if validate is not False:  # (the hot path's one test)
-            ops._check_flag("validate", validate)
+            _validate.check_flag("validate", validate)
         given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
         if self._grouped != (cu_seqlens_q is not None):
             raise TypeError("cu_seqlens_q: " + ("this call was prepared with cu_seqlens_q; pass it" if self._grouped

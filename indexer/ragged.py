@@ -92,6 +92,9 @@ def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
     """
     if isinstance(ratio, bool) or not isinstance(ratio, (int, np.integer)) or ratio < 1:
         raise ValueError(f"ratio: expected a positive int, got {ratio!r}")
+    # the arithmetic below is int64's; a ratio past every position (< 2**62 + T) sees nothing
+    # either way, so the largest int64 stands for any larger one
+    ratio = min(int(ratio), 2**63 - 1)
     _check_offsets(cu_seqlens_q)
     xp = arrays.module_of(cu_seqlens_q)
     cu = cu_seqlens_q.astype(xp.int64)
@@ -102,7 +105,7 @@ def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
     if context_lens is None:
         ctx = xp.zeros(T, dtype=xp.int64)
     else:
-        context = xp.asarray(context_lens)
+        context = arrays.as_array(xp, context_lens, "context_lens")
         if context.dtype.kind not in "iu":
             raise TypeError(f"context_lens: expected integers, got dtype {context.dtype}")
         if context.shape != (B,):

@@ -46,8 +46,8 @@ def check_stream(stream):
     if isinstance(stream, bool):
         raise TypeError("stream: expected a CuPy stream, a stream pointer (int) or a torch.cuda.Stream, got bool")
     if isinstance(stream, int):
-        if stream < 0:
-            raise ValueError(f"stream: expected a cudaStream_t pointer >= 0, got {stream}")
+        if not 0 <= stream < 2**64:
+            raise ValueError(f"stream: expected a cudaStream_t pointer (0 to 2**64 - 1), got {stream}")
         return "int"
     if _module(stream) == "cupy" and hasattr(stream, "ptr"):
         return "cupy"

@@ -16,7 +16,7 @@ import numpy as np
 from . import arrays
 
 __all__ = ["MAX_TOP_K", "MAX_HEADS", "MAX_HEAD_DIM", "MAX_ROW_ENTRIES", "Problem", "check_score_topk", "check_top_k",
-           "check_cu_seqlens", "check_groups"]
+           "check_cu_seqlens", "check_groups", "query_rows", "check_flag"]
 
 #: largest supported ``top_k``
 MAX_TOP_K = 4096
@@ -81,6 +81,13 @@ def _check_array(name, x, dtype, ndim, xp):
 def _check_shape(name, x, expected):
     if tuple(x.shape) != tuple(expected):
         raise ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def check_flag(name, value) -> None:
+    """TypeError naming ``name`` unless ``value`` is a bool (NumPy's too): a truthy string or
+    None would silently pick a mode."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {type(value).__name__} {value!r}")
 
 
 def check_top_k(top_k) -> int:
@@ -232,6 +239,18 @@ def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) 
             return B  # gpu-only
         _check_offsets(cu_seqlens_q, T)
     return B
+
+
+def query_rows(q) -> int:
+    """T, the rows of query ``q`` (T, H, D), which a grouped call counts before the other
+    checks (its offsets end at T): TypeError or ValueError naming ``q`` where it is no
+    array or has not three dimensions."""
+    shape = getattr(q, "shape", None)
+    if shape is None or isinstance(q, np.generic):
+        raise TypeError(f"q: expected a NumPy or CuPy array (or a GPU tensor), got {type(q).__name__}")
+    if len(shape) != 3:
+        raise ValueError(f"q: expected 3 dimensions, got shape {tuple(shape)}")
+    return int(shape[0])
 
 
 def check_groups(cu_seqlens_q, block_table, T: int, *, values: bool = True) -> int:

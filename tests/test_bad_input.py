@@ -9,6 +9,7 @@ with "error:" and no traceback. Validation is shared by the NumPy and CUDA backe
 
 import copy
 import pickle
+import zipfile
 
 import numpy as np
 import pytest
@@ -71,6 +72,35 @@ def pool_wrong_dim():
     return lambda: pool.append(0, np.ones((3, 64), np.float32))
 
 
+def grouped_prepare_of_0d_query():
+    p = problem()
+    cu = np.array([0, 3], dtype=np.int32)
+    return lambda: indexer.prepare(np.zeros((), np.float32), p.w, p.keys_fp4, p.key_scale, p.key_gscale,
+                                   p.block_table[:1].copy(), p.valid_lens, 5, cu_seqlens_q=cu, backend="numpy")
+
+
+def write_keys_into_read_only(which):
+    """write_keys into a pool one of whose arrays is read-only: refused before any byte is
+    written (the other arrays checked unchanged)."""
+    pool = [np.zeros((4, 4, 16), np.uint8), np.zeros((4, 4, 2), np.uint8), np.ones(4, np.float32)]
+    pool[which].setflags(write=False)
+
+    def call():
+        before = [a.copy() for a in pool]
+        try:
+            indexer.write_keys(np.ones((2, 32), np.float32), np.array([0, 1], np.int32), *pool)
+        finally:
+            for a, b in zip(before, pool):
+                np.testing.assert_array_equal(a, b)
+    return call
+
+
+def pool_call(method, *args, **kwargs):
+    pool = KeyPool(4, entries_per_block=4, head_dim=32)
+    pool.append(0, np.ones((3, 32), np.float32))
+    return lambda: getattr(pool, method)(*args, **kwargs)
+
+
 API = [
     ("q float64", lambda: call_with(q=problem().q.astype(np.float64)), TypeError, "q"),
     ("q rank 2", lambda: call_with(q=problem().q[:, 0]), ValueError, "q"),
@@ -118,18 +148,77 @@ API = [
      "global_scale"),
     ("pool append other head dim", pool_wrong_dim, ValueError, "keys"),
     ("pool full", pool_full, PoolFullError, "append"),
+    ("prepare grouped with a 0-d q", grouped_prepare_of_0d_query, ValueError, "q"),
+    ("causal_lens ratio past int64", lambda: (lambda: _lens_of_huge_ratio()), None, None),
+    ("causal_lens context_lens ragged", lambda: (lambda: indexer.causal_lens(np.array([0, 1, 2]),
+                                                                               context_lens=[1, [2]])),
+     TypeError, "context_lens"),
+    ("write_keys into read-only key_gscale", lambda: write_keys_into_read_only(2), ValueError, "key_gscale"),
+    ("write_keys into read-only key_scale", lambda: write_keys_into_read_only(1), ValueError, "key_scale"),
+    ("write_keys validate a str", lambda: (lambda: indexer.write_keys(
+        np.ones((1, 32), np.float32), np.array([0], np.int32), np.zeros((4, 4, 16), np.uint8),
+        np.zeros((4, 4, 2), np.uint8), np.ones(4, np.float32), validate="no")), TypeError, "validate"),
+    ("KeyPool size past int32 by NumPy ints", lambda: (lambda: KeyPool(np.int32(65536), np.int32(32768), 32)),
+     ValueError, "num_blocks"),
+    ("KeyPool save to None", lambda: pool_call("save", None), TypeError, "path"),
+    ("KeyPool append_many validate a str", lambda: pool_call("append_many", [0], np.ones((1, 32), np.float32),
+                                                             validate="no"), TypeError, "validate"),
+    ("KeyPool append_many 2-D counts", lambda: pool_call("append_many", [0, 1], np.ones((2, 32), np.float32),
+                                                         counts=np.ones((2, 1), np.int64)), ValueError, "counts"),
+    ("KeyPool score_topk ragged offsets", lambda: pool_call("score_topk", np.ones((3, 2, 32), np.float32),
+                                                            np.ones((3, 2), np.float32), [0], 3,
+                                                            cu_seqlens_q=[[0], [1, 2]]), TypeError, "cu_seqlens_q"),
+    ("KeyPool from deeply nested JSON", lambda: (lambda: KeyPool.from_arrays(_nested_meta_arrays())),
+     ValueError, "arrays: pool_meta"),
+    ("key_sequences of a list", lambda: (lambda: io.key_sequences({"0": [[1.0] * 32]})), TypeError, "keys"),
+    ("blocks_needed of 0 entries a block", lambda: (lambda: io.blocks_needed({"a": np.zeros((3, 32))}, 0)),
+     ValueError, "entries_per_block"),
+    ("e4m3_decode past a byte", lambda: (lambda: nvfp4.e4m3_decode(np.array([300]))), ValueError, "scale_bytes"),
+    ("e4m3_decode negative", lambda: (lambda: nvfp4.e4m3_decode(np.array([-1]))), ValueError, "scale_bytes"),
+    ("e4m3_decode floats", lambda: (lambda: nvfp4.e4m3_decode(np.array([1.5]))), TypeError, "scale_bytes"),
+    ("e2m1_encode NaN", lambda: (lambda: nvfp4.e2m1_encode([np.nan])), ValueError, "x"),
+    ("e4m3_encode negative", lambda: (lambda: nvfp4.e4m3_encode([-3.0])), ValueError, "x"),
+    ("e4m3_encode NaN", lambda: (lambda: nvfp4.e4m3_encode([np.nan])), ValueError, "x"),
+    ("pack_nibbles odd length", lambda: (lambda: nvfp4.pack_nibbles(np.zeros(3, np.uint8))), ValueError, "codes"),
+    ("pack_nibbles past a nibble", lambda: (lambda: nvfp4.pack_nibbles(np.array([16, 0]))), ValueError, "codes"),
+    ("unpack_nibbles 0-d", lambda: (lambda: nvfp4.unpack_nibbles(np.uint8(3))), ValueError, "packed"),
+    ("global_scale_for NaN", lambda: (lambda: nvfp4.global_scale_for(np.nan)), ValueError, "amax"),
+    ("global_scale_for negative", lambda: (lambda: nvfp4.global_scale_for(-1.0)), ValueError, "amax"),
+    ("quantize global scale True", lambda: (lambda: nvfp4.quantize(np.ones(16, np.float32), True)), TypeError,
+     "global_scale"),
+    ("quantize global scale a dict", lambda: (lambda: nvfp4.quantize(np.ones(16, np.float32), {})), TypeError,
+     "global_scale"),
+    ("quantize ragged list", lambda: (lambda: nvfp4.quantize([[1.0] * 16, [1.0]])), TypeError, "x"),
 ]
+
+
+def _lens_of_huge_ratio():
+    """Not an error: a ratio past every position sees nothing (int64 arithmetic, no overflow)."""
+    lens = indexer.causal_lens(np.array([0, 3, 5]), ratio=2**100)
+    np.testing.assert_array_equal(lens, np.zeros(5, np.int32))
+    np.testing.assert_array_equal(indexer.causal_lens(np.array([0, 3, 5]), ratio=np.uint64(2**64 - 1)), lens)
+
+
+def _nested_meta_arrays():
+    pool = KeyPool(2, entries_per_block=4, head_dim=32)
+    return {"keys_fp4": pool.keys_fp4, "key_scale": pool.key_scale, "key_gscale": pool.key_gscale,
+            "pool_meta": np.frombuffer(b"[" * 100_000 + b"]" * 100_000, np.uint8)}
 
 
 @pytest.mark.parametrize("name,make,error,arg", API, ids=[a[0] for a in API])
 def test_api_catalogue(name, make, error, arg):
     fn = make()
+    if error is None:  # an input that is odd, not wrong: the call checks its own answer
+        fn()
+        return
     with pytest.raises(error, match=rf"(?i)^{arg}\b|{arg}:"):
         fn()
 
 
 def test_failed_calls_leave_the_inputs_unchanged():
     for _name, make, error, _arg in API:
+        if error is None:
+            continue
         p = problem()
         before = copy.deepcopy(p.arrays())
         with pytest.raises(error):
@@ -205,8 +294,19 @@ def cli_pack_nan(tmp_path):
     return ["pack", str(path), "--out", str(tmp_path / "pool.npz")]
 
 
+def cli_pack_zip_of_text(tmp_path):
+    path = tmp_path / "keys.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("0.txt", b"not an array")
+    return ["pack", str(path), "--out", str(tmp_path / "pool.npz")]
+
+
+def cli_demo_too_large(tmp_path):
+    return ["demo", "--backend", "numpy", "--queries", str(10**12), "--entries", "1"]
+
+
 CLI = [cli_missing_file, cli_truncated, cli_pickle, cli_missing_array, cli_pool_other_head_dim, cli_bad_top_k,
-       cli_wrong_dtype, cli_unknown_output, cli_pack_nan]
+       cli_wrong_dtype, cli_unknown_output, cli_pack_nan, cli_pack_zip_of_text, cli_demo_too_large]
 
 
 @pytest.mark.parametrize("make_args", CLI, ids=[f.__name__ for f in CLI])

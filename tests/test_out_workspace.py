@@ -288,7 +288,8 @@ def test_check_stream_kinds():
 
 @pytest.mark.parametrize("bad,error,pattern", [
     (True, TypeError, "^stream: expected a CuPy stream.*got bool"),
-    (-3, ValueError, "^stream: expected a cudaStream_t pointer >= 0"),
+    (-3, ValueError, r"^stream: expected a cudaStream_t pointer \(0 to 2\*\*64 - 1\)"),
+    (2**64, ValueError, r"^stream: expected a cudaStream_t pointer \(0 to 2\*\*64 - 1\)"),
     ("default", TypeError, "^stream: expected a CuPy stream.*got str"),
     (1.0, TypeError, "^stream"),
 ])

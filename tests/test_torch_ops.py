@@ -334,3 +334,14 @@ def test_write_keys_operator_takes_keys_of_any_layout_on_the_cpu():
         iops.write_keys(k, torch.from_numpy(slots), *got)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.numpy(), w)
+
+
+@pytest.mark.parametrize("which", ["q", "w", "valid_lens"])
+def test_a_meta_tensor_is_refused_by_name(which):
+    # a tensor on PyTorch's meta device holds no data: refused naming it, where its
+    # conversion to NumPy raised NotImplementedError naming nothing
+    p = testing.random_problem(np.random.default_rng(5), T=2, H=4, D=32, E=8, lens=[9, 3], L=2, top_k=3)
+    args = dict(zip(testing.ARRAY_NAMES, tensors(p)))
+    args[which] = torch.empty(args[which].shape, dtype=args[which].dtype, device="meta")
+    with pytest.raises(TypeError, match=f"^{which}: expected a tensor on the host or a CUDA GPU, got one on 'meta'"):
+        score_topk(*(args[n] for n in testing.ARRAY_NAMES), 3, backend="numpy")
