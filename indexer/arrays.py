@@ -24,6 +24,8 @@ __all__ = [
     "is_device_array",
     "check_kinds",
     "check_torch_tensor",
+    "torch_refusal",
+    "refused",
     "check_element_aligned",
     "ARGUMENT_DTYPES",
     "module_of",
@@ -142,6 +144,39 @@ def check_torch_tensor(name, x) -> None:
             raise TypeError(f"{name}: expected dtype {ARGUMENT_DTYPES.get(name, 'of NumPy')}, got {x.dtype}")
 
 
+def torch_refusal(x):
+    """Why PyTorch tensor ``x`` cannot be read as an array (a lazy negation or conjugation
+    bit, a gradient to keep, a sparse or nested layout, no data on the meta device), or
+    None (also for anything but a tensor). For errors only: off the hot path."""
+    if not _is_torch_type(type(x)) or not hasattr(x, "is_neg"):
+        return None
+    torch = sys.modules["torch"]  # gpu-only below (PyTorch is not a dependency)
+    if getattr(x, "is_nested", False):
+        return "expected a plain (strided) tensor, got a nested one"
+    if x.layout != torch.strided:
+        return f"expected a plain (strided) tensor, got layout {x.layout}"
+    if x.is_meta:
+        return "expected a tensor on the host or a CUDA GPU, got one on 'meta'"
+    if x.is_neg():
+        return "expected a tensor without a lazy negation bit (pass .resolve_neg())"
+    if x.is_conj():
+        return "expected a tensor without a lazy conjugation bit (pass .resolve_conj())"
+    if x.requires_grad:
+        return "expected a tensor that does not require grad (pass .detach())"
+    return None
+
+
+def refused(names, xs, exc):
+    """Raise the TypeError naming the first of ``xs`` (PyTorch tensors, by ``names``) that
+    ``torch_refusal`` explains, for ``exc``, the error a conversion of them raised (call it
+    in ``exc``'s handler); re-raise ``exc`` itself where none does."""
+    for name, x in zip(names, xs):
+        reason = torch_refusal(x)
+        if reason is not None:
+            raise TypeError(f"{name}: {reason}") from None
+    raise exc
+
+
 def check_element_aligned(name, x) -> None:
     """ValueError naming ``x``, a device array (CuPy) whose address is not a multiple of its
     element size: the kernels load elements whole, and a misaligned load is a fault that
@@ -235,7 +270,10 @@ def query_to_cupy(x, *, ordered=False, arg="q"):  # gpu-only
     bits as the type (``bf16_bits``, ``e4m3_bits``)."""
     name = dtype_name(x) if getattr(x, "dtype", None) is not None else None
     if name not in BITS_DTYPES:
-        return to_cupy(x, ordered=ordered), None
+        try:
+            return to_cupy(x, ordered=ordered), None
+        except (RuntimeError, BufferError) as exc:  # DLPack's refusal of a tensor, naming nothing
+            refused((arg,), (x,), exc)
     cp = cupy()
     if cp is None:
         raise RuntimeError("the CUDA backend needs CuPy and a CUDA GPU; neither was found")

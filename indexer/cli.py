@@ -284,7 +284,9 @@ def demo(ctx, backend, precision, seed, T, N, top_k, show, device, as_json):
               help="query rows scored per call: bounds the working memory of large files "
                    "(a progress bar shows on stderr when there is more than one chunk).")
 @click.option("--device", type=click.IntRange(min=0), default=None, metavar="N", help=_DEVICE_HELP)
-@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
+@click.option("--json", "as_json", is_flag=True,
+              help="print JSON instead of a table (a score that is not finite, as padding's -inf, is null; "
+                   "padding's index is -1).")
 def score(input_path, top_k, out, backend, precision, physical, with_scores, chunk, device, as_json):
     """Score the queries saved in INPUT and print or save their top-k entries.
 
@@ -308,6 +310,7 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         if io.file_format(out) == ".npy" and with_scores:
             raise CliError(f"{out}: a .npy file holds one array, and --scores asks for two (indices, scores); "
                            "use .npz or .safetensors")
+        io.check_writable(out)
     problem, k = io.load_problem(data, top_k=top_k, name=input_path)
     t0 = time.perf_counter()
     indices, scores = _score_in_chunks(problem, k, chunk, backend=backend, precision=precision, physical=physical)
@@ -383,6 +386,7 @@ def pack(keys_path, out, E, num_blocks, as_json):
 
     if io.file_format(out) == ".npy":
         raise ValueError(f"{out}: a pool is saved as .npz or .safetensors, not .npy")
+    io.check_writable(out)  # before the work
     sequences = io.key_sequences(io.read_arrays(keys_path), name=keys_path)
     D = next(iter(sequences.values())).shape[1]
     needed = io.blocks_needed(sequences, E)
@@ -679,6 +683,7 @@ def plot(input_path, out, kind, query, top_k, backend, as_json):
     except ImportError as exc:
         raise CliError(_one_line(exc)) from None
     _check_image_path(out, fig)  # an unknown image type fails before the work
+    io.check_writable(out)
     if kind == "bench":
         _plot_bench(ax, input_path)
     else:

@@ -78,9 +78,12 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         # PyTorch's current stream (out= is like q: the same framework)
         ordered = streams.on_torch_stream(given)
         q_view, bits_of = arrays.query_to_cupy(q, ordered=ordered)  # a bfloat16 or float8 query: its bits
-        views = (q_view, *(arrays.to_cupy(x, ordered=ordered) for x in given[1:]))
+        try:
+            views = (q_view, *(arrays.to_cupy(x, ordered=ordered) for x in given[1:]))
+            cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens, ordered=ordered)
+        except (RuntimeError, BufferError) as exc:  # DLPack's refusal of a tensor, naming nothing
+            arrays.refused(names + ("cu_seqlens_q",), given + (_cu_seqlens,), exc)
         q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = views
-        cu_seqlens = None if _cu_seqlens is None else arrays.to_cupy(_cu_seqlens, ordered=ordered)
         prob = _validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens,
                                           top_k, values=validate, cu_seqlens=cu_seqlens, q_bits_of=bits_of)
         check_key_alignment(prob, keys_fp4, key_scale)

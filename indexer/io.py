@@ -11,8 +11,8 @@ object array, a missing array).
 A saved ``KeyPool`` keeps its bookkeeping (UTF-8 JSON) as the uint8 array ``pool_meta`` in
 ``.npz`` and as the header metadata entry ``pool_meta`` in ``.safetensors`` (where
 ``KeyPool.save`` puts it). ``read_arrays`` and ``write_arrays`` translate, so a caller
-always sees the uint8 array ``pool_meta``, whatever the format. ``.safetensors`` has no
-0-d tensors: a 0-d array (``top_k``) comes back with shape (1,).
+always sees the uint8 array ``pool_meta``, whatever the format. Every format keeps a 0-d
+array (``top_k``) 0-d.
 
 The two forms of a ``score`` input file
 ---------------------------------------
@@ -66,6 +66,7 @@ __all__ = [
     "file_format",
     "read_arrays",
     "write_arrays",
+    "check_writable",
     "is_pool_form",
     "load_problem",
     "key_sequences",
@@ -255,8 +256,8 @@ def write_arrays(path, arrays: dict) -> None:
         raise ValueError(f"{path}: nothing to write (expected a non-empty dict of arrays)")
     host = {}
     for name, a in arrays.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{path}: array names must be non-empty strings, got {name!r}")
+        if not isinstance(name, str) or not name or "\x00" in name:  # (a zip member's name ends at a NUL)
+            raise ValueError(f"{path}: array names must be non-empty strings without NUL, got {name!r}")
         kind = _arrays.dtype_name(a) if getattr(a, "dtype", None) is not None else None  # (a list has none)
         if kind in _arrays.BITS_DTYPES:
             a = _bits_typed_host(path, name, a, kind)
@@ -295,7 +296,8 @@ def write_arrays(path, arrays: dict) -> None:
                     meta = {POOL_META: pm.tobytes().decode("utf-8")}
                     del tensors[POOL_META]
             try:
-                st.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=meta)
+                # C order kept of any rank (np.ascontiguousarray would make a 0-d array (1,))
+                st.numpy.save_file({k: np.require(v, requirements="C") for k, v in tensors.items()}, tmp, metadata=meta)
             except Exception as exc:  # unsupported dtype (strings), ...
                 raise ValueError(f"{path}: cannot write as .safetensors ({_one_line(exc)})") from None
 
@@ -318,17 +320,15 @@ def replaced_atomically(path):
     with the replaced file's permissions (or the umask's for a new file); when it fails,
     remove it and leave ``path`` as it was. A symbolic link's target is replaced, not the
     link; the new file is the writer's (owner, hard links: those of a new file)."""
-    p = Path(os.path.realpath(path))  # through a symbolic link: the file it names is replaced
-    if not p.parent.is_dir():
-        raise FileNotFoundError(f"{path}: folder {str(Path(path).parent)!r} does not exist")
+    p = check_writable(path)
     try:
         mode = stat.S_IMODE(os.stat(p).st_mode)  # a file replaced keeps its permissions
     except OSError:
         mode = 0o666 & ~_umask()  # a new file gets the usual ones (mkstemp makes 0600)
-    else:  # a rename needs only the folder's permission: honour a read-only file's as open() would
-        if not os.access(p, os.W_OK):
-            raise PermissionError(f"{path}: the file is not writable")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=p.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:40]}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:  # a folder that takes no new file (a read-only or virtual file system)
+        raise type(exc)(f"{path}: cannot write a file in its folder ({exc.strerror})") from None
     os.close(fd)
     try:
         yield tmp
@@ -337,6 +337,23 @@ def replaced_atomically(path):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_writable(path) -> Path:
+    """The file ``path`` names (through a symbolic link), where a file can be written there
+    as far as can be told before writing: OSError naming ``path`` for a missing folder, a
+    folder at the path, a read-only file (a rename would replace it: honoured as open() would)
+    or a folder that is not writable. Commands call it before the work whose result it takes."""
+    p = Path(os.path.realpath(path))
+    if not p.parent.is_dir():
+        raise FileNotFoundError(f"{path}: folder {str(Path(path).parent)!r} does not exist")
+    if p.is_dir():
+        raise IsADirectoryError(f"{path}: is a folder, not a file")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise PermissionError(f"{path}: the file is not writable")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"{path}: its folder {str(p.parent)!r} is not writable")
+    return p
 
 
 def _umask() -> int:

@@ -42,6 +42,8 @@ def _host_array(name, x):
     arrays.check_torch_tensor(name, x)
     try:
         return arrays.query_to_numpy(x) if name == "q" else arrays.to_numpy(x)
+    except (RuntimeError, NotImplementedError) as exc:  # PyTorch's refusal of a tensor, naming nothing
+        arrays.refused((name,), (x,), exc)
     except (ValueError, TypeError) as exc:
         if str(exc).startswith(f"{name}: "):  # the conversion's own check, already by name
             raise
@@ -131,7 +133,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         if targets is not None:  # the result is written after it is computed, but into the caller's inputs
             named = (*zip(_NAMES, host), *_readers)
             outbuf.check_apart(targets, return_scores, [(name, arrays.byte_extent(x)) for name, x in named])
-        result = reference.score_topk(*host, int(top_k), return_scores=return_scores, physical=physical)
+        result = reference.checked_score_topk(*host, int(top_k), return_scores=return_scores, physical=physical)
         if targets is None:
             return result
         for target, value in zip(targets, result if return_scores else (result,)):

@@ -95,7 +95,10 @@ def device_views(out, like, T: int, top_k: int, return_scores: bool, device_id: 
             raise TypeError(f"{name}: expected {expected} like q, got {type(x).__name__}")
         if arrays.dtype_name(x) != dtype_name:  # before a conversion that may fail with no name
             raise _wrong_array(name, x, dtype, (T, top_k))
-        view = arrays.to_cupy(x, ordered=ordered)
+        try:
+            view = arrays.to_cupy(x, ordered=ordered)
+        except (RuntimeError, BufferError) as exc:  # DLPack's refusal of a tensor, naming nothing
+            arrays.refused((name,), (x,), exc)
         _check(name, view, dtype, (T, top_k))
         if view.data.device_id != device_id:
             raise ValueError(f"{name}: expected an array on cuda:{device_id} (where q is), got cuda:{view.data.device_id}")

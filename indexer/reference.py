@@ -4,15 +4,48 @@
 Meant to be trusted by reading: keys are gathered through the block table and decoded
 bit-exactly, every score is computed in float64, and the selection is a stable sort by
 (score descending, index ascending) over the entries whose score is not NaN.
+
+``score_topk`` and ``score_topk_ragged`` check their arguments as ``indexer.score_topk``
+does (its NumPy backend calls them checked); the building blocks check what would otherwise
+read outside a row or give a silently wrong answer (lengths, visible block ids, ``chunk``,
+``top_k``, ``E``), each error naming the argument.
 """
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
-from . import nvfp4
+from . import nvfp4, validate as _validate
 
-__all__ = ["row_keys", "row_scores", "key_groups", "select_top_k", "to_physical", "score_topk", "score_topk_ragged"]
+__all__ = ["row_keys", "row_scores", "key_groups", "select_top_k", "to_physical", "score_topk", "score_topk_ragged",
+           "checked_score_topk"]
+
+
+def _count(name, v, low, high):
+    """``v`` as an int in [low, high]; TypeError / ValueError naming ``name``."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if not low <= v <= high:
+        raise ValueError(f"{name}: expected {low} <= {name} <= {high}, got {v}")
+    return int(v)
+
+
+def _check_row(keys_fp4, block_table_row, n, start=0):
+    """A row's ``n`` visible entries (from ``start``) and the blocks holding them: ValueError
+    / TypeError naming ``n``, ``start`` or ``block_table_row`` where they leave the row or
+    the pool. Returns n."""
+    row = np.asarray(block_table_row)
+    if row.ndim != 1 or row.dtype.kind not in "iu":
+        raise TypeError(f"block_table_row: expected a 1-D integer array, got {row.dtype} {row.shape}")
+    P, E = keys_fp4.shape[:2]
+    n = _count("n", n, 0, row.shape[0] * E)
+    _count("start", start, 0, n)
+    visible = row[: -(-n // E)]
+    if visible.size and (int(visible.min()) < 0 or int(visible.max()) >= P):
+        raise ValueError(f"block_table_row: expected the ids of the {visible.size} blocks holding entries in [0, {P})")
+    return n
 
 
 def row_keys(keys_fp4, key_scale, key_gscale, block_table_row, n, start=0):
@@ -20,6 +53,7 @@ def row_keys(keys_fp4, key_scale, key_gscale, block_table_row, n, start=0):
 
     Entry ``s`` lives in physical block ``block_table_row[s // E]``, slot ``s % E``.
     """
+    n = _check_row(keys_fp4, block_table_row, n, start)
     return _entry_keys(keys_fp4, key_scale, key_gscale, block_table_row, np.arange(start, n))
 
 
@@ -38,6 +72,7 @@ def key_groups(keys_fp4, key_scale, key_gscale, block_table_row, n):
     """Entries ``0 .. n-1`` of one row numbered by their stored key: int64 (n,), equal
     exactly where the codes, scales and (float32) global scale are byte for byte the same.
     Such entries score exactly equal in every precision, so the tie rule orders them by index."""
+    n = _check_row(keys_fp4, block_table_row, n)
     return _groups_and_firsts(keys_fp4, key_scale, key_gscale, block_table_row, n)[0]
 
 
@@ -73,6 +108,8 @@ def _first_of_key(keys_fp4, key_scale, key_gscale, block_table_row, n):
 def row_scores(q_t, w_t, keys_fp4, key_scale, key_gscale, block_table_row, n, chunk=16384):
     """float64 scores (n,) of one query: ``sum_h w[h] * max(0, q[h] . k[s])``; NaN propagates.
     Entries with identical stored keys get bit-identical scores."""
+    n = _check_row(keys_fp4, block_table_row, n)
+    _count("chunk", chunk, 1, 2**62)
     first = _first_of_key(keys_fp4, key_scale, key_gscale, block_table_row, n)
     return _scores_by_key(q_t, w_t, lambda s: _entry_keys(keys_fp4, key_scale, key_gscale, block_table_row, s),
                           first, n, chunk)
@@ -109,6 +146,10 @@ def _scores(q_t, w_t, keys_of, n, chunk=16384):
 def select_top_k(scores, top_k):
     """Indices (top_k,) int32 of the highest non-NaN scores, highest first, ties to the lower
     index, padded with -1; and their scores (top_k,) float64, -inf at padding."""
+    scores = np.asarray(scores)
+    if scores.ndim != 1 or scores.dtype.kind not in "iuf":
+        raise TypeError(f"scores: expected a 1-D array of real numbers, got {scores.dtype} {scores.shape}")
+    top_k = _count("top_k", top_k, 0, 2**31 - 1)
     n = scores.shape[0]
     idx = np.arange(n)
     keep = ~np.isnan(scores)
@@ -123,19 +164,52 @@ def select_top_k(scores, top_k):
 
 
 def to_physical(indices, block_table, E):
-    """Physical pool slots ``block_table[t, s // E] * E + s % E`` of logical ``indices``; -1 stays -1."""
+    """Physical pool slots ``block_table[t, s // E] * E + s % E`` of logical ``indices`` (T, k);
+    -1 stays -1. ValueError / TypeError naming the argument where an index leaves its row or
+    a slot leaves the int32 range."""
+    E = _count("E", E, 1, 2**31 - 1)
+    indices, block_table = np.asarray(indices), np.asarray(block_table)
+    if indices.ndim != 2 or indices.dtype.kind not in "iu":
+        raise TypeError(f"indices: expected a 2-D integer array (T, top_k), got {indices.dtype} {indices.shape}")
+    if block_table.ndim != 2 or block_table.dtype.kind not in "iu" or block_table.shape[0] != indices.shape[0]:
+        raise TypeError(f"block_table: expected a 2-D integer array of {indices.shape[0]} rows, "
+                        f"got {block_table.dtype} {block_table.shape}")
+    if indices.size and (int(indices.min()) < -1 or int(indices.max()) >= block_table.shape[1] * E):
+        raise ValueError(f"indices: expected -1 or entries below L * E = {block_table.shape[1] * E}")
     t = np.arange(indices.shape[0])[:, None]
     safe = np.where(indices >= 0, indices, 0)
-    phys = block_table[t, safe // E].astype(np.int64) * E + safe % E
-    return np.where(indices >= 0, phys, -1).astype(np.int32)
+    phys = np.where(indices >= 0, block_table[t, safe // E].astype(np.int64) * E + safe % E, -1)
+    if phys.size and (int(phys.min()) < -1 or int(phys.max()) > 2**31 - 1):
+        raise ValueError("block_table: a selected entry's slot (block * E + entry) leaves [0, 2**31)")
+    return phys.astype(np.int32)
 
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
                *, return_scores=False, physical=False):
-    """Reference score + top-k on NumPy arrays (shapes and dtypes as ``indexer.score_topk``).
+    """Reference score + top-k on NumPy arrays (shapes as ``indexer.score_topk``; dtypes
+    looser: any integer tables and lengths, a float64 ``key_gscale`` taken as its float32
+    value as ``nvfp4.dequantize`` takes it). ``top_k``, the flags, the rows' shapes, their
+    lengths and the block ids of their visible entries are checked: ValueError / TypeError
+    naming the argument.
 
     Returns int32 indices (T, top_k) and, with ``return_scores``, float32 scores (T, top_k).
     """
+    top_k = _validate.check_top_k(top_k)
+    _validate.check_flag("return_scores", return_scores)
+    _validate.check_flag("physical", physical)
+    T = _validate.query_rows(q)
+    for name, x, ndim in (("w", w, 2), ("block_table", block_table, 2), ("valid_lens", valid_lens, 1)):
+        if np.ndim(x) != ndim or np.shape(x)[0] != T:
+            raise ValueError(f"{name}: expected {ndim} dimensions and {T} rows (one a query), got shape {np.shape(x)}")
+    for t in range(T):
+        _check_row(keys_fp4, block_table[t], valid_lens[t])
+    return checked_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
+                              return_scores=return_scores, physical=physical)
+
+
+def checked_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
+                       *, return_scores=False, physical=False):
+    """``score_topk`` of arguments already checked (``indexer.score_topk``'s NumPy backend)."""
     T = q.shape[0]
     indices = np.full((T, top_k), -1, dtype=np.int32)
     scores = np.full((T, top_k), -np.inf, dtype=np.float32)
@@ -174,8 +248,8 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
                       *, return_scores=False, physical=False):
     """Reference for queries grouped by sequence: query t of sequence b (cu_seqlens_q[b] <= t
     < cu_seqlens_q[b+1]) reads block_table[b]; otherwise exactly ``score_topk``."""
-    T = q.shape[0]
+    T = _validate.query_rows(q)
+    _validate.check_groups(cu_seqlens_q, block_table, T)
     per_token = np.repeat(block_table, np.diff(cu_seqlens_q.astype(np.int64)), axis=0)
-    assert per_token.shape[0] == T
     return score_topk(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k,
                       return_scores=return_scores, physical=physical)

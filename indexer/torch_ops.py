@@ -78,6 +78,8 @@ def workspace(device=None) -> Workspace:
 
 def _results(q, top_k):
     """Empty (indices, scores) of the call's shape on ``q``'s device."""
+    if q.dim() != 3:  # before its rows are counted (the call checks the rest)
+        raise ValueError(f"q: expected 3 dimensions, got shape {tuple(q.shape)}")
     T = q.shape[0]
     return (torch.empty((T, top_k), dtype=torch.int32, device=q.device),
             torch.empty((T, top_k), dtype=torch.float32, device=q.device))
@@ -188,6 +190,8 @@ def _host_view(name, t, dtypes):
         return arrays.query_to_numpy(t) if name == "q" else t.numpy()
     except TypeError as exc:
         raise TypeError(f"{name}: expected {dtypes}, got {t.dtype} ({exc})") from None
+    except RuntimeError as exc:  # PyTorch's refusal (a negation bit, a gradient), naming nothing
+        arrays.refused((name,), (t,), exc)
 
 
 def _names(public):
@@ -229,21 +233,42 @@ def _mutating(public):
     return impl
 
 
-def _fake(q, *args):
-    """The functional operators' fake (meta) implementation: the results' shapes, dtypes and
-    device; ``args[-4]`` is ``top_k``."""
-    return _results(q, _validate.check_top_k(args[-4]))
+def _one_device(names, tensors):
+    """ValueError naming the first of ``tensors`` on another device than the first. The
+    fake implementations run for a real call too where one tensor is on PyTorch's meta
+    device (the dispatcher takes the meta kernel then): its results would be left unfilled."""
+    device = tensors[0].device
+    for name, t in zip(names, tensors):
+        if isinstance(t, torch.Tensor) and t.device != device:
+            raise ValueError(f"{name}: expected a tensor on {names[0]}'s device ({device}), got {t.device}")
 
 
-def _fake_out(q, *args):
-    """The _out operators' fake implementation: nothing to make (``args[-6]`` is ``top_k``,
+def _fake_of(public):
+    """The functional operator's fake (meta) implementation for ``public``: the results'
+    shapes, dtypes and device (its arrays, then top_k and the flags)."""
+    names = _names(public)
+
+    def fake(*args):
+        _one_device(names, args[:len(names)])
+        return _results(args[0], _validate.check_top_k(args[len(names)]))
+    return fake
+
+
+def _fake_out_of(public):
+    """The _out operator's fake implementation for ``public``: nothing to make (``top_k``
     refused here while tracing when out of range)."""
-    _validate.check_top_k(args[-6])
+    names = _names(public)
+
+    def fake(*args):
+        n = len(names)
+        _one_device(names + ("out[0]", "out[1]"), args[:n] + args[n + 1:n + 3])
+        _validate.check_top_k(args[n])
+    return fake
 
 
 for _public in (ops.score_topk, ops.score_topk_ragged):
-    for _name, _impl, _fake_impl in ((_public.__name__, _functional(_public), _fake),
-                                     (_public.__name__ + "_out", _mutating(_public), _fake_out)):
+    for _name, _impl, _fake_impl in ((_public.__name__, _functional(_public), _fake_of(_public)),
+                                     (_public.__name__ + "_out", _mutating(_public), _fake_out_of(_public))):
         for _key in ("CPU", "CUDA"):
             _LIB.impl(_name, _impl, _key)
         # no gradient: autograd passes the operators by (their results never require grad)
@@ -251,15 +276,46 @@ for _public in (ops.score_topk, ops.score_topk_ragged):
         torch.library.register_fake(f"indexer::{_name}", _fake_impl, lib=_LIB)
 
 
-def _dispatch(functional, mutating, arrays, top_k, flags, out):
+def _dispatch(names, functional, mutating, tensors, top_k, flags, out):
     """Call the functional operator (new results) or, with ``out``, the _out one; returns
-    the results or ``out`` itself."""
-    if out is None:
-        return functional(*arrays, top_k, *flags)
-    pair = isinstance(out, (tuple, list))
-    indices, scores = out if pair else (out, None)
-    mutating(*arrays, top_k, indices, scores, *flags)
-    return out
+    the results or ``out`` itself. The arguments the operator's schema would convert or
+    refuse in words of its own are checked first, by name (``names``: the tensors')."""
+    _check_arguments(names, tensors, top_k, flags)
+    out_names, out_tensors = (), ()
+    if out is not None:
+        pair = isinstance(out, (tuple, list))
+        if pair and len(out) != 2:
+            raise TypeError(f"out: expected the indices tensor or a pair (indices, scores), got {len(out)} items")
+        out_names, out_tensors = (("out[0]", "out[1]"), tuple(out)) if pair else (("out",), (out, None))
+        for name, t in zip(out_names, out_tensors):
+            if not (isinstance(t, torch.Tensor) or (t is None and name == "out[1]")):  # (indices, None): no scores
+                raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    try:
+        if out is None:
+            return functional(*tensors, top_k, *flags)
+        mutating(*tensors, top_k, *out_tensors, *flags)
+        return out
+    except (NotImplementedError, RuntimeError) as exc:  # no kernel for a layout (sparse, nested), a
+        # negation bit PyTorch's dispatch refuses: said by name
+        arrays.refused(names + out_names, tensors + out_tensors, exc)
+
+
+def _check_arguments(names, tensors, top_k, flags):
+    """TypeError / ValueError naming what the schema would convert silently (a bool or
+    tensor ``top_k``, a truthy flag) or refuse in its own words (a tensor argument of
+    another type, a precision of another type)."""
+    for name, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    if isinstance(top_k, (bool, torch.Tensor)) or not isinstance(top_k, (int, torch.SymInt)):
+        raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
+    if isinstance(top_k, int):  # (a traced SymInt is checked by the fake implementation)
+        _validate.check_top_k(top_k)
+    precision, physical, validate = flags
+    if precision not in ops.PRECISIONS:
+        raise ValueError(f"precision: expected one of {ops.PRECISIONS}, got {precision!r}")
+    _validate.check_flag("physical", physical)
+    _validate.check_flag("validate", validate)
 
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *, precision="fast",
@@ -272,7 +328,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     ``out``: an int32 (T, top_k) indices tensor, or a pair of it and a float32 (T, top_k)
     scores tensor, on ``q``'s device, contiguous, written in place by
     ``torch.ops.indexer.score_topk_out`` and returned (no result tensor is made)."""
-    return _dispatch(torch.ops.indexer.score_topk, torch.ops.indexer.score_topk_out,
+    return _dispatch(ops._NAMES, torch.ops.indexer.score_topk, torch.ops.indexer.score_topk_out,
                      (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens), top_k,
                      (precision, physical, validate), out)
 
@@ -282,7 +338,8 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
     """``torch.ops.indexer.score_topk_ragged``: ``indexer.score_topk_ragged`` (queries grouped
     by sequence, ``block_table`` (B, L), ``cu_seqlens_q`` (B+1,)) as one operator. Returns
     ``(indices, scores)``, or writes ``out``, as ``score_topk`` does."""
-    return _dispatch(torch.ops.indexer.score_topk_ragged, torch.ops.indexer.score_topk_ragged_out,
+    return _dispatch(_names(ops.score_topk_ragged), torch.ops.indexer.score_topk_ragged,
+                     torch.ops.indexer.score_topk_ragged_out,
                      (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens), top_k,
                      (precision, physical, validate), out)
 
@@ -308,8 +365,12 @@ def _write_keys(keys, slots, keys_fp4, key_scale, key_gscale, validate):
         keywrite.write_keys(keys, slots, *views)
 
 
+_WRITE_NAMES = ("keys_fp4", "keys", "slots", "key_scale", "key_gscale")
+
+
 def _write_keys_fake(keys, slots, keys_fp4, key_scale, key_gscale, validate):
-    """Nothing to make: the pool is written in place."""
+    """Nothing to make: the pool is written in place (the devices checked: see _one_device)."""
+    _one_device(_WRITE_NAMES, (keys_fp4, keys, slots, key_scale, key_gscale))
     return None
 
 
@@ -326,4 +387,13 @@ def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=False):
     float32 key_gscale (P,), written in place), as one operator ``torch.compile`` keeps in its
     graph. ``validate``: the value checks on CUDA tensors (a host synchronisation, so never
     inside a captured graph); CPU tensors are always checked. Returns None."""
-    torch.ops.indexer.write_keys(keys, slots, keys_fp4, key_scale, key_gscale, validate)
+    tensors = (keys_fp4, keys, slots, key_scale, key_gscale)
+    for name, t in zip(_WRITE_NAMES, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+    _validate.check_flag("validate", validate)
+    try:
+        torch.ops.indexer.write_keys(keys, slots, keys_fp4, key_scale, key_gscale, validate)
+    except (NotImplementedError, RuntimeError) as exc:  # no kernel for a layout (sparse, nested), a
+        # negation bit PyTorch's dispatch refuses: said by name
+        arrays.refused(_WRITE_NAMES, tensors, exc)

@@ -116,7 +116,9 @@ class Workspace:
         workspace's previous call where that ran on another stream; as it ends it records
         where this call ends. Under a capture it does neither on the GPU, and marks the
         device's buffers of now as kept once outgrown (see the module docstring). ~4.2-4.6 us
-        of host time a call (docs/performance.md v88)."""
+        of host time a call (docs/performance.md v88). RuntimeError without CuPy and a GPU."""
+        if arrays.cupy() is None:  # (cached: nothing on the hot path)
+            raise RuntimeError("Workspace.turn: needs CuPy and a CUDA GPU (pip install 'indexer[cuda13]')")
         return _Turn(self)
 
     @contextlib.contextmanager

@@ -189,7 +189,42 @@ API = [
     ("quantize global scale a dict", lambda: (lambda: nvfp4.quantize(np.ones(16, np.float32), {})), TypeError,
      "global_scale"),
     ("quantize ragged list", lambda: (lambda: nvfp4.quantize([[1.0] * 16, [1.0]])), TypeError, "x"),
+    # the reference's public functions, called directly (indexer.reference)
+    ("reference visible block id -1", lambda: reference_with(block_table=np.full((3, 3), -1, np.int32)),
+     ValueError, "block_table_row"),
+    ("reference valid_lens past the row", lambda: reference_with(valid_lens=np.array([20, 49, 0], np.int32)),
+     ValueError, "n"),
+    ("reference top_k bool", lambda: reference_with(top_k=True), TypeError, "top_k"),
+    ("reference ragged offsets short", lambda: (lambda: indexer.reference.score_topk_ragged(
+        *problem().arrays()[:5], problem().block_table[:1].copy(), np.array([0, 7], np.int32), problem().valid_lens, 5)),
+     ValueError, "cu_seqlens_q"),
+    ("reference row_scores chunk -1", lambda: (lambda: indexer.reference.row_scores(
+        *row_args(), chunk=-1)), ValueError, "chunk"),
+    ("reference row_keys past the row", lambda: (lambda: indexer.reference.row_keys(
+        *row_args()[2:6], 49)), ValueError, "n"),
+    ("reference select_top_k 2-D", lambda: (lambda: indexer.reference.select_top_k(np.zeros((2, 2)), 1)), TypeError,
+     "scores"),
+    ("reference select_top_k negative", lambda: (lambda: indexer.reference.select_top_k(np.zeros(3), -1)),
+     ValueError, "top_k"),
+    ("reference to_physical E 0", lambda: (lambda: indexer.reference.to_physical(
+        np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32), 0)), ValueError, "E"),
+    ("reference to_physical past int32", lambda: (lambda: indexer.reference.to_physical(
+        np.zeros((1, 1), np.int32), np.full((1, 1), 2**30, np.int32), 4)), ValueError, "block_table"),
 ]
+
+
+def reference_with(**changes):
+    """indexer.reference.score_topk called directly with some arguments replaced."""
+    p = problem()
+    args = dict(zip(testing.ARRAY_NAMES, p.arrays()), top_k=p.top_k)
+    args.update(changes)
+    return lambda: indexer.reference.score_topk(*[args[n] for n in testing.ARRAY_NAMES], args["top_k"])
+
+
+def row_args():
+    """(q[1], w[1], the pool, block_table[1], valid_lens[1]): row_scores' arguments for row 1."""
+    p = problem()
+    return p.q[1], p.w[1], p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[1], int(p.valid_lens[1])
 
 
 def _lens_of_huge_ratio():
@@ -305,8 +340,20 @@ def cli_demo_too_large(tmp_path):
     return ["demo", "--backend", "numpy", "--queries", str(10**12), "--entries", "1"]
 
 
+def cli_score_out_onto_a_folder(tmp_path):
+    (tmp_path / "out.npz").mkdir()
+    return ["score", str(saved_problem(tmp_path)), "--top-k", "4", "--out", str(tmp_path / "out.npz")]
+
+
+def cli_plot_out_onto_a_folder(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "p.png").mkdir()
+    return ["plot", str(saved_problem(tmp_path)), "--top-k", "4", "--out", str(tmp_path / "p.png")]
+
+
 CLI = [cli_missing_file, cli_truncated, cli_pickle, cli_missing_array, cli_pool_other_head_dim, cli_bad_top_k,
-       cli_wrong_dtype, cli_unknown_output, cli_pack_nan, cli_pack_zip_of_text, cli_demo_too_large]
+       cli_wrong_dtype, cli_unknown_output, cli_pack_nan, cli_pack_zip_of_text, cli_demo_too_large,
+       cli_score_out_onto_a_folder, cli_plot_out_onto_a_folder]
 
 
 @pytest.mark.parametrize("make_args", CLI, ids=[f.__name__ for f in CLI])

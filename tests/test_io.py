@@ -172,11 +172,25 @@ def test_plain_lists_are_written_as_arrays(tmp_path):
         np.testing.assert_array_equal(next(iter(io.read_arrays(tmp_path / f"a{fmt}").values())), [7])
 
 
-def test_safetensors_zero_d_comes_back_as_one_element(tmp_path):
+def test_safetensors_keeps_a_0d_array_and_c_order(tmp_path):
     pytest.importorskip("safetensors")
-    io.write_arrays(tmp_path / "k.safetensors", {"top_k": np.array(5, dtype=np.int32)})
+    table = np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3))
+    io.write_arrays(tmp_path / "k.safetensors", {"top_k": np.array(5, dtype=np.int32), "table": table})
     back = io.read_arrays(tmp_path / "k.safetensors")
-    assert back["top_k"].shape == (1,) and int(back["top_k"][0]) == 5
+    assert back["top_k"].shape == () and int(back["top_k"]) == 5
+    np.testing.assert_array_equal(back["table"], table)
+
+
+@pytest.mark.parametrize("fmt", [".npz", ".safetensors"])
+def test_writing_onto_a_folder_or_with_a_nul_name_is_refused_by_path(tmp_path, fmt):
+    if fmt == ".safetensors":
+        pytest.importorskip("safetensors")
+    (tmp_path / f"d{fmt}").mkdir()
+    with pytest.raises(IsADirectoryError, match=f"^{tmp_path / f'd{fmt}'}: is a folder, not a file"):
+        io.write_arrays(tmp_path / f"d{fmt}", {"a": np.ones(2)})
+    with pytest.raises(ValueError, match="array names must be non-empty strings without NUL"):
+        io.write_arrays(tmp_path / f"n{fmt}", {"a\x00b": np.ones(2)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"d{fmt}"]
 
 
 def test_safetensors_pool_meta_travels_as_metadata(tmp_path, rng):

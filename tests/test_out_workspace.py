@@ -334,3 +334,9 @@ def test_workspace_budget_on_the_numpy_backend_is_accepted_and_ignored(rng):
         got = indexer.score_topk(*p.args(), backend="numpy", workspace_budget=budget)
         np.testing.assert_array_equal(got, reference.score_topk(*p.args()))
     assert workspace_mod.check_budget(np.int64(7)) == 7 and workspace_mod.check_budget(None) is None
+
+
+def test_a_workspace_turn_without_cupy_says_so(monkeypatch):
+    monkeypatch.setattr(arrays, "cupy", lambda: None)
+    with pytest.raises(RuntimeError, match="^Workspace.turn: needs CuPy and a CUDA GPU"):
+        indexer.Workspace().turn()

@@ -345,3 +345,66 @@ def test_a_meta_tensor_is_refused_by_name(which):
     args[which] = torch.empty(args[which].shape, dtype=args[which].dtype, device="meta")
     with pytest.raises(TypeError, match=f"^{which}: expected a tensor on the host or a CUDA GPU, got one on 'meta'"):
         score_topk(*(args[n] for n in testing.ARRAY_NAMES), 3, backend="numpy")
+
+
+def _operator_problem():
+    p = testing.random_problem(np.random.default_rng(7), T=3, H=8, D=64, E=16, lens=[20, 33, 0], L=3, top_k=5)
+    return p, tensors(p)
+
+
+def _operator_bad_calls(x):
+    idx, sc = torch.zeros((3, 5), dtype=torch.int32), torch.zeros((3, 5))
+    return [
+        # a tensor on the meta device beside CPU ones: the dispatcher takes the fake kernel,
+        # which left the results unfilled
+        (lambda: iops.score_topk(*x[:6], x[6].to("meta"), 5), ValueError, "^valid_lens: expected a tensor on q's device"),
+        (lambda: iops.score_topk(*x[:6], x[6].to("meta"), 5, out=(idx, sc)), ValueError, "^valid_lens: "),
+        (lambda: iops.score_topk(torch.tensor(1.0), *x[1:], 5), ValueError, "^q: expected 3 dimensions"),
+        (lambda: iops.score_topk(*x, 5, out=(idx,)), TypeError, "^out: expected the indices tensor or a pair"),
+        (lambda: iops.score_topk(*x, 5, out=3), TypeError, "^out: expected a tensor"),
+        (lambda: iops.score_topk(*x, 5, out=torch._neg_view(idx)), TypeError, "^out: expected a tensor without a lazy "
+                                                                              "negation bit"),
+        (lambda: iops.score_topk(*x, 5, out=(idx, torch.zeros((3, 5), requires_grad=True))), TypeError,
+         "^out: expected a tensor that does not require grad"),
+        (lambda: iops.score_topk(x[0], x[1].to_sparse(), *x[2:], 5), TypeError, "^w: expected a plain"),
+        (lambda: iops.score_topk(*x, True), TypeError, "^top_k: expected an int"),
+        (lambda: iops.score_topk(*x, torch.tensor(5.9)), TypeError, "^top_k: expected an int"),
+        (lambda: iops.score_topk(*x, 2**70), ValueError, "^top_k: expected 1 <= top_k"),
+        (lambda: iops.score_topk(*x, 5, physical=1), TypeError, "^physical: expected True or False"),
+        (lambda: iops.score_topk(*x, 5, validate=None), TypeError, "^validate: expected True or False"),
+        (lambda: iops.score_topk(3, *x[1:], 5), TypeError, "^q: expected a tensor"),
+        (lambda: iops.score_topk(*x, 5, precision=None), ValueError, "^precision: expected one of"),
+    ]
+
+
+def test_operators_refuse_what_their_schema_would_convert_or_miss_by_name():
+    p, x = _operator_problem()
+    for call, exc, match in _operator_bad_calls(x):
+        with pytest.raises(exc, match=match):
+            call()
+    # and the same tensors, unchanged, still give the reference's answer
+    want = reference.score_topk(*p.arrays(), 5)
+    np.testing.assert_array_equal(iops.score_topk(*x, 5)[0].numpy(), want)
+    # a lazily negated input is resolved by PyTorch's dispatch before the kernel: -w's answer
+    arrays = list(p.arrays())
+    arrays[1] = -arrays[1]
+    np.testing.assert_array_equal(iops.score_topk(x[0], torch._neg_view(x[1]), *x[2:], 5)[0].numpy(),
+                                  reference.score_topk(*arrays, 5))
+
+
+def test_write_keys_operator_refuses_meta_grad_and_non_tensor_pools_by_name():
+    keys, slots, pool = write_keys_call(29)
+    t = [torch.from_numpy(a.copy()) for a in pool]
+    k, s = torch.from_numpy(keys), torch.from_numpy(slots)
+    cases = [((k, s, t[0].to("meta"), t[1], t[2]), ValueError, "^keys: expected a tensor on keys_fp4's device"),
+             ((k, s, t[0], t[1], t[2].clone().requires_grad_()), TypeError,
+              "^key_gscale: expected a tensor that does not require grad"),
+             ((k, s, t[0], t[1], 1.0), TypeError, "^key_gscale: expected a tensor"),
+             ((k.to_sparse(), s, *t), TypeError, "^keys: expected a plain")]
+    for args, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            iops.write_keys(*args)
+    with pytest.raises(TypeError, match="^validate: expected True or False"):
+        iops.write_keys(k, s, *t, validate="no")
+    for g, w in zip(t, pool):
+        np.testing.assert_array_equal(g.numpy(), w)
