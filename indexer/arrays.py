@@ -314,6 +314,10 @@ def to_cupy(x, dtype=None, *, ordered=False):
     elif ordered and _is_torch_type(type(x)) and (view := _torch_view(cp, x)) is not None:  # gpu-only
         out = view
     elif framework_of(x) == "torch" or (hasattr(x, "__dlpack__") and is_device_array(x)):  # gpu-only
+        if framework_of(x) == "torch" and hasattr(x, "is_neg") and (x.is_neg() or x.is_conj()):
+            # PyTorch exports such a tensor's memory without its lazy sign: read as it lies,
+            # it would be scored as its negation (callers name the argument: ``refused``)
+            raise BufferError("a tensor with a lazy negation or conjugation bit cannot be read by address")
         out = cp.from_dlpack(x)
     elif hasattr(x, "__cuda_array_interface__"):  # gpu-only
         out = cp.asarray(x)
@@ -336,17 +340,18 @@ def _plain_cuda_tensor(torch, t) -> bool:  # gpu-only
     """Whether ``t`` is a PyTorch tensor whose memory a kernel may read from its pointer,
     shape and strides alone (``torch``: the module, or None where it is not imported): on a
     CUDA device, strided, not empty, not requiring grad and with no lazy negation or
-    conjugation bit. DLPack decides for every other tensor (refusing the last three with the
-    message the caller should see)."""
+    conjugation bit. ``to_cupy``'s other paths decide for every other tensor (a negation or
+    conjugation bit refused there, a gradient by DLPack)."""
     return (torch is not None and isinstance(t, torch.Tensor) and t.is_cuda and t.layout == torch.strided
             and not t.requires_grad and not t.is_neg() and not t.is_conj() and t.numel() != 0)
 
 
 def _torch_view(cp, t):  # gpu-only
     """A CuPy array over CUDA tensor ``t``'s memory (its shape, strides and dtype; it keeps
-    ``t`` alive), or None where DLPack must decide: a tensor on the host, empty, of a dtype
-    NumPy lacks, not strided, requiring grad, or with a lazy negation or conjugation bit
-    (DLPack refuses the last three, with the message the caller should see)."""
+    ``t`` alive), or None where ``to_cupy``'s other paths must decide: a tensor on the host,
+    empty, of a dtype NumPy lacks, not strided, requiring grad (DLPack refuses it), or with a
+    lazy negation or conjugation bit (``to_cupy`` refuses it: DLPack would export the memory
+    without the sign)."""
     torch = sys.modules.get("torch")
     dtype = _torch_dtypes(torch).get(t.dtype) if _plain_cuda_tensor(torch, t) else None
     if dtype is None:

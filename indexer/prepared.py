@@ -222,10 +222,15 @@ class PreparedCall:
                 self._match_device(i, x)
 
     def _match_device(self, i, x):  # gpu-only
-        """Contiguity and device of input ``i`` (a CuPy array or a PyTorch CUDA tensor)."""
+        """Contiguity and device of input ``i`` (a CuPy array or a PyTorch CUDA tensor), and
+        no lazy negation bit on a tensor: its memory holds the values unnegated, and a view or
+        a graph kept for its pointer would read them so (a conjugation bit needs a complex
+        dtype, which ``_match`` has refused)."""
         tensor = self._torch_slots[i]
         if not (x.is_contiguous() if tensor else arrays.c_contiguous(x)):
             raise ValueError(f"{_NAMES[i]}: expected a C-contiguous array")
+        if tensor and x.is_neg():
+            raise TypeError(f"{_NAMES[i]}: expected a tensor without a lazy negation bit (pass .resolve_neg())")
         where = x.get_device() if tensor else x.data.device_id
         if where != self._device:
             raise ValueError(f"{_NAMES[i]}: expected an array on cuda:{self._device} as prepared, got cuda:{where}")
@@ -388,6 +393,8 @@ class PreparedCall:
             if self._torch_slots[0]:  # out is of q's framework
                 if not x.is_contiguous():
                     raise ValueError(f"{name}: expected a C-contiguous array")
+                if x.is_neg() or x.requires_grad:  # as the public call refuses it (arrays.torch_refusal)
+                    raise TypeError(f"{name}: {arrays.torch_refusal(x)}")
                 where, ptr = x.get_device(), x.data_ptr()
             else:
                 if not arrays.c_contiguous(x):

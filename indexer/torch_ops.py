@@ -303,19 +303,22 @@ def _dispatch(names, functional, mutating, tensors, top_k, flags, out):
 def _check_arguments(names, tensors, top_k, flags):
     """TypeError / ValueError naming what the schema would convert silently (a bool or
     tensor ``top_k``, a truthy flag) or refuse in its own words (a tensor argument of
-    another type, a precision of another type)."""
+    another type, a precision of another type). The usual call passes by identity and type
+    tests alone (an eager call's host time: docs/performance.md v96)."""
     for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
-    if isinstance(top_k, (bool, torch.Tensor)) or not isinstance(top_k, (int, torch.SymInt)):
-        raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
-    if isinstance(top_k, int):  # (a traced SymInt is checked by the fake implementation)
-        _validate.check_top_k(top_k)
+    if type(top_k) is not int or not 1 <= top_k <= _validate.MAX_TOP_K:
+        if isinstance(top_k, (bool, torch.Tensor)) or not isinstance(top_k, (int, torch.SymInt)):
+            raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
+        if isinstance(top_k, int):  # (a traced SymInt is checked by the fake implementation)
+            _validate.check_top_k(top_k)
     precision, physical, validate = flags
     if precision not in ops.PRECISIONS:
         raise ValueError(f"precision: expected one of {ops.PRECISIONS}, got {precision!r}")
-    _validate.check_flag("physical", physical)
-    _validate.check_flag("validate", validate)
+    if type(physical) is not bool or type(validate) is not bool:
+        _validate.check_flag("physical", physical)
+        _validate.check_flag("validate", validate)
 
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *, precision="fast",

@@ -219,6 +219,30 @@ def test_torch_tensors_views_kept_and_contents_read_each_call():
     same(again, first)
 
 
+def test_a_lazily_negated_tensor_at_a_kept_pointer_is_refused():
+    """A negated view shares its tensor's pointer: a view or a graph kept for that pointer
+    would read the memory unnegated, so the prepared call refuses it by name, as an input
+    and as out, after calls that kept both."""
+    torch = pytest.importorskip("torch")
+    p = testing.random_problem(np.random.default_rng(19), T=2, H=64, D=128, E=64, L=40, lens=[2500, 1200], top_k=64)
+    t = [torch.from_numpy(x).cuda() for x in p.arrays()]
+    step = indexer.prepare(*t, p.top_k, return_scores=True)
+    out = (torch.empty(2, 64, dtype=torch.int32, device="cuda"), torch.empty(2, 64, device="cuda"))
+    for _ in range(3):  # views kept, a graph captured and replayed
+        step(*t, out=out)
+    want = tuple(o.clone() for o in out)
+    for i in (0, 1):
+        args = list(t)
+        args[i] = torch._neg_view(t[i])
+        with pytest.raises(TypeError, match=f"^{('q', 'w')[i]}: expected a tensor without a lazy negation bit"):
+            step(*args, out=out)
+    with pytest.raises(TypeError, match=r"^out\[1\]: expected a tensor without a lazy negation bit"):
+        step(*t, out=(out[0], torch._neg_view(out[1])))
+    with pytest.raises(TypeError, match=r"^out\[1\]: expected a tensor that does not require grad"):
+        step(*t, out=(out[0], out[1].clone().requires_grad_()))
+    same(step(*t, out=out), want)
+
+
 def test_calls_with_out_are_replayed_from_a_graph_of_their_pointers():
     cp = arrays.cupy()
     # rows past the row select's reach: the select's histograms, kept zero at rest, are in use

@@ -216,7 +216,7 @@ def test_tensors_on_torchs_stream_are_viewed_from_their_pointers(monkeypatch):
 def test_tensors_the_pointer_view_does_not_cover_go_through_dlpack():
     cp = arrays.cupy()
     t = torch.randn(3, 4, device="cuda")
-    for x in (t.clone().requires_grad_(), torch._neg_view(t), t.to(torch.bfloat16), t[:0], t.cpu()):
+    for x in (t.clone().requires_grad_(), t.to(torch.bfloat16), t[:0], t.cpu()):
         expected = _by_dlpack(cp, x)
         try:
             got = "ok", arrays.to_cupy(x, ordered=True).get()
@@ -227,6 +227,12 @@ def test_tensors_the_pointer_view_does_not_cover_go_through_dlpack():
             np.testing.assert_array_equal(got[1], expected[1])
         else:
             assert got[1] is expected[1]
+    # a lazily negated (or conjugated) tensor is refused: DLPack exports its memory without
+    # the sign, which read as it lies would be the tensor's negation
+    for x in (torch._neg_view(t), torch._neg_view(t.to(torch.int32))):
+        for ordered in (True, False):
+            with pytest.raises(BufferError, match="lazy negation or conjugation bit"):
+                arrays.to_cupy(x, ordered=ordered)
 
 
 def test_calls_on_torchs_stream_skip_dlpack_and_calls_on_another_stream_take_it(monkeypatch):
@@ -312,3 +318,40 @@ def test_torch_stream_pointer_is_torchs_current_stream(monkeypatch):
     with torch.cuda.stream(side):
         assert streams.torch_stream_ptr(torch, 0) == side.cuda_stream
     assert streams.torch_stream_ptr(torch, 0) == torch.cuda.current_stream(0).cuda_stream
+
+
+def test_tensors_dlpack_refuses_are_refused_by_name():
+    """A tensor DLPack will not export (a gradient to keep, a lazy negation or conjugation
+    bit) is refused naming its argument, as the NumPy backend does, on PyTorch's stream and
+    on another; nothing is written into out."""
+    p = testing.random_problem(np.random.default_rng(61), T=2, H=8, D=64, E=16, lens=[40, 7], L=3, top_k=5)
+    x = tensors(p)
+    cases = [(1, x[1].clone().requires_grad_(), "^w: expected a tensor that does not require grad"),
+             (1, torch._neg_view(x[1]), "^w: expected a tensor without a lazy negation bit"),
+             (6, torch._neg_view(x[6]), "^valid_lens: expected a tensor without a lazy negation bit"),
+             (0, x[0].clone().requires_grad_(), "^q: expected a tensor that does not require grad")]
+    for stream in (None, torch.cuda.Stream()):
+        for i, bad, match in cases:
+            args = list(x)
+            args[i] = bad
+            out = empty_out(2, 5)
+            with pytest.raises(TypeError, match=match):
+                indexer.score_topk(*args, 5, return_scores=True, out=out, stream=stream)
+            assert (out[0] == -7).all() and (out[1] == 7.0).all()
+    with pytest.raises(TypeError, match=r"^out\[1\]: expected a tensor that does not require grad"):
+        indexer.score_topk(*x, 5, return_scores=True, out=(empty_out(2, 5)[0], torch.zeros(2, 5, device="cuda",
+                                                                                             requires_grad=True)))
+
+
+def test_write_keys_refuses_a_pool_tensor_that_requires_grad_by_name():
+    pool = [torch.zeros((4, 8, 32), dtype=torch.uint8, device="cuda"),
+            torch.zeros((4, 8, 4), dtype=torch.uint8, device="cuda"),
+            torch.ones(4, device="cuda").requires_grad_()]
+    keys, slots = torch.ones((2, 64), device="cuda"), torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    with pytest.raises(TypeError, match="^key_gscale: expected a tensor that does not require grad"):
+        indexer.write_keys(keys, slots, *pool)
+    pool[2] = pool[2].detach()
+    # keys lazily negated: DLPack would export them unnegated, so they are refused by name
+    with pytest.raises(TypeError, match="^keys: expected a tensor without a lazy negation bit"):
+        indexer.write_keys(torch._neg_view(keys), slots, *pool)
+    assert not pool[0].any() and not pool[1].any()
