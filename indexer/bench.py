@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import arrays, nvfp4
+from . import arrays, io, nvfp4
 from .workspace import Workspace
 
 # CuPy, PyTorch and indexer.cuda_ops are imported inside the functions that need them:
@@ -78,6 +78,8 @@ CASES = [
 ]
 DEFAULT_CASES = "decode-1M,decode-128K,decode-latency,decode-ragged,decode-E256,mtp-2"
 DEFAULT_PATHS = "fast,fast-score,exact,torch-composed,torch-topk"
+#: the most timed calls a path takes (each replay up to ~30 ms: at most ~5 min a path)
+MAX_REPEATS = 10_000
 KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-mma-score", "fast-single",
                 "fast-single-score", "fast-ws", "fast-ws-score", "fast-wgmma", "fast-wgmma-score", "fast-ks",
                 "fast-ks-score", "fast-dense", "fast-dense-score", "fast-f16", "fast-f16-score", "fast-f8",
@@ -102,6 +104,8 @@ def select_cases(spec: str, strict: bool = True) -> list[Case]:
     With ``strict`` an unknown name raises ValueError listing the known ones; without it
     unknown names are ignored (what ``scripts/bench.py`` has always done).
     """
+    if not isinstance(spec, str):
+        raise TypeError(f"--cases: expected a comma list of case names or 'all', got {type(spec).__name__}")
     known = [c.name for c in CASES]
     names = known if spec == "all" else spec.split(",")
     unknown = [n for n in names if n not in known]
@@ -113,6 +117,8 @@ def select_cases(spec: str, strict: bool = True) -> list[Case]:
 
 def select_paths(spec: str) -> list[str]:
     """The paths named in ``spec`` (a comma list), in the given order; unknown names raise ValueError."""
+    if not isinstance(spec, str):
+        raise TypeError(f"--paths: expected a comma list of path names, got {type(spec).__name__}")
     paths = spec.split(",")
     unknown = [p for p in paths if p not in PATHS]
     if unknown:
@@ -576,7 +582,14 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
     """
     echo = echo or _print_line
     by_name = {c.name: c for c in CASES}
+    unknown = [c for c in cases if isinstance(c, str) and c not in by_name]
+    if unknown:
+        raise ValueError(f"cases: unknown case {', '.join(map(repr, unknown))} (known: {', '.join(by_name)})")
     cases = [by_name[c] if isinstance(c, str) else c for c in cases]
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise ValueError(f"repeats: expected an int in [1, {MAX_REPEATS}], got {repeats!r}")
+    if json_path is not None:
+        io.check_writable(json_path)  # before the measurements, not after them
     require_gpu()
     mods = _gpu_modules()
     cp = mods[0]
@@ -619,7 +632,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list, or 'all' (known: {', '.join(c.name for c in CASES)})")
     ap.add_argument("--paths", default=DEFAULT_PATHS)
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=20, help=f"timed calls per path, 1 to {MAX_REPEATS}")
     ap.add_argument("--json", dest="json_path", default=None)
     args = ap.parse_args(argv)
     try:
@@ -627,5 +640,9 @@ def main(argv=None) -> int:
     except GPUUnavailable as exc:
         print(exc)
         return 2
-    run(select_cases(args.cases, strict=False), args.paths.split(","), args.repeats, json_path=args.json_path)
+    try:
+        run(select_cases(args.cases, strict=False), args.paths.split(","), args.repeats, json_path=args.json_path)
+    except (ValueError, OSError) as exc:  # a bad --repeats or --json, said before any measurement
+        print(f"error: {exc}")
+        return 2
     return 0

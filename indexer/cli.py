@@ -520,7 +520,7 @@ def info(as_json):
               help=f"comma-separated paths among {', '.join(_bench.PATHS)} (default: {_bench.DEFAULT_PATHS}; "
                    "fast-ws, fast-wgmma, fast-mma, fast-single, fast-ks and fast-dense force one scoring kernel; fast-f16 "
                    "takes a float16 query, fast-f8 a float8_e4m3fn one (a PyTorch tensor); torch-* need PyTorch).")
-@click.option("--repeats", type=click.IntRange(min=1), default=20, show_default=True,
+@click.option("--repeats", type=click.IntRange(min=1, max=_bench.MAX_REPEATS), default=20, show_default=True,
               help="timed calls per path; the median is reported.")
 @click.option("--device", type=click.IntRange(min=0), default=None, metavar="N", help=_DEVICE_HELP)
 @click.option("--json", "json_path", default=None, metavar="FILE", help="also write every number as JSON to FILE.")
@@ -541,6 +541,8 @@ def bench(cases, paths, repeats, device, json_path):
 
     chosen = _bench.select_cases(_bench.DEFAULT_CASES if cases is None else cases)
     path_list = _bench.select_paths(_bench.DEFAULT_PATHS if paths is None else paths)
+    if json_path is not None:
+        io.check_writable(json_path)  # before the measurements, not after them
     _use_device(device, torch_too=True)
     _bench.require_gpu()  # before the bar: without a GPU the error is the only output
     with click.progressbar(length=len(chosen) * len(path_list), label="benchmarking", file=sys.stderr) as bar:
@@ -591,12 +593,14 @@ def _check_image_path(out, fig):
 def _read_bench_json(path):
     """The dict ``indexer bench --json`` wrote to ``path``; ValueError naming the path."""
     if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such file")
+        raise ValueError(f"{path}: {'not a file' if os.path.exists(path) else 'no such file'}")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a readable JSON file ({_one_line(exc)})") from None
+    except RecursionError:  # nesting deeper than the parser's stack: no benchmark's JSON
+        raise ValueError(f"{path}: not a readable JSON file (nested too deeply)") from None
 
 
 def _plot_bench(ax, input_path):

@@ -344,16 +344,29 @@ def check_writable(path) -> Path:
     as far as can be told before writing: OSError naming ``path`` for a missing folder, a
     folder at the path, a read-only file (a rename would replace it: honoured as open() would)
     or a folder that is not writable. Commands call it before the work whose result it takes."""
-    p = Path(os.path.realpath(path))
-    if not p.parent.is_dir():
-        raise FileNotFoundError(f"{path}: folder {str(Path(path).parent)!r} does not exist")
-    if p.is_dir():
-        raise IsADirectoryError(f"{path}: is a folder, not a file")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise PermissionError(f"{path}: the file is not writable")
-    if not os.access(p.parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"{path}: its folder {str(p.parent)!r} is not writable")
+    try:
+        p = Path(os.path.realpath(path))
+        if not p.parent.is_dir():
+            raise FileNotFoundError(f"{path}: folder {str(Path(path).parent)!r} does not exist")
+        if len(os.fsencode(p.name)) > _name_max(p.parent):
+            raise OSError(f"{path}: the file name is longer than its file system allows")
+        if p.is_dir():
+            raise IsADirectoryError(f"{path}: is a folder, not a file")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise PermissionError(f"{path}: the file is not writable")
+        if not os.access(p.parent, os.W_OK | os.X_OK):
+            raise PermissionError(f"{path}: its folder {str(p.parent)!r} is not writable")
+    except ValueError as exc:  # a NUL in the path
+        raise ValueError(f"{path!r}: not a usable path ({exc})") from None
     return p
+
+
+def _name_max(folder) -> int:
+    """The longest file name (bytes) ``folder``'s file system takes (255 where it does not say)."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):  # (no pathconf on Windows)
+        return 255
 
 
 def _umask() -> int:

@@ -284,6 +284,12 @@ def _positive(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
+def _literal(label) -> str:
+    """``label`` as text matplotlib draws as it is: a '$' would start its math mode (a name
+    like '$x^$' made the figure fail to draw)."""
+    return str(label).replace("$", r"\$")
+
+
 def _bench_cases(results):
     """``[(case name, {path: x_floor})]`` from ``indexer.bench.run``'s results; ValueError naming what is wrong."""
     if not isinstance(results, dict):
@@ -295,14 +301,14 @@ def _bench_cases(results):
     for i, row in enumerate(cases):
         if not isinstance(row, dict) or "case" not in row or not isinstance(row.get("paths"), dict):
             raise ValueError(f"results: cases[{i}]: expected a dict with 'case' and a dict 'paths'")
-        name = str(row["case"])
+        name = _literal(row["case"])
         paths = {}
         for path, numbers_ in row["paths"].items():
             x = numbers_.get("x_floor") if isinstance(numbers_, dict) else None
             if not _positive(x) or x > _MAX_X_FLOOR:  # beyond, matplotlib's log axis overflows
                 raise ValueError(f"results: cases[{i}] ({name}) path {path!r}: expected a positive number "
                                  f"'x_floor' up to {_MAX_X_FLOOR:g}, got {x!r}")
-            paths[str(path)] = float(x)
+            paths[_literal(path)] = float(x)
         out.append((name, paths))
     if not any(paths for _, paths in out):
         raise ValueError("results: no case has a measured path")

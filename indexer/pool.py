@@ -80,11 +80,33 @@ class PoolFullError(RuntimeError):
 
 def _check_seq(seq, name="seq"):
     """A sequence id: a str, or an int (NumPy integers become int); bool is refused."""
-    if type(seq) is int or isinstance(seq, str):  # the common cases first: no ABC check (~1 us)
+    if type(seq) is str:  # the common cases first: no ABC check (~1 us)
         return seq
+    if type(seq) is int and -_SEQ_ID_LIMIT <= seq < _SEQ_ID_LIMIT:
+        return seq
+    if isinstance(seq, str):  # a subclass (NumPy's str_): kept as the str it is
+        return str(seq)
     if isinstance(seq, numbers.Integral) and not isinstance(seq, bool):
+        if not -_SEQ_ID_LIMIT <= seq < _SEQ_ID_LIMIT:  # (a 4,300-digit int cannot even be printed)
+            raise ValueError(f"{name}: expected an int sequence id within int64, got one of {int(seq).bit_length()} bits")
         return int(seq)
     raise TypeError(f"{name}: expected an int or str sequence id, got {type(seq).__name__} {seq!r}")
+
+
+_SEQ_ID_LIMIT = 2**63  # int ids are int64's: what a saved pool's JSON and NumPy both hold
+
+
+def _check_within(valid_lens, seq_lens):
+    """``KeyPool.score_topk``'s ``valid_lens`` against its rows' sequences' lengths
+    ``seq_lens`` (int32 (T,)): ValueError naming ``valid_lens`` for a row that would see past
+    its sequence (its other checks are the call's)."""
+    lens = arrays.to_numpy(valid_lens)
+    if np.shape(lens) != seq_lens.shape or np.asarray(lens).dtype.kind not in "iu":
+        return  # refused by name by the call
+    over = np.flatnonzero(lens > seq_lens)
+    if over.size:
+        t = int(over[0])
+        raise ValueError(f"valid_lens: row {t} sees {int(lens[t])} entries, but its sequence holds {int(seq_lens[t])}")
 
 
 def _check_seq_list(seqs):
@@ -515,12 +537,17 @@ class KeyPool:
         if self._xp is np:
             try:
                 k = np.asarray(arrays.to_numpy(keys))
+            except (RuntimeError, NotImplementedError) as exc:  # PyTorch's refusal, naming nothing
+                arrays.refused(("keys",), (keys,), exc)
             except (ValueError, TypeError) as exc:  # a ragged list
                 raise TypeError(f"keys: expected a float array, got a {type(keys).__name__} NumPy cannot read "
                                 f"as one ({exc})") from None
         else:  # pragma: no cover  (needs a GPU)
             with self._on_device():  # (inside _writing: a tensor on PyTorch's current stream is viewed by pointer)
-                k = arrays.to_cupy(keys, ordered=streams.on_torch_stream((keys,)))
+                try:
+                    k = arrays.to_cupy(keys, ordered=streams.on_torch_stream((keys,)))
+                except (RuntimeError, BufferError) as exc:  # a tensor DLPack or to_cupy refuses
+                    arrays.refused(("keys",), (keys,), exc)
         if not np.issubdtype(k.dtype, np.floating):
             raise TypeError(f"keys: expected a float array, got dtype {k.dtype}")
         if k.ndim == 1:
@@ -604,7 +631,7 @@ class KeyPool:
 
     def _score_topk(self, q, w, seqs, top_k, cu_seqlens_q, valid_lens, kwargs):
         ids = _check_seq_list(seqs)
-        shape = np.shape(q)
+        shape = getattr(q, "shape", ())  # (what has none, a list, the call refuses by name)
         if cu_seqlens_q is None:
             if valid_lens is not None:
                 raise ValueError("valid_lens: only taken together with cu_seqlens_q")
@@ -613,14 +640,20 @@ class KeyPool:
             return ops.score_topk(q, w, self.keys_fp4, self.key_scale, self.key_gscale,
                                   self.block_table(ids), self.lengths(ids), top_k, **kwargs)
         xp = self._xp
+        T = _validate.query_rows(q)  # before the offsets are checked against it
         cu = as_array(xp, cu_seqlens_q, "cu_seqlens_q")
         table = self.block_table(ids)
-        if valid_lens is None and len(shape) >= 1:  # (a q of no rows is refused by the call)
+        if valid_lens is None or kwargs.get("validate", True) is not False:
             # the offsets checked before they size anything: each sequence's length repeated
-            # over its rows
-            _validate.check_cu_seqlens(cu, table, int(shape[0]))
+            # over its rows, the rows' lengths (default) or their bound (valid_lens given:
+            # a row seeing past its sequence's end would read entries never written to it)
+            _validate.check_cu_seqlens(cu, table, T)
             counts = np.diff(arrays.to_numpy(cu).astype(np.int64))
-            valid_lens = xp.asarray(np.repeat(arrays.to_numpy(self.lengths(ids)), counts).astype(np.int32))
+            seq_lens = np.repeat(arrays.to_numpy(self.lengths(ids)), counts).astype(np.int32)
+            if valid_lens is None:
+                valid_lens = xp.asarray(seq_lens)
+            else:
+                _check_within(valid_lens, seq_lens)
         return ops.score_topk_ragged(q, w, self.keys_fp4, self.key_scale, self.key_gscale, table,
                                      cu, valid_lens, top_k, **kwargs)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import nvfp4, reference
+from . import arrays, nvfp4, reference
 
 __all__ = ["Problem", "random_problem", "adversarial_problem", "ADVERSARIAL_KINDS", "quantize_blocks",
            "zero_plateau", "exact_scores", "check_topk", "TOL_EXACT", "TOL_FAST"]
@@ -67,9 +67,27 @@ def random_problem(rng, *, T=4, H=8, D=64, E=16, lens=None, top_k=32, L=None, P=
     the same logical-to-physical map (as the tokens of one sequence do); otherwise each
     query gets its own random physical blocks, some of which other queries share.
     """
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng: expected a numpy.random.Generator (np.random.default_rng(seed)), got {type(rng).__name__}")
+    for name, v in (("T", T), ("H", H), ("D", D), ("E", E), ("L", L), ("P", P)):
+        if v is None and name in "LP":
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+        if v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v}")
+    if D % nvfp4.GROUP:
+        raise ValueError(f"D: expected a multiple of {nvfp4.GROUP} (the keys' scale groups), got {D}")
+    if not (isinstance(gscale_spread, numbers.Real) and 0 <= gscale_spread <= 100):
+        raise ValueError(f"gscale_spread: expected a number in [0, 100] (powers of two), got {gscale_spread!r}")
     if lens is None:
         L = L or 4
         lens = rng.integers(0, L * E + 1, size=T)
+    lens = arrays.as_array(np, lens, "lens")
+    if lens.dtype.kind not in "iu" or lens.ndim > 1 or (lens.ndim == 1 and lens.shape[0] != T):
+        raise ValueError(f"lens: expected an int or {T} ints, got {lens.dtype} {lens.shape}")
+    if lens.size and not 0 <= int(lens.min()) <= int(lens.max()) < 2**31:
+        raise ValueError("lens: expected lengths in [0, 2**31)")
     lens = np.broadcast_to(np.asarray(lens, dtype=np.int64), (T,)).copy()
     need_L = int(max(1, -(-int(lens.max(initial=0)) // E)))
     L = max(L or need_L, need_L)
@@ -95,6 +113,10 @@ def random_problem(rng, *, T=4, H=8, D=64, E=16, lens=None, top_k=32, L=None, P=
 
 def quantize_blocks(keys):
     """NVFP4-encode float32 keys (P, E, D), one global scale per physical block."""
+    keys = arrays.as_array(np, keys, "keys")
+    if keys.ndim != 3 or keys.dtype.kind != "f" or 0 in keys.shape:
+        raise ValueError(f"keys: expected float keys (P, E, D), none empty, got {keys.dtype} {keys.shape}")
+    keys = keys.astype(np.float32, copy=False)
     amax = np.abs(keys).reshape(keys.shape[0], -1).max(axis=1)
     gs = nvfp4.global_scale_for(amax)
     codes, scales, _ = nvfp4.quantize(keys, gs[:, None])
@@ -163,6 +185,8 @@ def check_topk(p: Problem, indices, scores=None, *, tol=TOL_EXACT, exact=None, p
     """
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0 <= tol < math.inf:
         raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")  # NaN would pass anything
+    if not isinstance(p, Problem):
+        raise TypeError(f"p: expected an indexer.testing.Problem, got {type(p).__name__}")
     indices = np.asarray(indices)
     T, k = p.q.shape[0], p.top_k
     assert indices.shape == (T, k) and indices.dtype == np.int32, f"indices: shape {indices.shape} dtype {indices.dtype}"

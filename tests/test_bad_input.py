@@ -210,6 +210,31 @@ API = [
         np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32), 0)), ValueError, "E"),
     ("reference to_physical past int32", lambda: (lambda: indexer.reference.to_physical(
         np.zeros((1, 1), np.int32), np.full((1, 1), 2**30, np.int32), 4)), ValueError, "block_table"),
+    # KeyPool.score_topk: a row may not see past its sequence's end (entries never written to it)
+    ("KeyPool score_topk valid_lens past the sequence", lambda: pool_call(
+        "score_topk", np.ones((1, 2, 32), np.float32), np.ones((1, 2), np.float32), [0], 3,
+        cu_seqlens_q=np.array([0, 1], np.int32), valid_lens=np.array([4], np.int32)), ValueError, "valid_lens"),
+    ("KeyPool score_topk grouped 2-D q", lambda: pool_call(
+        "score_topk", np.ones((2, 32), np.float32), np.ones((2, 2), np.float32), [0], 3,
+        cu_seqlens_q=np.array([0, 2], np.int32)), ValueError, "q"),
+    ("KeyPool score_topk ragged list q", lambda: pool_call("score_topk", [[1.0], [1.0, 2.0]], np.ones((2, 2), np.float32),
+                                                           [0, 0], 3), TypeError, "q"),
+    ("KeyPool append an id past int64", lambda: pool_call("append", 10**5000, np.ones((1, 32), np.float32)),
+     ValueError, "seq"),
+    ("KeyPool save a NUL path", lambda: pool_call("save", "x\x00.npz"), ValueError, "'x"),  # the path's repr first
+    # indexer.testing, the notebooks' helpers
+    ("random_problem without a Generator", lambda: (lambda: testing.random_problem(None)), TypeError, "rng"),
+    ("random_problem E 0", lambda: (lambda: testing.random_problem(np.random.default_rng(0), E=0)), ValueError, "E"),
+    ("random_problem negative lens", lambda: (lambda: testing.random_problem(np.random.default_rng(0), lens=-1)),
+     ValueError, "lens"),
+    ("quantize_blocks 4-D", lambda: (lambda: testing.quantize_blocks(np.ones((2, 2, 4, 32), np.float32))),
+     ValueError, "keys"),
+    ("check_topk of no problem", lambda: (lambda: testing.check_topk(None, np.zeros((1, 1), np.int32))), TypeError,
+     "p"),
+    # the benchmark's arguments, refused before any GPU is asked for
+    ("bench cases None", lambda: (lambda: indexer.bench.select_cases(None)), TypeError, "--cases"),
+    ("bench run an unknown case", lambda: (lambda: indexer.bench.run(["nope"], ["fast"])), ValueError, "cases"),
+    ("bench run 0 repeats", lambda: (lambda: indexer.bench.run(["mtp-2"], ["fast"], 0)), ValueError, "repeats"),
 ]
 
 
@@ -351,7 +376,22 @@ def cli_plot_out_onto_a_folder(tmp_path):
     return ["plot", str(saved_problem(tmp_path)), "--top-k", "4", "--out", str(tmp_path / "p.png")]
 
 
-CLI = [cli_missing_file, cli_truncated, cli_pickle, cli_missing_array, cli_pool_other_head_dim, cli_bad_top_k,
+def cli_plot_deep_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000)
+    return ["plot", str(path), "--out", str(tmp_path / "o.png")]
+
+
+def cli_bench_json_onto_a_folder(tmp_path):
+    return ["bench", "--json", str(tmp_path)]
+
+
+def cli_bench_too_many_repeats(tmp_path):
+    return ["bench", "--repeats", str(10**20)]
+
+
+CLI = [cli_plot_deep_json, cli_bench_json_onto_a_folder, cli_bench_too_many_repeats, cli_missing_file, cli_truncated, cli_pickle, cli_missing_array, cli_pool_other_head_dim, cli_bad_top_k,
        cli_wrong_dtype, cli_unknown_output, cli_pack_nan, cli_pack_zip_of_text, cli_demo_too_large,
        cli_score_out_onto_a_folder, cli_plot_out_onto_a_folder]
 

@@ -458,3 +458,11 @@ def test_the_threshold_line_sits_at_the_lowest_score_when_fewer_than_k():
 def test_the_selection_maps_entry_axis_ends_past_the_largest_index_without_lengths():
     fig = plot.selection_map(np.array([[0, 9]], dtype=np.int32))
     assert fig.axes[0].get_xlim() == (-0.5, 9.5)
+
+
+def test_benchmark_bars_draw_names_with_dollars_as_text(tmp_path):
+    # a '$' starts matplotlib's math mode: a case named '$x^$' made the figure fail to draw
+    results = {"cases": [{"case": "$x^$", "paths": {"$\\frac$": {"x_floor": 1.5}}}]}
+    fig = plot.benchmark_bars(results)
+    save(fig, tmp_path / "dollars.png")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [r"\$x^\$"]

@@ -408,3 +408,14 @@ def test_write_keys_operator_refuses_meta_grad_and_non_tensor_pools_by_name():
         iops.write_keys(k, s, *t, validate="no")
     for g, w in zip(t, pool):
         np.testing.assert_array_equal(g.numpy(), w)
+
+
+def test_a_host_pool_refuses_keys_pytorch_will_not_export_by_name():
+    from indexer import KeyPool
+
+    pool = KeyPool(2, entries_per_block=4, head_dim=32)
+    for keys, match in ((torch._neg_view(torch.randn(3, 32)), "^keys: expected a tensor without a lazy negation bit"),
+                        (torch.empty(3, 32, device="meta"), "^keys: expected a tensor on the host or a CUDA GPU")):
+        with pytest.raises(TypeError, match=match):
+            pool.append("a", keys)
+    assert pool.sequences == [] and pool.free_blocks == 2
