@@ -23,7 +23,7 @@ __all__ = [
     "is_cupy",
     "is_device_array",
     "check_kinds",
-    "check_torch_tensor",
+    "check_torch_dtype",
     "torch_refusal",
     "refused",
     "check_element_aligned",
@@ -120,61 +120,69 @@ ARGUMENT_DTYPES = {"q": "float32, float16, bfloat16 or float8_e4m3fn", "w": "flo
 def check_kinds(names, xs) -> None:
     """TypeError naming the first of ``xs`` that is neither a NumPy or CuPy array nor a
     DLPack CUDA array (what the GPU path takes), or a PyTorch tensor of a dtype NumPy and
-    CuPy lack or on a device that is neither the host nor CUDA (``check_torch_tensor``)."""
+    CuPy lack (``check_torch_dtype``)."""
     for name, x in zip(names, xs):
         if not (isinstance(x, np.ndarray) or is_cupy(x) or is_device_array(x)):
             raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
-        check_torch_tensor(name, x)
+        check_torch_dtype(name, x)
 
 
-def check_torch_tensor(name, x) -> None:
+def check_torch_dtype(name, x) -> None:
     """TypeError naming ``x``, a PyTorch tensor of a dtype NumPy and CuPy cannot hold (a
-    bfloat16 ``w``, say), or on a device that holds no data the call can read (``meta``) or
-    is neither the host nor CUDA, where the conversion would fail with a message of its own
-    that names no argument. ``q``'s bfloat16 and float8_e4m3fn are read as their bits
-    (``query_to_cupy``)."""
-    if not _is_torch_type(type(x)) or not hasattr(x, "device"):
-        return
-    # gpu-only below (PyTorch is not a dependency); is_cuda first: one attribute on the hot path
-    if not x.is_cuda and x.device.type != "cpu":
-        raise TypeError(f"{name}: expected a tensor on the host or a CUDA GPU, got one on {x.device.type!r}")
-    if not (name == "q" and dtype_name(x) in QUERY_DTYPES):
+    bfloat16 ``w``, say), where the conversion would fail with a message of its own that
+    names no argument. ``q``'s bfloat16 and float8_e4m3fn are read as their bits (``query_to_cupy``)."""
+    if _is_torch_type(type(x)) and not (name == "q" and dtype_name(x) in QUERY_DTYPES):  # gpu-only
         torch = sys.modules["torch"]
         if x.dtype not in _torch_dtypes(torch):
             raise TypeError(f"{name}: expected dtype {ARGUMENT_DTYPES.get(name, 'of NumPy')}, got {x.dtype}")
 
 
-def torch_refusal(x):
-    """Why PyTorch tensor ``x`` cannot be read as an array (a lazy negation or conjugation
-    bit, a gradient to keep, a sparse or nested layout, no data on the meta device), or
-    None (also for anything but a tensor). For errors only: off the hot path."""
-    if not _is_torch_type(type(x)) or not hasattr(x, "is_neg"):
+def torch_refusal(x, *, grad=True, sign=True):
+    """Why PyTorch tensor ``x`` (or a tensor subclass of another module's) cannot be read as
+    an array: a sparse or nested layout, no data on the meta device, and with ``sign`` a lazy
+    negation or conjugation bit, with ``grad`` a gradient to keep (for a caller that reads it
+    as it is: one that detaches or resolves first passes False); None where none holds (also
+    for anything but a tensor). For errors only: off the hot path."""
+    if not hasattr(x, "is_neg") or not hasattr(x, "layout"):
         return None
-    torch = sys.modules["torch"]  # gpu-only below (PyTorch is not a dependency)
+    torch = sys.modules.get("torch")  # gpu-only below (PyTorch is not a dependency)
+    if torch is None:
+        return None
     if getattr(x, "is_nested", False):
         return "expected a plain (strided) tensor, got a nested one"
     if x.layout != torch.strided:
         return f"expected a plain (strided) tensor, got layout {x.layout}"
     if x.is_meta:
         return "expected a tensor on the host or a CUDA GPU, got one on 'meta'"
-    if x.is_neg():
+    if sign and x.is_neg():
         return "expected a tensor without a lazy negation bit (pass .resolve_neg())"
-    if x.is_conj():
+    if sign and x.is_conj():
         return "expected a tensor without a lazy conjugation bit (pass .resolve_conj())"
-    if x.requires_grad:
+    if grad and x.requires_grad:
         return "expected a tensor that does not require grad (pass .detach())"
     return None
 
 
-def refused(names, xs, exc):
+def refused(names, xs, exc, *, grad=True, sign=True):
     """Raise the TypeError naming the first of ``xs`` (PyTorch tensors, by ``names``) that
-    ``torch_refusal`` explains, for ``exc``, the error a conversion of them raised (call it
-    in ``exc``'s handler); re-raise ``exc`` itself where none does."""
+    ``torch_refusal`` (``grad``, ``sign`` as it takes them) explains, for ``exc``, the error
+    a conversion of them raised (call it in ``exc``'s handler; ``exc`` chained as its
+    cause); re-raise ``exc`` itself where none does."""
     for name, x in zip(names, xs):
-        reason = torch_refusal(x)
+        reason = torch_refusal(x, grad=grad, sign=sign)
         if reason is not None:
-            raise TypeError(f"{name}: {reason}") from None
+            raise TypeError(f"{name}: {reason}") from exc
     raise exc
+
+
+def _unsigned_view_refused(x):
+    """BufferError for a tensor (of PyTorch's or a subclass of another module's) with a lazy
+    negation or conjugation bit: DLPack and ``__cuda_array_interface__`` export its memory
+    without the sign, which read as it lies would be its negation; None otherwise."""
+    is_neg = getattr(x, "is_neg", None)
+    if callable(is_neg) and hasattr(x, "is_conj") and (is_neg() or x.is_conj()):
+        return BufferError("a tensor with a lazy negation or conjugation bit cannot be read by address")
+    return None
 
 
 def check_element_aligned(name, x) -> None:
@@ -281,7 +289,10 @@ def query_to_cupy(x, *, ordered=False, arg="q"):  # gpu-only
     if kind == "torch":
         if x.requires_grad:  # as DLPack refuses any tensor that does
             raise TypeError(f"{arg}: expected a tensor that does not require grad (pass {arg}.detach())")
-        bits = torch_bits(x, name)
+        try:
+            bits = torch_bits(x, name)
+        except RuntimeError as exc:  # PyTorch's refusal to view a negated tensor's bits, naming nothing
+            refused((arg,), (x,), exc)
     elif isinstance(x, np.ndarray):
         bits = x.view(BITS_DTYPES[name])
     else:
@@ -314,12 +325,12 @@ def to_cupy(x, dtype=None, *, ordered=False):
     elif ordered and _is_torch_type(type(x)) and (view := _torch_view(cp, x)) is not None:  # gpu-only
         out = view
     elif framework_of(x) == "torch" or (hasattr(x, "__dlpack__") and is_device_array(x)):  # gpu-only
-        if framework_of(x) == "torch" and hasattr(x, "is_neg") and (x.is_neg() or x.is_conj()):
-            # PyTorch exports such a tensor's memory without its lazy sign: read as it lies,
-            # it would be scored as its negation (callers name the argument: ``refused``)
-            raise BufferError("a tensor with a lazy negation or conjugation bit cannot be read by address")
+        if (err := _unsigned_view_refused(x)) is not None:  # (callers name the argument: ``refused``)
+            raise err
         out = cp.from_dlpack(x)
     elif hasattr(x, "__cuda_array_interface__"):  # gpu-only
+        if (err := _unsigned_view_refused(x)) is not None:
+            raise err
         out = cp.asarray(x)
     else:  # gpu-only
         out = cp.asarray(np.asarray(x))
@@ -431,6 +442,8 @@ _OPERAND_SIZES = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "in
 def as_array(xp, x, name, *, copy=False):
     """``xp.asarray(x)`` (``xp.array`` with ``copy``), NumPy or CuPy; TypeError naming ``name``
     where the module cannot make one array of ``x`` (a ragged nested list, a dict)."""
+    if _unsigned_view_refused(x) is not None:  # (CuPy reads a tensor through its interface, unsigned)
+        raise TypeError(f"{name}: {torch_refusal(x, grad=False)}")
     try:
         return xp.array(x) if copy else xp.asarray(x)
     except (TypeError, ValueError):
@@ -482,7 +495,7 @@ def query_to_numpy(x):
     if framework_of(x) == "torch" and dtype_name(x) in BITS_DTYPES:  # gpu-only (PyTorch is not a dependency)
         if not x.is_contiguous():  # as a float32 one is: the widening below would copy it into order
             raise ValueError("q: expected a C-contiguous array")
-        return x.detach().cpu().float().numpy()
+        return x.detach().cpu().resolve_neg().float().numpy()
     return to_numpy(x)
 
 
@@ -491,7 +504,8 @@ def to_numpy(x):
     if is_cupy(x):  # gpu-only
         return x.get()
     if framework_of(x) == "torch":  # gpu-only (PyTorch is not a dependency)
-        return x.detach().cpu().numpy()
+        # a lazy negation or conjugation bit resolved into the copy (NumPy has none)
+        return x.detach().cpu().resolve_neg().resolve_conj().numpy()
     return np.asarray(x)
 
 

@@ -339,11 +339,13 @@ def replaced_atomically(path):
         raise
 
 
-def check_writable(path) -> Path:
+def check_writable(path, *, in_place=False) -> Path:
     """The file ``path`` names (through a symbolic link), where a file can be written there
     as far as can be told before writing: OSError naming ``path`` for a missing folder, a
     folder at the path, a read-only file (a rename would replace it: honoured as open() would)
-    or a folder that is not writable. Commands call it before the work whose result it takes."""
+    or a folder that is not writable (``in_place``: the file is written where it is, so a
+    writable file there needs no writable folder). Commands call it before the work whose
+    result it takes."""
     try:
         p = Path(os.path.realpath(path))
         if not p.parent.is_dir():
@@ -354,7 +356,7 @@ def check_writable(path) -> Path:
             raise IsADirectoryError(f"{path}: is a folder, not a file")
         if p.exists() and not os.access(p, os.W_OK):
             raise PermissionError(f"{path}: the file is not writable")
-        if not os.access(p.parent, os.W_OK | os.X_OK):
+        if not (in_place and p.exists()) and not os.access(p.parent, os.W_OK | os.X_OK):
             raise PermissionError(f"{path}: its folder {str(p.parent)!r} is not writable")
     except ValueError as exc:  # a NUL in the path
         raise ValueError(f"{path!r}: not a usable path ({exc})") from None

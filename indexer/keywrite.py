@@ -251,7 +251,7 @@ def _host_keys(keys, D):
         raise TypeError(f"keys: expected an array, got {type(keys).__name__}")
     _check_key_shape(tuple(keys.shape), arrays.dtype_name(keys), D)
     if arrays.framework_of(keys) == "torch":  # (any layout, as NumPy keys: copied into order below)
-        k = keys.detach().cpu()
+        k = keys.detach().cpu().resolve_neg()  # (a lazy negation resolved into the copy)
         k = k.float().numpy() if arrays.dtype_name(keys) == "bfloat16" else k.numpy()
     else:
         k = arrays.to_numpy(keys)

@@ -39,11 +39,12 @@ def _check_call(precision, workspace, workspace_budget, stream, **flags):
 
 def _host_array(name, x):
     """``arrays.to_numpy(x)``; what NumPy cannot make an array of (a ragged list) is refused by name."""
-    arrays.check_torch_tensor(name, x)
+    arrays.check_torch_dtype(name, x)
     try:
         return arrays.query_to_numpy(x) if name == "q" else arrays.to_numpy(x)
-    except (RuntimeError, NotImplementedError) as exc:  # PyTorch's refusal of a tensor, naming nothing
-        arrays.refused((name,), (x,), exc)
+    except (RuntimeError, NotImplementedError) as exc:  # PyTorch's refusal of a tensor (a sign bit, the
+        # meta device), naming nothing; a gradient is no reason: the copy detaches it
+        arrays.refused((name,), (x,), exc, grad=False)
     except (ValueError, TypeError) as exc:
         if str(exc).startswith(f"{name}: "):  # the conversion's own check, already by name
             raise

@@ -215,12 +215,18 @@ def _bin_edges(values, bins, span):
     """The histogram's edges over ``values`` (float64, finite) in ``span``; ValueError naming
     ``scores_row`` where NumPy cannot split their range into ``bins`` bins (values at the
     ends of float64's range, or a range narrower than the bins)."""
+    if not isinstance(bins, (str, int)) and np.any(np.diff(bins) <= 0):
+        raise ValueError("bins: expected increasing edges")
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # a span past float64's range: refused below
-            return np.histogram_bin_edges(values, bins=bins, range=span)
+            edges = np.histogram_bin_edges(values, bins=bins, range=span)
     except ValueError as exc:
         raise ValueError(f"scores_row: its scores' range cannot be cut into these bins ({exc}); "
                          "pass bins= as edges") from None
+    if edges.size - 1 > MAX_BINS:  # a rule's count ('fd' on skewed scores: millions)
+        raise ValueError(f"bins: the rule {bins!r} asks {edges.size - 1} bins of these scores, more than "
+                         f"{MAX_BINS}; pass a number of bins")
+    return edges
 
 
 def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None, bins=100, title=None,

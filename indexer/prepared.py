@@ -139,6 +139,9 @@ class PreparedCall:
         self._any_torch = any(self._torch_slots)
         self._views = [None] * len(given)  # PyTorch: (pointer, CuPy view) of the last tensor a slot took
         self._keep_views = True  # False: hold no tensor between calls (the PyTorch operators' calls)
+        # True: the inputs come with no lazy negation bit (the PyTorch operators': their
+        # dispatch resolves it), so _match_device need not ask
+        self._inputs_resolved = False
         self._graphs_on = self._fast and bool(graphs)
         self._graphs = {}  # pointers -> (CUDA graph of the call's launches, the workspace's generation)
         self._seen = {}  # pointers -> calls that came with them
@@ -229,7 +232,7 @@ class PreparedCall:
         tensor = self._torch_slots[i]
         if not (x.is_contiguous() if tensor else arrays.c_contiguous(x)):
             raise ValueError(f"{_NAMES[i]}: expected a C-contiguous array")
-        if tensor and x.is_neg():
+        if tensor and not self._inputs_resolved and x.is_neg():
             raise TypeError(f"{_NAMES[i]}: expected a tensor without a lazy negation bit (pass .resolve_neg())")
         where = x.get_device() if tensor else x.data.device_id
         if where != self._device:

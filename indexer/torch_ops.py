@@ -47,6 +47,7 @@ calls do; a ``top_k`` out of range is refused while the graph is traced, by the 
 implementation, before anything runs.
 """
 
+import numpy as np
 import torch
 
 if not hasattr(torch.library, "register_fake"):  # the fake implementations below need it (PyTorch 2.4)
@@ -159,6 +160,7 @@ def _sighted(key, public, tensors, top_k, kwargs):  # gpu-only
         _SIGHTED[key] = -_SIGHTED_MAX
         return
     step._keep_views = False  # nothing of the caller's kept alive between calls
+    step._inputs_resolved = True  # the dispatcher resolves a negation bit before the kernel
     if len(_PREPARED) >= _PREPARED_MAX:
         try:  # the oldest (another thread may drop or add one meanwhile)
             del _PREPARED[next(iter(_PREPARED))]
@@ -172,7 +174,7 @@ def _host_out(out):
     """NumPy views of CPU result tensors (``out`` given to a CPU call)."""
     dtypes = "int32 indices and float32 scores"
     if isinstance(out, tuple):
-        return tuple(_host_view("out", t, dtypes) for t in out)
+        return tuple(_host_view(f"out[{i}]", t, dtypes) for i, t in enumerate(out))
     return _host_view("out", out, dtypes)
 
 
@@ -295,9 +297,11 @@ def _dispatch(names, functional, mutating, tensors, top_k, flags, out):
             return functional(*tensors, top_k, *flags)
         mutating(*tensors, top_k, *out_tensors, *flags)
         return out
-    except (NotImplementedError, RuntimeError) as exc:  # no kernel for a layout (sparse, nested), a
-        # negation bit PyTorch's dispatch refuses: said by name
-        arrays.refused(names + out_names, tensors + out_tensors, exc)
+    except NotImplementedError as exc:  # no kernel for a layout (sparse, nested) or the meta device
+        arrays.refused(names + out_names, tensors + out_tensors, exc, grad=False, sign=False)
+    except RuntimeError as exc:  # a negated out the dispatch refuses (inputs come resolved and
+        # detached: their errors are the call's own, passed on as they are)
+        arrays.refused(out_names, out_tensors, exc)
 
 
 def _check_arguments(names, tensors, top_k, flags):
@@ -309,9 +313,10 @@ def _check_arguments(names, tensors, top_k, flags):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
     if type(top_k) is not int or not 1 <= top_k <= _validate.MAX_TOP_K:
-        if isinstance(top_k, (bool, torch.Tensor)) or not isinstance(top_k, (int, torch.SymInt)):
+        if (isinstance(top_k, (bool, np.bool_, torch.Tensor))
+                or not isinstance(top_k, (int, np.integer, torch.SymInt))):
             raise TypeError(f"top_k: expected an int, got {type(top_k).__name__}")
-        if isinstance(top_k, int):  # (a traced SymInt is checked by the fake implementation)
+        if isinstance(top_k, (int, np.integer)):  # (a traced SymInt is checked by the fake implementation)
             _validate.check_top_k(top_k)
     precision, physical, validate = flags
     if precision not in ops.PRECISIONS:
@@ -397,6 +402,8 @@ def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=False):
     _validate.check_flag("validate", validate)
     try:
         torch.ops.indexer.write_keys(keys, slots, keys_fp4, key_scale, key_gscale, validate)
-    except (NotImplementedError, RuntimeError) as exc:  # no kernel for a layout (sparse, nested), a
-        # negation bit PyTorch's dispatch refuses: said by name
-        arrays.refused(_WRITE_NAMES, tensors, exc)
+    except NotImplementedError as exc:  # no kernel for a layout (sparse, nested) or the meta device
+        arrays.refused(_WRITE_NAMES, tensors, exc, grad=False, sign=False)
+    except RuntimeError as exc:  # a negated or grad-requiring pool tensor (written in place; the keys
+        # come resolved and detached: their errors are the call's own, passed on as they are)
+        arrays.refused(_WRITE_NAMES[:1] + _WRITE_NAMES[3:], tensors[:1] + tensors[3:], exc)

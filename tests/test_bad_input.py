@@ -27,9 +27,14 @@ def problem():
                                   L=3, top_k=5)
 
 
+# the arrays every catalogue call passes where it replaces nothing: the test below checks
+# that no failed call changed them
+SHARED = problem()
+
+
 def call_with(**changes):
-    """score_topk on the reference backend with some arguments replaced."""
-    p = problem()
+    """score_topk on the reference backend with some arguments replaced (the others SHARED's)."""
+    p = SHARED
     args = dict(zip(testing.ARRAY_NAMES, p.arrays()), top_k=p.top_k)
     args.update(changes)
     kw = {k: args.pop(k) for k in ("backend", "precision", "out", "workspace", "stream", "return_scores") if k in args}
@@ -276,15 +281,34 @@ def test_api_catalogue(name, make, error, arg):
 
 
 def test_failed_calls_leave_the_inputs_unchanged():
+    """Every failed catalogue call leaves the arrays it was handed (SHARED's, where it
+    replaced none) as they were, bit for bit."""
+    pristine = [a.copy() for a in problem().arrays()]
     for _name, make, error, _arg in API:
         if error is None:
             continue
-        p = problem()
-        before = copy.deepcopy(p.arrays())
+        before = copy.deepcopy(SHARED.arrays())
         with pytest.raises(error):
             make()()
-        for a, b in zip(before, problem().arrays()):
-            np.testing.assert_array_equal(a, b)
+        for a, b, c in zip(before, SHARED.arrays(), pristine):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+            np.testing.assert_array_equal(b.view(np.uint8), c.view(np.uint8))
+
+
+def test_the_unchanged_inputs_check_can_fail(monkeypatch):
+    """A call that wrote into SHARED's arrays is caught by the check above."""
+    def scribble(*args, **kwargs):
+        args[0][0, 0, 0] += 1.0  # q, SHARED's own
+        raise ValueError("q: refused after writing into it")
+
+    monkeypatch.setattr(indexer, "score_topk", scribble)
+    before = copy.deepcopy(SHARED.arrays())
+    try:
+        with pytest.raises(ValueError):
+            call_with()()
+        assert not np.array_equal(before[0], SHARED.q)
+    finally:
+        SHARED.q[...] = before[0]
 
 
 def saved_problem(tmp_path, **replace):

@@ -466,3 +466,11 @@ def test_benchmark_bars_draw_names_with_dollars_as_text(tmp_path):
     fig = plot.benchmark_bars(results)
     save(fig, tmp_path / "dollars.png")
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [r"\$x^\$"]
+
+
+def test_score_distribution_caps_a_rules_bins_and_refuses_unordered_edges(monkeypatch):
+    monkeypatch.setattr(plot, "MAX_BINS", 5)
+    with pytest.raises(ValueError, match="^bins: the rule 'sqrt' asks 10 bins of these scores, more than 5"):
+        plot.score_distribution(np.arange(100.0), bins="sqrt")
+    with pytest.raises(ValueError, match="^bins: expected increasing edges"):
+        plot.score_distribution(np.arange(100.0), bins=[0.0, 2.0, 1.0])

@@ -208,13 +208,13 @@ def test_bad_out_is_refused_by_name_and_left_as_it_was():
     scores = torch.full((2, 8), 2.5)
     cases = [(torch.zeros((2, 7), dtype=torch.int32), ValueError, "^out: expected int32 of shape"),
              (torch.zeros((2, 8), dtype=torch.int64), ValueError, "^out: expected int32"),
-             ((torch.zeros((2, 8), dtype=torch.int32), scores.to(torch.bfloat16)), TypeError, "^out: expected")]
+             ((torch.zeros((2, 8), dtype=torch.int32), scores.to(torch.bfloat16)), TypeError, r"^out\[1\]: expected")]
     for out, error, message in cases:
         with pytest.raises(error, match=message):
             iops.score_topk(*x, 8, out=out)
     assert torch.equal(scores, torch.full((2, 8), 2.5))
-    with pytest.raises(ValueError, match="^out: expected a tensor on q's device"):  # the dispatcher sends meta
-        iops._host_out((scores, scores.to("meta")))                                # tensors to the fake kernel
+    with pytest.raises(ValueError, match=r"^out\[1\]: expected a tensor on q's device"):  # the dispatcher sends
+        iops._host_out((scores, scores.to("meta")))                                # meta tensors to the fake kernel
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: iops.score_topk(*a[:7], 5000, out=a[7]), backend="aot_eager",
                              fullgraph=True)
@@ -365,7 +365,7 @@ def _operator_bad_calls(x):
         (lambda: iops.score_topk(*x, 5, out=torch._neg_view(idx)), TypeError, "^out: expected a tensor without a lazy "
                                                                               "negation bit"),
         (lambda: iops.score_topk(*x, 5, out=(idx, torch.zeros((3, 5), requires_grad=True))), TypeError,
-         "^out: expected a tensor that does not require grad"),
+         r"^out\[1\]: expected a tensor that does not require grad"),
         (lambda: iops.score_topk(x[0], x[1].to_sparse(), *x[2:], 5), TypeError, "^w: expected a plain"),
         (lambda: iops.score_topk(*x, True), TypeError, "^top_k: expected an int"),
         (lambda: iops.score_topk(*x, torch.tensor(5.9)), TypeError, "^top_k: expected an int"),
@@ -410,12 +410,48 @@ def test_write_keys_operator_refuses_meta_grad_and_non_tensor_pools_by_name():
         np.testing.assert_array_equal(g.numpy(), w)
 
 
-def test_a_host_pool_refuses_keys_pytorch_will_not_export_by_name():
+def test_a_host_pool_reads_a_negated_view_as_its_values_and_refuses_a_meta_tensor():
     from indexer import KeyPool
 
     pool = KeyPool(2, entries_per_block=4, head_dim=32)
-    for keys, match in ((torch._neg_view(torch.randn(3, 32)), "^keys: expected a tensor without a lazy negation bit"),
-                        (torch.empty(3, 32, device="meta"), "^keys: expected a tensor on the host or a CUDA GPU")):
-        with pytest.raises(TypeError, match=match):
-            pool.append("a", keys)
+    with pytest.raises(TypeError, match="^keys: expected a tensor on the host or a CUDA GPU"):
+        pool.append("a", torch.empty(3, 32, device="meta"))
     assert pool.sequences == [] and pool.free_blocks == 2
+    keys = torch.randn(3, 32)
+    pool.append("a", torch._neg_view(keys))  # the host copy resolves the bit: -keys stored
+    want = KeyPool(2, entries_per_block=4, head_dim=32)
+    want.append("a", (-keys).numpy())
+    for name in ("keys_fp4", "key_scale", "key_gscale"):
+        np.testing.assert_array_equal(getattr(pool, name), getattr(want, name))
+
+
+def test_the_numpy_backend_reads_negated_views_as_their_values():
+    p = testing.random_problem(np.random.default_rng(3), T=2, H=4, D=32, E=8, lens=[9, 3], L=2, top_k=3)
+    x = tensors(p)
+    arrays = list(p.arrays())
+    arrays[1] = -arrays[1]
+    np.testing.assert_array_equal(score_topk(x[0], torch._neg_view(x[1]), *x[2:], 3, backend="numpy"),
+                                  reference.score_topk(*arrays, 3))
+    qb = x[0].to(torch.bfloat16)
+    arrays = list(p.arrays())
+    arrays[0] = -qb.float().numpy()
+    np.testing.assert_array_equal(score_topk(torch._neg_view(qb), *x[1:], 3, backend="numpy"),
+                                  reference.score_topk(*arrays, 3))
+
+
+def test_operators_take_numpy_integer_top_k_and_pass_their_own_errors_on(monkeypatch):
+    p, x = _operator_problem()
+    want = reference.score_topk(*p.arrays(), 5)
+    for k in (np.int64(5), np.int32(5)):
+        np.testing.assert_array_equal(iops.score_topk(*x, k)[0].numpy(), want)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("an error of the call's own")
+
+    # an input that requires grad is detached by the operator: an error inside the call is
+    # passed on as it is, not renamed as the input's gradient
+    monkeypatch.setattr(ops, "score_topk", fails)
+    monkeypatch.setattr(iops.ops, "score_topk", fails)
+    w = x[1].clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="an error of the call's own"):
+        iops._call(fails, [x[0], w, *x[2:]], 5, "fast", False, False)
