@@ -442,8 +442,8 @@ _OPERAND_SIZES = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "in
 def as_array(xp, x, name, *, copy=False):
     """``xp.asarray(x)`` (``xp.array`` with ``copy``), NumPy or CuPy; TypeError naming ``name``
     where the module cannot make one array of ``x`` (a ragged nested list, a dict)."""
-    if _unsigned_view_refused(x) is not None:  # (CuPy reads a tensor through its interface, unsigned)
-        raise TypeError(f"{name}: {torch_refusal(x, grad=False)}")
+    if (err := _unsigned_view_refused(x)) is not None:  # (CuPy reads a tensor through its interface, unsigned)
+        raise TypeError(f"{name}: {torch_refusal(x, grad=False) or err}")
     try:
         return xp.array(x) if copy else xp.asarray(x)
     except (TypeError, ValueError):

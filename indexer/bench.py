@@ -582,6 +582,7 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
     """
     echo = echo or _print_line
     by_name = {c.name: c for c in CASES}
+    cases = list(cases)  # (an iterator would be spent by the check below)
     unknown = [c for c in cases if isinstance(c, str) and c not in by_name]
     if unknown:
         raise ValueError(f"cases: unknown case {', '.join(map(repr, unknown))} (known: {', '.join(by_name)})")
@@ -589,7 +590,7 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise ValueError(f"repeats: expected an int in [1, {MAX_REPEATS}], got {repeats!r}")
     if json_path is not None:
-        io.check_writable(json_path)  # before the measurements, not after them
+        io.check_writable(json_path, in_place=True)  # before the measurements; written where it is
     require_gpu()
     mods = _gpu_modules()
     cp = mods[0]

@@ -542,7 +542,7 @@ def bench(cases, paths, repeats, device, json_path):
     chosen = _bench.select_cases(_bench.DEFAULT_CASES if cases is None else cases)
     path_list = _bench.select_paths(_bench.DEFAULT_PATHS if paths is None else paths)
     if json_path is not None:
-        io.check_writable(json_path)  # before the measurements, not after them
+        io.check_writable(json_path, in_place=True)  # before the measurements; written where it is
     _use_device(device, torch_too=True)
     _bench.require_gpu()  # before the bar: without a GPU the error is the only output
     with click.progressbar(length=len(chosen) * len(path_list), label="benchmarking", file=sys.stderr) as bar:

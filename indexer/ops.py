@@ -39,6 +39,8 @@ def _check_call(precision, workspace, workspace_budget, stream, **flags):
 
 def _host_array(name, x):
     """``arrays.to_numpy(x)``; what NumPy cannot make an array of (a ragged list) is refused by name."""
+    if arrays.framework_of(x) == "torch" and not hasattr(x, "dtype"):  # (a torch.Size, say)
+        raise TypeError(f"{name}: expected an array or a tensor, got {type(x).__name__}")
     arrays.check_torch_dtype(name, x)
     try:
         return arrays.query_to_numpy(x) if name == "q" else arrays.to_numpy(x)

@@ -792,6 +792,8 @@ class KeyPool:
             sid, n, blocks = entry["id"], entry["length"], entry["blocks"]
             if type(sid) not in (int, str) or sid in blocks_of:
                 raise bad(f"{_META_NAME}: sequence id {sid!r} is not a unique int or str")
+            if type(sid) is int and not -_SEQ_ID_LIMIT <= sid < _SEQ_ID_LIMIT:  # no call could name it
+                raise bad(f"{_META_NAME}: sequence id of {sid.bit_length()} bits, past int64")
             if type(n) is not int or n < 1 or not isinstance(blocks, list) or len(blocks) != -(-n // E):
                 raise bad(f"{_META_NAME}: sequence {sid!r}: length {n!r} needs ceil(length / {E}) blocks, "
                           f"got {len(blocks) if isinstance(blocks, list) else blocks!r}")

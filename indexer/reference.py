@@ -251,8 +251,9 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
     """Reference for queries grouped by sequence: query t of sequence b (cu_seqlens_q[b] <= t
     < cu_seqlens_q[b+1]) reads block_table[b]; otherwise exactly ``score_topk``."""
     T = _validate.query_rows(q)
-    cu = np.asarray(cu_seqlens_q)
-    if cu.dtype.kind in "iu" and cu.dtype != np.int32 and (cu.size == 0 or 0 <= int(cu.min()) <= int(cu.max()) < 2**31):
+    cu = cu_seqlens_q
+    if (isinstance(cu, np.ndarray) and cu.dtype.kind in "iu" and cu.dtype != np.int32
+            and (cu.size == 0 or 0 <= int(cu.min()) <= int(cu.max()) < 2**31)):
         cu_seqlens_q = cu.astype(np.int32)  # any integer offsets, as the reference takes its tables
     _validate.check_groups(cu_seqlens_q, block_table, T)
     per_token = np.repeat(block_table, np.diff(cu_seqlens_q.astype(np.int64)), axis=0)

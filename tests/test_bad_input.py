@@ -8,6 +8,7 @@ with "error:" and no traceback. Validation is shared by the NumPy and CUDA backe
 """
 
 import copy
+import json
 import pickle
 import zipfile
 
@@ -173,6 +174,8 @@ API = [
     ("KeyPool score_topk ragged offsets", lambda: pool_call("score_topk", np.ones((3, 2, 32), np.float32),
                                                             np.ones((3, 2), np.float32), [0], 3,
                                                             cu_seqlens_q=[[0], [1, 2]]), TypeError, "cu_seqlens_q"),
+    ("KeyPool from a saved id past int64", lambda: (lambda: KeyPool.from_arrays(_meta_with_a_huge_id())),
+     ValueError, "arrays: pool_meta"),
     ("KeyPool from deeply nested JSON", lambda: (lambda: KeyPool.from_arrays(_nested_meta_arrays())),
      ValueError, "arrays: pool_meta"),
     ("key_sequences of a list", lambda: (lambda: io.key_sequences({"0": [[1.0] * 32]})), TypeError, "keys"),
@@ -262,6 +265,16 @@ def _lens_of_huge_ratio():
     lens = indexer.causal_lens(np.array([0, 3, 5]), ratio=2**100)
     np.testing.assert_array_equal(lens, np.zeros(5, np.int32))
     np.testing.assert_array_equal(indexer.causal_lens(np.array([0, 3, 5]), ratio=np.uint64(2**64 - 1)), lens)
+
+
+def _meta_with_a_huge_id():
+    pool = KeyPool(2, entries_per_block=4, head_dim=32)
+    pool.append(5, np.ones((1, 32), np.float32))
+    meta = pool._meta()
+    meta["sequences"][0]["id"] = 2**64  # what no call could name (ids are int64's)
+    text = json.dumps(meta).encode()
+    return {"keys_fp4": pool.keys_fp4, "key_scale": pool.key_scale, "key_gscale": pool.key_gscale,
+            "pool_meta": np.frombuffer(text, np.uint8)}
 
 
 def _nested_meta_arrays():

@@ -455,3 +455,11 @@ def test_operators_take_numpy_integer_top_k_and_pass_their_own_errors_on(monkeyp
     w = x[1].clone().requires_grad_()
     with pytest.raises(RuntimeError, match="an error of the call's own"):
         iops._call(fails, [x[0], w, *x[2:]], 5, "fast", False, False)
+
+
+def test_a_torch_object_that_is_no_tensor_is_refused_by_name():
+    p = testing.random_problem(np.random.default_rng(3), T=2, H=4, D=32, E=8, lens=[9, 3], L=2, top_k=3)
+    args = list(p.arrays())
+    args[6] = torch.Size([9, 3])
+    with pytest.raises(TypeError, match="^valid_lens: expected an array or a tensor, got Size"):
+        score_topk(*args, 3, backend="numpy")
