@@ -125,12 +125,13 @@ _SIGHTED_MAX = 4096
 
 def _signature(public, tensors, top_k, kwargs, out):  # gpu-only
     """What a PreparedCall fixes or checks by type of a call: each tensor's type, shape,
-    dtype, device, contiguity and lazy negation bit (a negated view goes to DLPack, which
-    refuses it), and out's types and grad flags (PreparedCall reads out by pointer)."""
+    dtype, device and contiguity, and out's types and grad flags (PreparedCall reads out by
+    pointer). No lazy negation bit reaches here: the dispatcher resolves an input's, and
+    refuses an out's, before the kernel."""
     outs = out if isinstance(out, tuple) else (out,)
     return (public, top_k, *kwargs.values(),
-            tuple((type(t), t.shape, t.dtype, t.get_device(), t.is_contiguous(), t.is_neg()) for t in tensors),
-            tuple((type(o), o.requires_grad, o.is_neg()) for o in outs))
+            tuple((type(t), t.shape, t.dtype, t.get_device(), t.is_contiguous()) for t in tensors),
+            tuple((type(o), o.requires_grad) for o in outs))
 
 
 def _sighted(key, public, tensors, top_k, kwargs):  # gpu-only
