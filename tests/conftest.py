@@ -14,6 +14,33 @@ import numpy as np  # noqa: E402
 import pytest
 
 
+def _one_openblas_thread():
+    """Set the OpenBLAS that NumPy loaded to one thread at run time (its own API, found in
+    the process's mapped libraries; Linux only): the variables above act only if NumPy
+    loads after this file, and a plugin or an earlier import may have loaded it first."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line}
+    except OSError:
+        return
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                       "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            if hasattr(lib, symbol):
+                getattr(lib, symbol)(1)
+                break
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _one_openblas_thread()
+
+
 @pytest.fixture
 def rng(request):
     """A NumPy generator seeded from the test's node id: reproducible and distinct per test."""
