@@ -6,7 +6,8 @@ import zlib
 # test take 209 s instead of ~5 (set before NumPy loads its BLAS, which reads these once).
 # Set, not defaulted: a count the environment names for the whole machine would otherwise
 # reach every worker.
-if os.environ.get("PYTEST_XDIST_WORKER"):
+_XDIST_WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+if _XDIST_WORKER:
     for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[_name] = "1"
 
@@ -37,7 +38,7 @@ def _one_openblas_thread():
                 break
 
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
+if _XDIST_WORKER:
     _one_openblas_thread()
 
 
