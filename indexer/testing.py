@@ -198,8 +198,15 @@ def check_topk(p: Problem, indices, scores=None, *, tol=TOL_EXACT, exact=None, p
     else:
         logical = indices
     exact = exact if exact is not None else exact_scores(p)
-    for t in range(T):
-        _check_row(p, t, logical[t], None if scores is None else scores[t], tol, exact[t])
+    for first, stop in reference._runs_of_equal_rows(p.block_table):
+        # the rows of one block table (a sequence's tokens) number their keys once, for the
+        # longest: a key's number and its entries' ranks do not depend on the row's length
+        longest = int(p.valid_lens[first:stop].max())
+        groups = _key_groups(p, first, longest) if stop - first > 1 else None
+        for t in range(first, stop):
+            n = int(p.valid_lens[t])
+            row_groups = None if groups is None else (groups[0][:n], groups[1][:n])
+            _check_row(p, t, logical[t], None if scores is None else scores[t], tol, exact[t], row_groups)
 
 
 def _physical_to_logical(p, indices):
@@ -222,7 +229,10 @@ def _physical_to_logical(p, indices):
     return out
 
 
-def _check_row(p, t, idx, sc, tol, exact_row):
+def _check_row(p, t, idx, sc, tol, exact_row, groups=None):
+    """The contract for row t: ``idx`` (top_k,) logical indices, ``sc`` its scores or None,
+    ``exact_row`` the row's ``exact_scores``, ``groups`` its ``_key_groups`` where the
+    caller has them (else computed here)."""
     score, mag, certain_zero = exact_row
     n, k = score.shape[0], idx.shape[0]
     selectable = ~np.isnan(score)
@@ -253,7 +263,7 @@ def _check_row(p, t, idx, sc, tol, exact_row):
     assert not later_above.any(), f"row {t}: output not sorted within the error bounds at position {int(np.argmax(later_above)) + 1}"
     # exact ties: identical keys, and plateaus of certain zeros, go to the lower index
     # (a key's entries share a score, NaN or not: a NaN key's are never chosen)
-    group, rank = _key_groups(p, t, n)
+    group, rank = groups if groups is not None else _key_groups(p, t, n)
     g_sel = group[chosen]
     taken = np.bincount(g_sel, minlength=int(group.max()) + 1)  # entries chosen of each key
     late = rank[chosen] >= taken[g_sel]  # chosen, though an entry of its key before it was not

@@ -272,6 +272,31 @@ def test_rejects_tie_to_higher_index(rng):
     rejects(p, bad, match=r"row 0: identical keys .* expected the lowest indices")
 
 
+
+def test_rows_of_one_sequence_keep_the_tie_rule_each_at_its_own_length(rng):
+    """Rows sharing a block table number their keys once, for the longest (check_topk): a
+    shorter row must still be held to the lowest of its own visible copies, and copies past
+    its length must not count."""
+    p = testing.random_problem(rng, T=3, H=4, D=32, E=16, lens=[64, 40, 64], top_k=12, shared_blocks=True)
+    p.block_table[:] = p.block_table[0]  # one table (random_problem fills ids past a row's end)
+    p.key_gscale[:] = p.key_gscale[0]  # one global scale: equal bytes are equal keys
+    idx, _ = ref(p)
+    src = int(idx[1, p.top_k - 2])  # row 1 (40 entries): copies compete for its last places
+    unsel = np.setdiff1d(np.arange(40), idx[1])
+    targets = [int(s) for s in rng.choice(unsel, size=3, replace=False)] + [45, 60]  # two past row 1's end
+    b0, e0 = slot(p, 1, src)
+    for s in targets:
+        b, e = slot(p, 1, s)
+        p.keys_fp4[b, e] = p.keys_fp4[b0, e0]
+        p.key_scale[b, e] = p.key_scale[b0, e0]
+    idx, sc = ref(p)
+    testing.check_topk(p, idx, sc)
+    visible = sorted([src] + targets[:3])
+    assert [s for s in idx[1].tolist() if s in visible] == visible[:2]  # the two lowest visible copies
+    bad = idx.copy()
+    bad[1, int(np.flatnonzero(bad[1] == visible[1])[0])] = visible[3]  # a higher visible copy
+    rejects(p, bad, match=r"row 1: identical keys .* expected the lowest indices")
+
 @pytest.mark.parametrize("tol", [float("nan"), -1.0, float("inf"), "1e-6", True])
 def test_a_tolerance_that_would_pass_anything_is_refused(rng, tol):
     p = testing.random_problem(rng, T=1, H=4, D=32, E=16, lens=[64], top_k=12)
