@@ -201,12 +201,10 @@ def check_topk(p: Problem, indices, scores=None, *, tol=TOL_EXACT, exact=None, p
     for first, stop in reference._runs_of_equal_rows(p.block_table):
         # the rows of one block table (a sequence's tokens) number their keys once, for the
         # longest: a key's number and its entries' ranks do not depend on the row's length
-        longest = int(p.valid_lens[first:stop].max())
-        groups = _key_groups(p, first, longest) if stop - first > 1 else None
+        group, rank = _key_groups(p, first, int(p.valid_lens[first:stop].max()))
         for t in range(first, stop):
             n = int(p.valid_lens[t])
-            row_groups = None if groups is None else (groups[0][:n], groups[1][:n])
-            _check_row(p, t, logical[t], None if scores is None else scores[t], tol, exact[t], row_groups)
+            _check_row(p, t, logical[t], None if scores is None else scores[t], tol, exact[t], (group[:n], rank[:n]))
 
 
 def _physical_to_logical(p, indices):
@@ -229,10 +227,9 @@ def _physical_to_logical(p, indices):
     return out
 
 
-def _check_row(p, t, idx, sc, tol, exact_row, groups=None):
+def _check_row(p, t, idx, sc, tol, exact_row, groups):
     """The contract for row t: ``idx`` (top_k,) logical indices, ``sc`` its scores or None,
-    ``exact_row`` the row's ``exact_scores``, ``groups`` its ``_key_groups`` where the
-    caller has them (else computed here)."""
+    ``exact_row`` the row's ``exact_scores``, ``groups`` its ``_key_groups`` (group, rank)."""
     score, mag, certain_zero = exact_row
     n, k = score.shape[0], idx.shape[0]
     selectable = ~np.isnan(score)
@@ -263,7 +260,7 @@ def _check_row(p, t, idx, sc, tol, exact_row, groups=None):
     assert not later_above.any(), f"row {t}: output not sorted within the error bounds at position {int(np.argmax(later_above)) + 1}"
     # exact ties: identical keys, and plateaus of certain zeros, go to the lower index
     # (a key's entries share a score, NaN or not: a NaN key's are never chosen)
-    group, rank = groups if groups is not None else _key_groups(p, t, n)
+    group, rank = groups
     g_sel = group[chosen]
     taken = np.bincount(g_sel, minlength=int(group.max()) + 1)  # entries chosen of each key
     late = rank[chosen] >= taken[g_sel]  # chosen, though an entry of its key before it was not

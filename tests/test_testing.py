@@ -238,6 +238,15 @@ class TestPadding:
         rejects(p, idx, bad, match=r"row 1: padding scores must be -inf")
 
 
+def copy_key(p, t, src, targets):
+    """Row t's entries ``targets`` given entry ``src``'s stored key (codes and block scales)."""
+    b0, e0 = slot(p, t, src)
+    for s in targets:
+        b, e = slot(p, t, int(s))
+        p.keys_fp4[b, e] = p.keys_fp4[b0, e0]
+        p.key_scale[b, e] = p.key_scale[b0, e0]
+
+
 def _with_copies(rng, n_copies):
     """A problem whose row 0 has a group of identical keys straddling the top-k boundary."""
     p = testing.random_problem(rng, T=1, H=4, D=32, E=16, lens=[64], top_k=12)
@@ -246,11 +255,7 @@ def _with_copies(rng, n_copies):
     src = int(idx[0, p.top_k - 2])  # second-to-last selected: copies compete for the last places
     unsel = np.setdiff1d(np.arange(64), idx[0])
     targets = rng.choice(unsel, size=n_copies, replace=False)
-    b0, e0 = slot(p, 0, src)
-    for s in targets:
-        b, e = slot(p, 0, int(s))
-        p.keys_fp4[b, e] = p.keys_fp4[b0, e0]
-        p.key_scale[b, e] = p.key_scale[b0, e0]
+    copy_key(p, 0, src, targets)
     group = sorted([src] + [int(s) for s in targets])
     return p, group
 
@@ -272,7 +277,6 @@ def test_rejects_tie_to_higher_index(rng):
     rejects(p, bad, match=r"row 0: identical keys .* expected the lowest indices")
 
 
-
 def test_rows_of_one_sequence_keep_the_tie_rule_each_at_its_own_length(rng):
     """Rows sharing a block table number their keys once, for the longest (check_topk): a
     shorter row must still be held to the lowest of its own visible copies, and copies past
@@ -284,11 +288,7 @@ def test_rows_of_one_sequence_keep_the_tie_rule_each_at_its_own_length(rng):
     src = int(idx[1, p.top_k - 2])  # row 1 (40 entries): copies compete for its last places
     unsel = np.setdiff1d(np.arange(40), idx[1])
     targets = [int(s) for s in rng.choice(unsel, size=3, replace=False)] + [45, 60]  # two past row 1's end
-    b0, e0 = slot(p, 1, src)
-    for s in targets:
-        b, e = slot(p, 1, s)
-        p.keys_fp4[b, e] = p.keys_fp4[b0, e0]
-        p.key_scale[b, e] = p.key_scale[b0, e0]
+    copy_key(p, 1, src, targets)
     idx, sc = ref(p)
     testing.check_topk(p, idx, sc)
     visible = sorted([src] + targets[:3])
@@ -296,6 +296,7 @@ def test_rows_of_one_sequence_keep_the_tie_rule_each_at_its_own_length(rng):
     bad = idx.copy()
     bad[1, int(np.flatnonzero(bad[1] == visible[1])[0])] = visible[3]  # a higher visible copy
     rejects(p, bad, match=r"row 1: identical keys .* expected the lowest indices")
+
 
 @pytest.mark.parametrize("tol", [float("nan"), -1.0, float("inf"), "1e-6", True])
 def test_a_tolerance_that_would_pass_anything_is_refused(rng, tol):
@@ -312,11 +313,7 @@ def test_rejects_the_higher_copy_taking_the_last_place(rng):
     p.key_gscale[:] = p.key_gscale[0]  # one global scale: equal bytes are equal keys
     idx, _ = ref(p)
     src = int(idx[0, p.top_k - 1])
-    b0, e0 = slot(p, 0, src)
-    for s in rng.choice(np.setdiff1d(np.arange(64), idx[0]), size=3, replace=False):
-        b, e = slot(p, 0, int(s))
-        p.keys_fp4[b, e] = p.keys_fp4[b0, e0]
-        p.key_scale[b, e] = p.key_scale[b0, e0]
+    copy_key(p, 0, src, rng.choice(np.setdiff1d(np.arange(64), idx[0]), size=3, replace=False))
     idx, sc = ref(p)
     testing.check_topk(p, idx, sc)
     group = np.flatnonzero(testing._key_groups(p, 0, 64)[0] == testing._key_groups(p, 0, 64)[0][src])
