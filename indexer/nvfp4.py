@@ -335,5 +335,6 @@ def dequantize(codes, scales, global_scale):
     g = xp.broadcast_to(_check_global_scale(xp, global_scale, batch_shape), batch_shape)
     elems = _e2m1_values(xp, _unpack(xp, codes)).reshape(batch_shape + (d // GROUP, GROUP))
     blockwise = elems * _e4m3_values(xp, scales)[..., None]  # exact in float32
-    out = blockwise.reshape(batch_shape + (d,)) * g[..., None]
+    with np.errstate(over="ignore"):  # a key past float32's range decodes to +-inf (README: "Infinities")
+        out = blockwise.reshape(batch_shape + (d,)) * g[..., None]
     return out.astype(xp.float32, copy=False)

@@ -134,8 +134,11 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         prob = _validate.check_score_topk(*host, top_k, values=True, cu_seqlens=cu)
         targets = None if out is None else outbuf.check_host(out, prob.T, prob.top_k, return_scores)
         if targets is not None:  # the result is written after it is computed, but into the caller's inputs
-            named = (*zip(_NAMES, host), *_readers)
-            outbuf.check_apart(targets, return_scores, [(name, arrays.byte_extent(x)) for name, x in named])
+            # the caller's own arrays' memory: a host copy (a bfloat16 or float8 tensor's
+            # widened q, a negated view resolved) shares none with what out would overwrite
+            named = [(name, arrays.byte_extent(x) or arrays.byte_extent(h)) for name, x, h in zip(_NAMES, inputs, host)]
+            named += [(name, arrays.byte_extent(x)) for name, x in _readers]
+            outbuf.check_apart(targets, return_scores, named)
         result = reference.checked_score_topk(*host, int(top_k), return_scores=return_scores, physical=physical)
         if targets is None:
             return result

@@ -643,7 +643,9 @@ class KeyPool:
         T = _validate.query_rows(q)  # before the offsets are checked against it
         cu = as_array(xp, cu_seqlens_q, "cu_seqlens_q")
         table = self.block_table(ids)
-        if valid_lens is None or kwargs.get("validate", True) is not False:
+        # the NumPy backend always checks values (the README): a host call with validate=False too
+        if (valid_lens is None or kwargs.get("validate", True) is not False
+                or ops._pick_backend(kwargs.get("backend", "auto"), (q, w, self.keys_fp4)) == "numpy"):
             # the offsets checked before they size anything: each sequence's length repeated
             # over its rows, the rows' lengths (default) or their bound (valid_lens given:
             # a row seeing past its sequence's end would read entries never written to it)

@@ -34,10 +34,46 @@ def _count(name, v, low, high):
     return int(v)
 
 
-def _check_row(keys_fp4, block_table_row, n, start=0):
+def _check_pool(keys_fp4, key_scale, key_gscale):
+    """The pool arrays' types and shapes (NumPy arrays: uint8 (P, E, D/2) codes, uint8
+    (P, E, D/16) scales, real (P,) global scales): TypeError / ValueError naming the array.
+    Returns D."""
+    for name, x, ndim, kinds in (("keys_fp4", keys_fp4, 3, "u"), ("key_scale", key_scale, 3, "u"),
+                                 ("key_gscale", key_gscale, 1, "iuf")):
+        if not isinstance(x, np.ndarray) or x.dtype.kind not in kinds or (kinds == "u" and x.dtype != np.uint8):
+            want = "uint8" if kinds == "u" else "real"
+            raise TypeError(f"{name}: expected a {want} NumPy array, got {getattr(x, 'dtype', type(x).__name__)}")
+        if x.ndim != ndim:
+            raise ValueError(f"{name}: expected {ndim} dimensions, got shape {x.shape}")
+    P, E, half_d = keys_fp4.shape
+    D = 2 * half_d
+    if P < 1 or E < 1 or D % 32:
+        raise ValueError(f"keys_fp4: expected shape (P, E, D/2) with P, E >= 1 and D a multiple of 32, "
+                         f"got {keys_fp4.shape}")
+    if key_scale.shape != (P, E, D // 16):
+        raise ValueError(f"key_scale: expected shape {(P, E, D // 16)} for keys_fp4 of shape {keys_fp4.shape}, "
+                         f"got {key_scale.shape}")
+    if key_gscale.shape != (P,):
+        raise ValueError(f"key_gscale: expected shape ({P},), got {key_gscale.shape}")
+    return D
+
+
+def _check_query(q_t, w_t, D, lead=()):
+    """A query's shapes against the pool's D: ``q_t`` lead + (H, D), ``w_t`` lead + (H,);
+    ValueError naming the array (``lead``: (T,) for a batch of queries)."""
+    q_shape, w_shape = np.shape(q_t), np.shape(w_t)
+    k = len(lead)
+    if len(q_shape) != k + 2 or q_shape[:k] != lead or q_shape[-1] != D or q_shape[-2] < 1:
+        raise ValueError(f"q: expected shape {lead + ('H', D)} for the pool's D = {D}, got {q_shape}")
+    if w_shape != q_shape[:-1]:
+        raise ValueError(f"w: expected shape {q_shape[:-1]} (one weight a head), got {w_shape}")
+
+
+def _check_row(keys_fp4, key_gscale, block_table_row, n, start=0):
     """A row's ``n`` visible entries (from ``start``) and the blocks holding them: ValueError
-    / TypeError naming ``n``, ``start`` or ``block_table_row`` where they leave the row or
-    the pool. Returns n."""
+    / TypeError naming ``n``, ``start``, ``block_table_row`` or ``key_gscale`` where they
+    leave the row or the pool, or a visible block's global scale is not finite and > 0.
+    Returns n."""
     row = np.asarray(block_table_row)
     if row.ndim != 1 or row.dtype.kind not in "iu":
         raise TypeError(f"block_table_row: expected a 1-D integer array, got {row.dtype} {row.shape}")
@@ -47,6 +83,9 @@ def _check_row(keys_fp4, block_table_row, n, start=0):
     visible = row[: -(-n // E)]
     if visible.size and (int(visible.min()) < 0 or int(visible.max()) >= P):
         raise ValueError(f"block_table_row: expected the ids of the {visible.size} blocks holding entries in [0, {P})")
+    g = key_gscale[visible].astype(np.float32)  # (decoded as its float32 value)
+    if not np.all(np.isfinite(g) & (g > 0)):
+        raise ValueError("key_gscale: expected finite values > 0 for the blocks holding visible entries")
     return n
 
 
@@ -55,7 +94,8 @@ def row_keys(keys_fp4, key_scale, key_gscale, block_table_row, n, start=0):
 
     Entry ``s`` lives in physical block ``block_table_row[s // E]``, slot ``s % E``.
     """
-    n = _check_row(keys_fp4, block_table_row, n, start)
+    _check_pool(keys_fp4, key_scale, key_gscale)
+    n = _check_row(keys_fp4, key_gscale, block_table_row, n, start)
     return _entry_keys(keys_fp4, key_scale, key_gscale, block_table_row, np.arange(start, n))
 
 
@@ -74,7 +114,8 @@ def key_groups(keys_fp4, key_scale, key_gscale, block_table_row, n):
     """Entries ``0 .. n-1`` of one row numbered by their stored key: int64 (n,), equal
     exactly where the codes, scales and (float32) global scale are byte for byte the same.
     Such entries score exactly equal in every precision, so the tie rule orders them by index."""
-    n = _check_row(keys_fp4, block_table_row, n)
+    _check_pool(keys_fp4, key_scale, key_gscale)
+    n = _check_row(keys_fp4, key_gscale, block_table_row, n)
     return _groups_and_firsts(keys_fp4, key_scale, key_gscale, block_table_row, n)[0]
 
 
@@ -110,7 +151,8 @@ def _first_of_key(keys_fp4, key_scale, key_gscale, block_table_row, n):
 def row_scores(q_t, w_t, keys_fp4, key_scale, key_gscale, block_table_row, n, chunk=16384):
     """float64 scores (n,) of one query: ``sum_h w[h] * max(0, q[h] . k[s])``; NaN propagates.
     Entries with identical stored keys get bit-identical scores."""
-    n = _check_row(keys_fp4, block_table_row, n)
+    _check_query(q_t, w_t, _check_pool(keys_fp4, key_scale, key_gscale))
+    n = _check_row(keys_fp4, key_gscale, block_table_row, n)
     _count("chunk", chunk, 1, 2**62)
     first = _first_of_key(keys_fp4, key_scale, key_gscale, block_table_row, n)
     return _scores_by_key(q_t, w_t, lambda s: _entry_keys(keys_fp4, key_scale, key_gscale, block_table_row, s),
@@ -203,8 +245,9 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     for name, x, ndim in (("w", w, 2), ("block_table", block_table, 2), ("valid_lens", valid_lens, 1)):
         if np.ndim(x) != ndim or np.shape(x)[0] != T:
             raise ValueError(f"{name}: expected {ndim} dimensions and {T} rows (one a query), got shape {np.shape(x)}")
+    _check_query(q, w, _check_pool(keys_fp4, key_scale, key_gscale), (T,))
     for t in range(T):
-        _check_row(keys_fp4, block_table[t], valid_lens[t])
+        _check_row(keys_fp4, key_gscale, block_table[t], valid_lens[t])
     return checked_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
                               return_scores=return_scores, physical=physical)
 
@@ -232,7 +275,10 @@ def checked_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid
             else:
                 s = row_scores(q[t], w[t], keys_fp4, key_scale, key_gscale, block_table[t], n)
             indices[t], sc = select_top_k(s, top_k)
-            scores[t] = sc.astype(np.float32)
+            # a score past float32's range returns as +-inf; a negative one too small for
+            # float32 rounds to -0, returned as +0 like every zero score (+ 0 folds it)
+            with np.errstate(over="ignore"):
+                scores[t] = sc.astype(np.float32) + np.float32(0.0)
     if physical:
         indices = to_physical(indices, block_table, keys_fp4.shape[1])
     return (indices, scores) if return_scores else indices

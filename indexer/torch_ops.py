@@ -54,7 +54,7 @@ if not hasattr(torch.library, "register_fake"):  # the fake implementations belo
     raise ImportError(f"indexer.torch_ops: needs PyTorch 2.4 or later (torch.library.register_fake), "
                       f"found {torch.__version__}")
 
-from . import arrays, keywrite, ops, validate as _validate  # noqa: E402
+from . import arrays, keywrite, ops, outbuf, validate as _validate  # noqa: E402
 from .workspace import Workspace  # noqa: E402
 
 __all__ = ["score_topk", "score_topk_ragged", "write_keys", "workspace"]
@@ -92,6 +92,7 @@ def _call(public, tensors, top_k, precision, physical, validate, out=None):
     the float32 scores), or into new result tensors when it is None; returns what it wrote."""
     top_k = _validate.check_top_k(top_k)
     tensors = [t.detach() if t.requires_grad else t for t in tensors]  # DLPack refuses tensors that require grad
+    callers_out = out is not None
     if out is None:
         out = _results(tensors[0], top_k)
     kwargs = dict(precision=precision, return_scores=isinstance(out, tuple), physical=physical)
@@ -108,7 +109,13 @@ def _call(public, tensors, top_k, precision, physical, validate, out=None):
         else:
             step(*tensors, out=out)
     else:
-        public(*_host_views(public, tensors), top_k, backend="numpy", out=_host_out(out), **kwargs)
+        views, targets = _host_views(public, tensors), _host_out(out)
+        if callers_out:  # apart from the tensors themselves: a bfloat16 or float8 q's view is a widened copy
+            outs = out if isinstance(out, tuple) else (out,)
+            names = ("out[0]", "out[1]") if isinstance(out, tuple) else ("out",)
+            outbuf.check_apart_extents([(n, arrays.byte_extent(o)) for n, o in zip(names, outs)],
+                                       [(n, arrays.byte_extent(t)) for n, t in zip(_names(public), tensors)])
+        public(*views, top_k, backend="numpy", out=targets, **kwargs)
     return out
 
 

@@ -203,6 +203,23 @@ API = [
     ("reference valid_lens past the row", lambda: reference_with(valid_lens=np.array([20, 49, 0], np.int32)),
      ValueError, "n"),
     ("reference top_k bool", lambda: reference_with(top_k=True), TypeError, "top_k"),
+    # the pool's and the query's shapes and types (before: an IndexError, an AxisError, NumPy's matmul error)
+    ("reference key_gscale short", lambda: reference_with(key_gscale=problem().key_gscale[:1].copy()),
+     ValueError, "key_gscale"),
+    ("reference key_scale short", lambda: reference_with(key_scale=problem().key_scale[:1].copy()),
+     ValueError, "key_scale"),
+    ("reference keys_fp4 2-D", lambda: reference_with(keys_fp4=problem().keys_fp4[:, 0].copy()),
+     ValueError, "keys_fp4"),
+    ("reference keys_fp4 int8", lambda: reference_with(keys_fp4=problem().keys_fp4.view(np.int8)),
+     TypeError, "keys_fp4"),
+    ("reference w heads", lambda: reference_with(w=problem().w[:, :3].copy()), ValueError, "w"),
+    ("reference q head dim", lambda: reference_with(q=np.ones((3, 8, 32), np.float32)), ValueError, "q"),
+    ("reference key_gscale NaN", lambda: reference_with(key_gscale=np.full(problem().key_gscale.shape, np.nan,
+                                                                           np.float32)), ValueError, "key_gscale"),
+    ("reference row_scores w heads", lambda: (lambda: indexer.reference.row_scores(
+        row_args()[0], row_args()[1][:3], *row_args()[2:])), ValueError, "w"),
+    ("reference row_keys key_scale short", lambda: (lambda: indexer.reference.row_keys(
+        row_args()[2], row_args()[3][:1], *row_args()[4:6], 10)), ValueError, "key_scale"),
     ("reference ragged offsets short", lambda: (lambda: indexer.reference.score_topk_ragged(
         *problem().arrays()[:5], problem().block_table[:1].copy(), np.array([0, 7], np.int32), problem().valid_lens, 5)),
      ValueError, "cu_seqlens_q"),
@@ -222,6 +239,10 @@ API = [
     ("KeyPool score_topk valid_lens past the sequence", lambda: pool_call(
         "score_topk", np.ones((1, 2, 32), np.float32), np.ones((1, 2), np.float32), [0], 3,
         cu_seqlens_q=np.array([0, 1], np.int32), valid_lens=np.array([4], np.int32)), ValueError, "valid_lens"),
+    ("KeyPool score_topk valid_lens past the sequence, validate=False on the host", lambda: pool_call(
+        "score_topk", np.ones((1, 2, 32), np.float32), np.ones((1, 2), np.float32), [0], 3,
+        cu_seqlens_q=np.array([0, 1], np.int32), valid_lens=np.array([4], np.int32), validate=False,
+        backend="numpy"), ValueError, "valid_lens"),
     ("KeyPool score_topk grouped 2-D q", lambda: pool_call(
         "score_topk", np.ones((2, 32), np.float32), np.ones((2, 2), np.float32), [0], 3,
         cu_seqlens_q=np.array([0, 2], np.int32)), ValueError, "q"),

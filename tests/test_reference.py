@@ -8,6 +8,7 @@ sorts with ``sorted`` on (-score, s), skipping NaN.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -413,6 +414,35 @@ def test_negative_zero_scores_tie_with_zero(rng):
     assert sc.tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, -2.0]
     idx, sc = reference.select_top_k(scores, 9)
     assert idx.tolist()[6:] == [-1, -1, -1] and np.all(np.isneginf(sc[6:]))
+
+
+def test_a_negative_score_below_float32_returns_as_plus_zero():
+    """A negative float64 score too small for float32 rounds to -0 there: returned as +0.0,
+    as every zero score is (README, "A zero score's sign"); the GPU paths fold -0 alike."""
+    codes, scales, g = indexer.nvfp4.quantize(np.ones((1, 1, 32), np.float32))
+    q = np.full((1, 1, 32), 1e-30, np.float32)
+    w = np.full((1, 1), -1e-30, np.float32)  # score -32e-60: below float32's smallest subnormal
+    for call in (reference.score_topk, lambda *a, **k: indexer.score_topk(*a, **k, backend="numpy")):
+        idx, sc = call(q, w, codes, scales, np.full(1, g, np.float32), np.zeros((1, 1), np.int32),
+                       np.ones(1, np.int32), 1, return_scores=True)
+        assert idx.tolist() == [[0]] and sc[0, 0] == 0.0 and not np.signbit(sc[0, 0])
+
+
+def test_keys_and_scores_past_float32_warn_nothing(rng):
+    """A key decoding past float32's range (+-inf) and a score past it (+-inf) are defined
+    corners (README, "Infinities"): no RuntimeWarning escapes, which a caller running with
+    warnings as errors would get as an exception."""
+    keys_past = make_problem(rng, T=2, H=2, D=32, E=8, lens=[12, 5], top_k=4)
+    keys_past["key_gscale"][:] = 3e38  # e2m1 x e4m3 x 3e38 leaves float32 for most codes
+    scores_past = make_problem(rng, T=2, H=2, D=32, E=8, lens=[12, 5], top_k=4)
+    scores_past["key_gscale"][:] = 1e30
+    scores_past["q"] *= np.float32(1e8)  # keys ~1e30-1e33 (finite), dots past 3.4e38
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for p in (keys_past, scores_past):
+            idx, sc = reference.score_topk(*args_of(p), return_scores=True)
+            indexer.score_topk(*args_of(p), backend="numpy")
+    assert np.isposinf(sc[idx >= 0]).any()  # the case is the one meant: a score past float32
 
 
 def test_to_physical(rng):

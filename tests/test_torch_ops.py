@@ -235,6 +235,32 @@ def test_a_narrow_query_on_the_cpu_is_scored_as_its_float32_values(dtype):
         assert np.asarray(got[1]).tobytes() == want[1].tobytes()
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_out_overlapping_a_narrow_cpu_query_is_refused_and_the_query_kept(dtype):
+    """A bfloat16 or float8 query is read through a widened copy: out= is still checked
+    against the caller's tensor itself (before, out was written over q's memory), by the
+    public call and the operators, the grouped forms too."""
+    p = testing.random_problem(np.random.default_rng(76), T=2, H=4, D=64, E=8, lens=[20, 30], top_k=4)
+    x = tensors(p)
+    buf = torch.zeros(p.q.size + 64, dtype=torch.int32)  # q's bytes, then room: out starts inside q
+    q = buf.view(getattr(torch, dtype))[: p.q.size].view(p.q.shape)
+    q.copy_(x[0].to(q.dtype))
+    kept = q.view(torch.uint8).clone()
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    table, lens = x[5][:1].clone(), torch.tensor([20, 11], dtype=torch.int32)  # both rows within row 0's blocks
+    calls = [lambda out: score_topk(q, *x[1:], 4, backend="numpy", out=out.numpy()),
+             lambda out: iops.score_topk(q, *x[1:], 4, out=out),
+             lambda out: score_topk_ragged(q, *x[1:5], table, cu, lens, 4, backend="numpy", out=out.numpy()),
+             lambda out: iops.score_topk_ragged(q, *x[1:5], table, cu, lens, 4, out=out)]
+    for call in calls:
+        with pytest.raises(ValueError, match="^out: expected memory of its own, got an array overlapping q"):
+            call(buf[:8].view(2, 4))
+        assert torch.equal(q.view(torch.uint8), kept)
+    with pytest.raises(ValueError, match=r"^out\[1\]: expected memory of its own, got an array overlapping q"):
+        iops.score_topk(q, *x[1:], 4, out=(torch.zeros((2, 4), dtype=torch.int32), buf[:8].view(torch.float32).view(2, 4)))
+    assert torch.equal(q.view(torch.uint8), kept)
+
+
 def test_public_calls_take_cpu_tensors_and_refuse_what_numpy_cannot_hold_by_name():
     """The public calls on CPU tensors (the NumPy backend): the grouped call with its table
     and offsets as tensors gives the arrays' answer; a bfloat16 ``w`` (NumPy has none) and a
