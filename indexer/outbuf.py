@@ -45,8 +45,11 @@ OUT_DTYPE_NAMES = tuple(d.name for d in OUT_DTYPES)  # named once here (prepared
 
 
 def _wrong_array(name, x, dtype, shape):
-    return ValueError(f"{name}: expected {np.dtype(dtype).name} of shape (T, top_k) = {shape}, "
-                      f"got {x.dtype} of shape {tuple(x.shape)}")
+    """The error for ``out`` array ``x`` of the wrong dtype or shape: TypeError where its
+    dtype is wrong (as for any input of a wrong type, semantics.md), else ValueError."""
+    error = TypeError if arrays.dtype_name(x) != np.dtype(dtype).name else ValueError
+    return error(f"{name}: expected {np.dtype(dtype).name} of shape (T, top_k) = {shape}, "
+                 f"got {x.dtype} of shape {tuple(x.shape)}")
 
 
 def _check(name, x, dtype, shape):

@@ -391,8 +391,9 @@ class PreparedCall:
                 raise TypeError(f"{name}: expected a {typ.__module__}.{typ.__name__} like q, "
                                 f"got {type(x).__module__}.{type(x).__name__}")
             if x.shape != shape or arrays.dtype_name(x) != dtype:  # (names kept by dtype object)
-                raise ValueError(f"{name}: expected {dtype} of shape (T, top_k) = {shape}, "
-                                 f"got {x.dtype} of shape {tuple(x.shape)}")
+                error = TypeError if arrays.dtype_name(x) != dtype else ValueError  # as outbuf's
+                raise error(f"{name}: expected {dtype} of shape (T, top_k) = {shape}, "
+                            f"got {x.dtype} of shape {tuple(x.shape)}")
             if self._torch_slots[0]:  # out is of q's framework
                 if not x.is_contiguous():
                     raise ValueError(f"{name}: expected a C-contiguous array")

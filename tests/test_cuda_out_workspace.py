@@ -96,7 +96,7 @@ def test_bad_device_out_names_the_argument():
         indexer.score_topk(*dev, p.top_k, out=cp.empty((3, 13), dtype=cp.int32))
     with pytest.raises(ValueError, match="^out: expected a C-contiguous"):
         indexer.score_topk(*dev, p.top_k, out=cp.empty((12, 3), dtype=cp.int32).T)
-    with pytest.raises(ValueError, match="^out\\[1\\]: expected float32"):
+    with pytest.raises(TypeError, match="^out\\[1\\]: expected float32"):
         indexer.score_topk(*dev, p.top_k, return_scores=True,
                            out=(cp.empty((3, 12), dtype=cp.int32), cp.empty((3, 12), dtype=cp.float64)))
 

@@ -239,7 +239,7 @@ def test_arrays_off_their_element_alignment_and_dtypes_cupy_lacks_are_refused_by
     tensors = [torch.from_numpy(a).cuda() for a in p.arrays()]
     with pytest.raises(TypeError, match="^w: expected dtype float32, got torch.bfloat16"):
         indexer.score_topk(tensors[0], tensors[1].to(torch.bfloat16), *tensors[2:], 8)
-    with pytest.raises(ValueError, match=r"^out\[1\]: expected float32 of shape \(T, top_k\) = \(2, 8\), got torch.bfloat16"):
+    with pytest.raises(TypeError, match=r"^out\[1\]: expected float32 of shape \(T, top_k\) = \(2, 8\), got torch.bfloat16"):
         indexer.score_topk(*tensors, 8, return_scores=True,
                            out=(torch.empty((2, 8), dtype=torch.int32, device="cuda"),
                                 torch.empty((2, 8), dtype=torch.bfloat16, device="cuda")))

@@ -47,7 +47,7 @@ def test_bad_out_tensors_name_the_argument():
         indexer.score_topk(*x, p.top_k, out=cp.empty((3, 12), dtype=cp.int32))
     with pytest.raises(TypeError, match="^out: expected a PyTorch CUDA tensor"):
         indexer.score_topk(*x, p.top_k, out=torch.empty((3, 12), dtype=torch.int32))  # on the host
-    with pytest.raises(ValueError, match="^out: expected int32"):
+    with pytest.raises(TypeError, match="^out: expected int32"):
         indexer.score_topk(*x, p.top_k, out=torch.empty((3, 12), dtype=torch.int64, device="cuda"))
     with pytest.raises(ValueError, match="^out: expected a C-contiguous"):
         indexer.score_topk(*x, p.top_k, out=torch.empty((12, 3), dtype=torch.int32, device="cuda").t())

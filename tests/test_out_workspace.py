@@ -107,7 +107,7 @@ def bad_outs(p):
     read_only = idx.copy()
     read_only.flags.writeable = False
     return [
-        ("int64", dict(out=np.zeros((T, k), dtype=np.int64)), ValueError, r"^out: expected int32 of shape \(T, top_k\)"),
+        ("int64", dict(out=np.zeros((T, k), dtype=np.int64)), TypeError, r"^out: expected int32 of shape \(T, top_k\)"),
         ("shape", dict(out=np.zeros((T, k + 1), dtype=np.int32)), ValueError, r"^out: expected int32 of shape \(T, top_k\) = "),
         ("transposed", dict(out=np.zeros((k, T), dtype=np.int32).T), ValueError, "^out: expected a C-contiguous"),
         ("read-only", dict(out=read_only), ValueError, "^out: expected a writeable"),
@@ -115,8 +115,8 @@ def bad_outs(p):
         ("pair without scores", dict(out=(idx, sc)), TypeError, "^out: expected one int32"),
         ("single with scores", dict(out=idx, return_scores=True), TypeError, r"^out: expected a pair \(indices, scores\)"),
         ("triple", dict(out=(idx, sc, sc), return_scores=True), TypeError, "^out: expected a pair"),
-        ("scores int32", dict(out=(idx, idx.copy()), return_scores=True), ValueError, "^out\\[1\\]: expected float32"),
-        ("indices float", dict(out=(sc.copy(), sc), return_scores=True), ValueError, "^out\\[0\\]: expected int32"),
+        ("scores int32", dict(out=(idx, idx.copy()), return_scores=True), TypeError, "^out\\[1\\]: expected float32"),
+        ("indices float", dict(out=(sc.copy(), sc), return_scores=True), TypeError, "^out\\[0\\]: expected int32"),
     ]
 
 

@@ -207,7 +207,7 @@ def test_bad_out_is_refused_by_name_and_left_as_it_was():
     x = tensors(p)
     scores = torch.full((2, 8), 2.5)
     cases = [(torch.zeros((2, 7), dtype=torch.int32), ValueError, "^out: expected int32 of shape"),
-             (torch.zeros((2, 8), dtype=torch.int64), ValueError, "^out: expected int32"),
+             (torch.zeros((2, 8), dtype=torch.int64), TypeError, "^out: expected int32"),
              ((torch.zeros((2, 8), dtype=torch.int32), scores.to(torch.bfloat16)), TypeError, r"^out\[1\]: expected")]
     for out, error, message in cases:
         with pytest.raises(error, match=message):
