@@ -198,7 +198,7 @@ def demo(ctx, backend, precision, seed, T, N, top_k, show, device, as_json):
     _use_device(device, backend)
     chosen = _resolve_backend(backend)
     if chosen == "cuda" and not arrays.gpu_available():
-        raise RuntimeError("backend 'cuda': CuPy with a usable CUDA GPU is required (pip install 'indexer[cuda13]')")
+        raise RuntimeError("backend 'cuda': CuPy with a usable CUDA GPU is required (pip install cupy-cuda13x for CUDA 13 or cupy-cuda12x for CUDA 12)")
     rng = np.random.default_rng(seed)
     blocks = T * -(-N // E)
     if blocks * E > 2**31 - 1:  # the pool's int32 slots, said in the options' own terms
@@ -669,7 +669,7 @@ def plot(input_path, out, kind, query, top_k, backend, as_json):
     with the visible length of each query, and 'scores' the histogram of every visible
     entry's score of query --query (float64 reference) with the k-th score marked. For
     --kind bench, INPUT is the JSON of 'indexer bench --json'. Needs matplotlib
-    (pip install 'indexer[plot]').
+    (pip install matplotlib).
 
     \b
     Examples:

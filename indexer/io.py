@@ -102,9 +102,8 @@ def _safetensors(path):
         import safetensors.numpy  # noqa: PLC0415, F401
     except ImportError:
         raise ValueError(
-            f"{path}: .safetensors files need the 'safetensors' package (pip install safetensors, or the "
-            "project's extra: pip install \"indexer[safetensors]\", which also brings ml_dtypes for bfloat16 "
-            "and float8)"
+            f"{path}: .safetensors files need the 'safetensors' package (pip install safetensors, "
+            "and ml_dtypes for bfloat16 and float8 arrays)"
         ) from None
     return safetensors
 

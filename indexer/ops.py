@@ -21,7 +21,7 @@ def _pick_backend(backend: str, inputs) -> str:
         # cannot run on, by name); host arrays go to the GPU only where the kernels run
         return "cuda" if any(arrays.is_device_array(x) for x in inputs) or arrays.gpu_supported() else "numpy"
     if backend == "cuda" and not arrays.gpu_available():
-        raise RuntimeError("backend='cuda': CuPy with a usable CUDA GPU is required (pip install 'indexer[cuda13]')")
+        raise RuntimeError("backend='cuda': CuPy with a usable CUDA GPU is required (pip install cupy-cuda13x for CUDA 13 or cupy-cuda12x for CUDA 12)")
     return backend
 
 

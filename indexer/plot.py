@@ -1,6 +1,6 @@
 """Plots of what the indexer selects and how fast it runs (matplotlib, the ``plot`` extra).
 
-    pip install 'indexer[plot]'
+    pip install matplotlib        (or, from a checkout of this project: pip install ".[plot]")
 
 * ``selection_map(indices, valid_lens)``: which entries each query selects (query on y,
   entry on x); for a prefill the causal staircase.
@@ -26,7 +26,7 @@ from . import arrays
 
 __all__ = ["selection_map", "score_distribution", "benchmark_bars", "require_matplotlib", "RASTER_ABOVE", "MAX_BINS"]
 
-_MISSING = "indexer.plot needs matplotlib: pip install 'indexer[plot]'"
+_MISSING = "indexer.plot needs matplotlib: pip install matplotlib"
 #: above this many selected (query, entry) pairs the selection map is a raster, not a scatter
 RASTER_ABOVE = 100_000
 #: the raster's largest size in bins along each axis

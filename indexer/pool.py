@@ -182,7 +182,7 @@ def _parse_device(device):
     cp = arrays.cupy()
     if cp is None:
         raise RuntimeError(f"device={device!r}: CuPy with a usable CUDA GPU is required "
-                           "(pip install 'indexer[cuda13]')")
+                           "(pip install cupy-cuda13x for CUDA 13 or cupy-cuda12x for CUDA 12)")
     index = cp.cuda.runtime.getDevice() if match.group(1) is None else int(match.group(1))  # pragma: no cover
     count = cp.cuda.runtime.getDeviceCount()  # pragma: no cover
     if index >= count:  # pragma: no cover
@@ -205,7 +205,7 @@ def _safetensors():
         import safetensors.numpy  # noqa: PLC0415, F401
     except ImportError as e:
         raise ImportError(".safetensors files need the optional 'safetensors' package "
-                          "(pip install safetensors, or indexer[safetensors])") from e
+                          "(pip install safetensors)") from e
     return safetensors
 
 

@@ -118,7 +118,7 @@ class Workspace:
         device's buffers of now as kept once outgrown (see the module docstring). ~4.2-4.6 us
         of host time a call (docs/performance.md v88). RuntimeError without CuPy and a GPU."""
         if arrays.cupy() is None:  # (cached: nothing on the hot path)
-            raise RuntimeError("Workspace.turn: needs CuPy and a CUDA GPU (pip install 'indexer[cuda13]')")
+            raise RuntimeError("Workspace.turn: needs CuPy and a CUDA GPU (pip install cupy-cuda13x for CUDA 13 or cupy-cuda12x for CUDA 12)")
         return _Turn(self)
 
     @contextlib.contextmanager
@@ -145,7 +145,7 @@ class Workspace:
             raise ValueError(f"device: expected a CUDA device number >= 0, got {device}")
         cp = arrays.cupy()
         if cp is None:
-            raise RuntimeError("Workspace.reserve: needs CuPy and a CUDA GPU (pip install 'indexer[cuda13]')")
+            raise RuntimeError("Workspace.reserve: needs CuPy and a CUDA GPU (pip install cupy-cuda13x for CUDA 13 or cupy-cuda12x for CUDA 12)")
         count = cp.cuda.runtime.getDeviceCount()  # gpu-only
         if device is not None and device >= count:  # gpu-only
             raise ValueError(f"device: {device}, but CuPy sees {count} CUDA device(s)")

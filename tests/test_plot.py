@@ -17,7 +17,7 @@ from indexer import arrays, causal_lens, cli, io, plot, reference, score_topk_ra
 from indexer.pool import KeyPool  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-MISSING = "indexer.plot needs matplotlib: pip install 'indexer[plot]'"
+MISSING = "indexer.plot needs matplotlib: pip install matplotlib"
 
 
 @pytest.fixture(autouse=True)
