@@ -140,9 +140,10 @@ def read_arrays(path) -> dict[str, np.ndarray]:
         raise ValueError(f"{path}: not a readable .npz file ({problem})")
     try:
         if fmt == ".npy":
-            return {p.stem: np.load(p, allow_pickle=False)}
-        with np.load(p, allow_pickle=False) as npz:
-            found = {name: npz[name] for name in npz.files}
+            found = {p.stem: np.load(p, allow_pickle=False)}
+        else:
+            with np.load(p, allow_pickle=False) as npz:
+                found = {name: npz[name] for name in npz.files}
     except MemoryError:  # an array larger than memory, or a corrupt header claiming one
         raise ValueError(f"{path}: an array in it needs more memory than is free (or its header is corrupt)") from None
     except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
@@ -152,6 +153,9 @@ def read_arrays(path) -> dict[str, np.ndarray]:
     for name, a in found.items():
         if not isinstance(a, np.ndarray):  # a zip member not written by NumPy comes back as its bytes
             raise ValueError(f"{path}: member {name!r} is not a NumPy .npy array")
+        if a.dtype.kind == "V" and a.dtype.names is None:  # how NumPy saves ml_dtypes' bfloat16 and float8
+            raise ValueError(f"{path}: array {name!r} holds raw {a.dtype.itemsize}-byte values ({a.dtype.str}), "
+                             f"as {fmt} keeps a bfloat16 or float8 array: save it as float32, or in .safetensors")
     return found
 
 

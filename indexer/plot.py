@@ -150,6 +150,10 @@ def selection_map(indices, valid_lens=None, *, ax=None, title=None, raster=None)
         ax.legend(loc="upper right", fontsize="small")
     ax.set_xlim(-0.5, width - 0.5)
     ax.set_ylim(T - 0.5, -0.5)  # query 0 at the top, as in an attention matrix
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415  (optional dependency, imported on use)
+
+    for axis in (ax.xaxis, ax.yaxis):  # queries and entries are whole numbers: no tick at 0.25
+        axis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("entry (key position)")
     ax.set_ylabel("query")
     ax.set_title(title if title is not None else f"top-{k} selection of {T} queries ({rows.size} selected)")

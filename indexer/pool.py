@@ -550,11 +550,11 @@ class KeyPool:
                     arrays.refused(("keys",), (keys,), exc)
         if not np.issubdtype(k.dtype, np.floating):
             raise TypeError(f"keys: expected a float array, got dtype {k.dtype}")
+        given = tuple(k.shape)  # (named as the caller gave it)
         if k.ndim == 1:
             k = k[None, :]
         if k.ndim != 2 or k.shape[1] != self.head_dim:
-            raise ValueError(f"keys: expected shape (n, {self.head_dim}) or ({self.head_dim},), "
-                             f"got {tuple(k.shape)}")
+            raise ValueError(f"keys: expected shape (n, {self.head_dim}) or ({self.head_dim},), got {given}")
         with self._on_device(), np.errstate(over="ignore"):  # float64 overflow -> Inf, caught below
             k = self._xp.ascontiguousarray(k, dtype=self._xp.float32)
             if not check:

@@ -90,7 +90,9 @@ def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
     ratio : int                    tokens pooled into one compressed entry (4 in V4's CSA)
     context_lens : None or int (B,)  tokens already in each sequence (cached prefix)
     """
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, np.integer)) or ratio < 1:
+    if isinstance(ratio, (bool, np.bool_)) or not isinstance(ratio, (int, np.integer)):
+        raise TypeError(f"ratio: expected a positive int, got {type(ratio).__name__} {ratio!r}")
+    if ratio < 1:
         raise ValueError(f"ratio: expected a positive int, got {ratio!r}")
     # the arithmetic below is int64's; a ratio past every position (< 2**62 + T) sees nothing
     # either way, so the largest int64 stands for any larger one
@@ -106,7 +108,7 @@ def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
         ctx = xp.zeros(T, dtype=xp.int64)
     else:
         context = arrays.as_array(xp, context_lens, "context_lens")
-        if context.dtype.kind not in "iu":
+        if context.dtype.kind not in "iu" and not (context.size == 0 and B == 0):  # ([] of B = 0: float64)
             raise TypeError(f"context_lens: expected integers, got dtype {context.dtype}")
         if context.shape != (B,):
             raise ValueError(f"context_lens: expected shape ({B},), got {tuple(context.shape)}")

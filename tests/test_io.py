@@ -106,6 +106,21 @@ def test_bfloat16_and_float8_go_to_safetensors_bit_for_bit_and_are_refused_by_np
         assert not (tmp_path / f"q{fmt}").exists()
 
 
+@pytest.mark.parametrize("kind", ("bfloat16", "float8_e4m3fn"))
+def test_a_bfloat16_or_float8_array_numpy_saved_itself_is_named_on_reading(tmp_path, rng, kind):
+    """NumPy's own np.savez / np.save keep such an array as raw bytes (|V2, |V1), which read
+    back as no number type: the reader says so, naming the array and the way out (before:
+    the CLI's "q: expected dtype ... got |V2")."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q = rng.standard_normal((2, 4, 32)).astype(getattr(ml_dtypes, kind))
+    np.savez(tmp_path / "p.npz", q=q, w=np.ones((2, 4), np.float32))
+    np.save(tmp_path / "q.npy", q)
+    for name in ("p.npz", "q.npy"):
+        with pytest.raises(ValueError, match=f"array 'q' holds raw {q.itemsize}-byte values .* save it as float32, "
+                                             "or in .safetensors"):
+            io.read_arrays(tmp_path / name)
+
+
 def test_a_float8_tensor_saved_by_hand_is_read_and_a_corrupt_one_is_named(tmp_path):
     """An F8_E4M3 tensor as any writer lays it out (header JSON, then its bytes), which
     safetensors' NumPy reader cannot name; the same file cut short is refused by path."""

@@ -474,3 +474,12 @@ def test_score_distribution_caps_a_rules_bins_and_refuses_unordered_edges(monkey
         plot.score_distribution(np.arange(100.0), bins="sqrt")
     with pytest.raises(ValueError, match="^bins: expected increasing edges"):
         plot.score_distribution(np.arange(100.0), bins=[0.0, 2.0, 1.0])
+
+
+def test_selection_map_ticks_are_whole_queries_and_entries():
+    """Two queries over a few entries: every tick is a whole number (matplotlib's default
+    put them at -0.5, -0.25, ...)."""
+    fig = plot.selection_map(np.array([[0, 3], [1, -1]], np.int32), np.array([4, 2], np.int32))
+    ax = fig.axes[0]
+    for ticks in (ax.get_yticks(), ax.get_xticks()):
+        assert len(ticks) and np.all(ticks == np.round(ticks)), ticks

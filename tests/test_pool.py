@@ -914,3 +914,13 @@ def test_bfloat16_keys_are_written_as_their_float32_values():
     c.append("s", torch.from_numpy(x[:25].astype(np.float32)).to(torch.bfloat16))
     c.append_many(["s", "t"], torch.from_numpy(x[25:].astype(np.float32)).to(torch.bfloat16), [5, 10])
     assert_same_state(snapshot(b), snapshot(c))
+
+
+def test_a_key_of_the_wrong_shape_is_named_with_the_shape_given():
+    """The message gives the caller's shape, not the (1, n) the pool makes of a 1-D key."""
+    pool = KeyPool(2, entries_per_block=4, head_dim=32)
+    for keys, shown in ((np.zeros((0,), np.float32), r"\(0,\)"), (np.zeros(16, np.float32), r"\(16,\)"),
+                        (np.zeros((2, 3, 32), np.float32), r"\(2, 3, 32\)")):
+        with pytest.raises(ValueError, match=rf"^keys: expected shape \(n, 32\) or \(32,\), got {shown}$"):
+            pool.append("a", keys)
+    assert pool.length("a") == 0

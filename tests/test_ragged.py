@@ -86,15 +86,22 @@ def test_prefill_chunk_lengths_match_the_benchmark_definition():
     np.testing.assert_array_equal(got, 262_144 + (t + 1) // 4)
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(ratio=0), "ratio"),
-    (dict(ratio=2.0), "ratio"),
-    (dict(context_lens=np.array([1, 2])), "context_lens: expected shape"),
-    (dict(context_lens=np.array([-1, 0, 0])), "context_lens: expected values >= 0"),
+@pytest.mark.parametrize("bad,exc,match", [
+    (dict(ratio=0), ValueError, "^ratio: expected a positive int, got 0"),
+    (dict(ratio=2.0), TypeError, "^ratio: expected a positive int, got float"),  # a wrong type: TypeError
+    (dict(ratio=True), TypeError, "^ratio: expected a positive int, got bool"),
+    (dict(context_lens=np.array([1, 2])), ValueError, "context_lens: expected shape"),
+    (dict(context_lens=np.array([-1, 0, 0])), ValueError, "context_lens: expected values >= 0"),
 ])
-def test_causal_lens_rejects_bad_arguments(bad, match):
-    with pytest.raises(ValueError, match=match):
+def test_causal_lens_rejects_bad_arguments(bad, exc, match):
+    with pytest.raises(exc, match=match):
         indexer.causal_lens(np.array([0, 1, 1, 2], dtype=np.int32), **bad)
+
+
+def test_causal_lens_of_no_sequence_takes_an_empty_context_list():
+    """B = 0: ``context_lens=[]`` (which NumPy makes float64) is the one valid list, not refused."""
+    lens = indexer.causal_lens(np.array([0], np.int32), context_lens=[])
+    assert lens.dtype == np.int32 and lens.shape == (0,)
 
 
 @pytest.mark.parametrize("cu,kw,exc,match", [
