@@ -28,6 +28,7 @@ by the tests).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -153,7 +154,23 @@ def _timed(torch, fn):
     return start.elapsed_time(end), result
 
 
+def missing():
+    """What this example lacks here (it runs on a CUDA GPU, with PyTorch and CuPy), or None."""
+    import importlib.util  # noqa: PLC0415
+
+    for name in ("torch", "cupy"):
+        if importlib.util.find_spec(name) is None:
+            return f"needs {name} (this example runs on a CUDA GPU)"
+    import torch  # noqa: PLC0415
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU that PyTorch can use"
+    return None
+
+
 if __name__ == "__main__":
+    if (why := missing()) is not None:
+        sys.exit(f"compiled_decode_step: {why}")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--device", type=int, default=0)

@@ -29,6 +29,7 @@ Needs a CUDA GPU, CuPy and PyTorch. ``main(...)`` returns a summary dict (used b
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -160,7 +161,23 @@ def _timed(torch, fn):
     return start.elapsed_time(stop), result
 
 
+def missing():
+    """What this example lacks here (it runs on a CUDA GPU, with PyTorch and CuPy), or None."""
+    import importlib.util  # noqa: PLC0415
+
+    for name in ("torch", "cupy"):
+        if importlib.util.find_spec(name) is None:
+            return f"needs {name} (this example runs on a CUDA GPU)"
+    import torch  # noqa: PLC0415
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU that PyTorch can use"
+    return None
+
+
 if __name__ == "__main__":
+    if (why := missing()) is not None:
+        sys.exit(f"engine_decode_step: {why}")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--device", type=int, default=0)

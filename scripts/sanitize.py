@@ -260,6 +260,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tools", default="memcheck,racecheck,synccheck")
     ap.add_argument("--cases", action="store_true", help="run the workload only")
     args = ap.parse_args(argv)
+    from indexer import arrays  # noqa: PLC0415
+
+    if not arrays.gpu_supported():
+        print("sanitize: needs CuPy and a CUDA GPU of compute capability 8.0 or newer")
+        return 2
     if args.cases:
         cases()
         return 0

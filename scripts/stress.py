@@ -21,7 +21,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from indexer import _jit, arrays, bench, cuda_ops, testing  # noqa: E402
+from indexer import _jit, arrays, bench, testing  # noqa: E402
+
+
+def _cuda_ops():
+    """``indexer.cuda_ops`` (it imports CuPy: imported once main has found a GPU)."""
+    from indexer import cuda_ops  # noqa: PLC0415
+
+    return cuda_ops
 
 
 def determinism(cp, replays: int) -> int:
@@ -31,7 +38,7 @@ def determinism(cp, replays: int) -> int:
         x, _ = bench.build(case, cp, seed=7)
         for precision in ("fast", "exact"):
             def call():
-                i, s = cuda_ops.score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
+                i, s = _cuda_ops().score_topk(x["q"], x["w"], x["keys_fp4"], x["key_scale"], x["key_gscale"],
                                            x["block_table"], x["valid_lens"], case.top_k, precision=precision,
                                            return_scores=True, validate=False)
                 return i.get().tobytes() + s.get().tobytes()
@@ -57,7 +64,7 @@ def soak(cp, calls: int) -> int:
     def one(i):
         p, dev = problems[i % len(problems)]
         k = (16, 64, 512, 1)[i % 4]
-        return cuda_ops.score_topk(*dev, k, precision=("fast", "exact")[i % 2], physical=bool(i % 3 == 0),
+        return _cuda_ops().score_topk(*dev, k, precision=("fast", "exact")[i % 2], physical=bool(i % 3 == 0),
                                    return_scores=bool(i % 5 == 0), validate=bool(i % 7 == 0))
 
     for i in range(4 * len(problems)):  # every shape, precision and k once: compile, fill the pool
@@ -81,7 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--soak", type=int, default=10_000)
     args = ap.parse_args(argv)
     cp = arrays.cupy()
-    if cp is None:
+    if cp is None or not arrays.gpu_supported():
         print("stress: needs CuPy and a CUDA GPU")
         return 2
     bad = determinism(cp, args.replays) if args.replays else 0
