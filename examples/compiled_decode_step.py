@@ -169,13 +169,13 @@ def missing():
 
 
 if __name__ == "__main__":
-    if (why := missing()) is not None:
-        sys.exit(f"compiled_decode_step: {why}")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--pool-blocks", type=int, default=None, help="blocks in the pool (default: the requests')")
-    args = ap.parse_args()
+    args = ap.parse_args()  # (--help works anywhere)
+    if (why := missing()) is not None:
+        sys.exit(f"compiled_decode_step: {why}")
     t0 = time.perf_counter()
     main(steps=args.steps, device=args.device, pool_blocks=args.pool_blocks)
     print(f"done in {time.perf_counter() - t0:.1f} s")

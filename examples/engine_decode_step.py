@@ -176,15 +176,15 @@ def missing():
 
 
 if __name__ == "__main__":
-    if (why := missing()) is not None:
-        sys.exit(f"engine_decode_step: {why}")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--top-k", dest="top_k", type=int, default=512)
-    args = parser.parse_args()
+    args = parser.parse_args()  # (--help works anywhere)
+    if (why := missing()) is not None:
+        sys.exit(f"engine_decode_step: {why}")
     t0 = time.perf_counter()
     main(steps=args.steps, device=args.device, batch=args.batch, context=args.context, top_k=args.top_k)
     print(f"done in {time.perf_counter() - t0:.1f} s")

@@ -54,6 +54,14 @@ def _host_array(name, x):
                         f"read as one ({exc})") from None
 
 
+def host_tensors_as_arrays(names, xs):
+    """``xs`` with each PyTorch tensor not on a CUDA device replaced by its NumPy array
+    (``_host_array``: zero copy, a bfloat16 or float8 ``q`` widened): the GPU path takes
+    host tensors as it takes NumPy arrays, copied to the device, with NumPy results."""
+    return tuple(_host_array(name, x) if arrays.framework_of(x) == "torch" and not arrays.is_device_array(x) else x
+                 for name, x in zip(names, xs))
+
+
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                backend="auto", precision="fast", return_scores=False, physical=False,
                validate=True, out=None, workspace=None, stream=None, workspace_budget=None, _cu_seqlens=None,
@@ -147,6 +155,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         return outbuf.returned(out, return_scores)
     from . import cuda_ops  # noqa: PLC0415  (needs CuPy; imported only for the GPU path)
 
+    if arrays.any_torch(inputs):  # gpu-only: PyTorch host tensors go as NumPy arrays do
+        inputs = host_tensors_as_arrays(_NAMES, inputs)
     return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,  # gpu-only
                                physical=physical, validate=validate, out=out, workspace=workspace, stream=stream,
                                workspace_budget=workspace_budget, _cu_seqlens=_cu_seqlens, _readers=_readers)
@@ -183,6 +193,8 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
                   validate=validate, out=out, workspace=workspace, workspace_budget=workspace_budget)
     args = (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k)
     if _pick_backend(backend, args[:-1]) == "cuda":  # gpu-only
+        if arrays.any_torch(args[:-1]):  # PyTorch host tensors go as NumPy arrays do
+            args = (*host_tensors_as_arrays(_NAMES[:6] + ("cu_seqlens_q", "valid_lens"), args[:-1]), top_k)
         # the per-token table is built on the call's device and stream, like the launch
         # (the table is the workspace's too: its turn covers both)
         with streams.using(stream, args[:-1]) as run_on, turn_of(workspace):

@@ -645,7 +645,8 @@ class KeyPool:
         table = self.block_table(ids)
         # the NumPy backend always checks values (the README): a host call with validate=False too
         if (valid_lens is None or kwargs.get("validate", True) is not False
-                or ops._pick_backend(kwargs.get("backend", "auto"), (q, w, self.keys_fp4)) == "numpy"):
+                or ops._pick_backend(kwargs.get("backend", "auto"), (q, w, self.keys_fp4, self.key_scale,
+                                                                     self.key_gscale, table, cu, valid_lens)) == "numpy"):
             # the offsets checked before they size anything: each sequence's length repeated
             # over its rows, the rows' lengths (default) or their bound (valid_lens given:
             # a row seeing past its sequence's end would read entries never written to it)

@@ -165,6 +165,9 @@ class PreparedCall:
         """The GPU call's checks, and its launch plan (the kernels compiled now)."""
         from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
 
+        if any(kind == "torch" for kind in self._kinds):  # PyTorch host tensors as NumPy arrays (the public call's)
+            given = ops.host_tensors_as_arrays(_NAMES, given)
+
         # the workspace's turn: the grouped call's per-token table is written into it
         with streams.using(None, given), self.workspace.turn():
             ordered = streams.on_torch_stream(given)

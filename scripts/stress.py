@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cp = arrays.cupy()
     if cp is None or not arrays.gpu_supported():
-        print("stress: needs CuPy and a CUDA GPU")
+        print("stress: needs CuPy and a CUDA GPU of compute capability 8.0 or newer")
         return 2
     bad = determinism(cp, args.replays) if args.replays else 0
     bad += soak(cp, args.soak) if args.soak else 0

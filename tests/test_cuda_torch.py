@@ -355,3 +355,33 @@ def test_write_keys_refuses_a_pool_tensor_that_requires_grad_by_name():
     with pytest.raises(TypeError, match="^keys: expected a tensor without a lazy negation bit"):
         indexer.write_keys(torch._neg_view(keys), slots, *pool)
     assert not pool[0].any() and not pool[1].any()
+
+
+def test_host_tensors_on_a_gpu_machine_are_taken_as_numpy_arrays():
+    """backend 'auto' (the GPU here) and 'cuda' take PyTorch tensors on the host as they take
+    NumPy arrays: copied to the device, NumPy results, bit for bit the NumPy arrays' (before,
+    a TypeError naming q); the grouped call and a prepared call too, and a bfloat16 q as its
+    float32 values."""
+    from tests.test_ragged import grouped_problem  # noqa: PLC0415
+
+    p = testing.random_problem(np.random.default_rng(91), T=3, H=64, D=128, E=64, lens=[700, 0, 90], top_k=64)
+    host = [torch.from_numpy(np.ascontiguousarray(a)) for a in p.arrays()]
+    want = indexer.score_topk(*p.arrays(), 64, return_scores=True)  # NumPy arrays: the GPU path here
+    testing.check_topk(p, *want, tol=testing.TOL_FAST)
+    step = indexer.prepare(*host, 64, return_scores=True)
+    assert step.backend == "cuda"
+    for got in (indexer.score_topk(*host, 64, return_scores=True),
+                indexer.score_topk(*host, 64, return_scores=True, backend="cuda"), step(*host)):
+        assert isinstance(got[0], np.ndarray) and isinstance(got[1], np.ndarray)
+        assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+    q16 = host[0].to(torch.bfloat16)
+    got = indexer.score_topk(q16, *host[1:], 64, return_scores=True)
+    want16 = indexer.score_topk(q16.float().numpy(), *p.arrays()[1:], 64, return_scores=True)
+    assert got[0].tobytes() == want16[0].tobytes() and got[1].tobytes() == want16[1].tobytes()
+    args = grouped_problem(np.random.default_rng(92), [2, 0, 3], H=64, D=128, E=64, seq_entries=[900, 64, 300],
+                           top_k=32)
+    want = indexer.score_topk_ragged(*args, 32, return_scores=True)
+    got = indexer.score_topk_ragged(*[torch.from_numpy(np.ascontiguousarray(a)) for a in args], 32,
+                                    return_scores=True)
+    assert isinstance(got[0], np.ndarray)
+    assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
