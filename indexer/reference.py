@@ -112,11 +112,25 @@ _KEY_HASH_MULT = np.uint64(0x9E3779B97F4A7C15)  # odd: each step a bijection of 
 
 def key_groups(keys_fp4, key_scale, key_gscale, block_table_row, n):
     """Entries ``0 .. n-1`` of one row numbered by their stored key: int64 (n,), equal
-    exactly where the codes, scales and (float32) global scale are byte for byte the same.
-    Such entries score exactly equal in every precision, so the tie rule orders them by index."""
+    exactly where the codes, scales and (float32) global scale are byte for byte the same
+    but for zeros: a -0 code as +0, and any codes under a scale of +-0 (``_canonical_bytes``).
+    Such entries decode to the same values with the same scales, so they score exactly
+    equal in every precision, and the tie rule orders them by index."""
     _check_pool(keys_fp4, key_scale, key_gscale)
     n = _check_row(keys_fp4, key_gscale, block_table_row, n)
     return _groups_and_firsts(keys_fp4, key_scale, key_gscale, block_table_row, n)[0]
+
+
+def _canonical_bytes(codes, scales):
+    """Codes (n, D/2) and scales (n, D/16) uint8 with their zeros in one form: a -0 element
+    (code 8) as +0 (code 0), and under a scale of +-0 (E4M3 0x00, 0x80) every code 0 and the
+    scale 0x00: each decodes to the same value (+-0, which no score tells apart) as before."""
+    lo, hi = codes & 0xF, codes >> 4
+    zero_scale = (scales & 0x7F) == 0
+    under_zero = np.repeat(zero_scale, 8, axis=1)  # a scale covers 16 elements: 8 code bytes
+    lo = np.where((lo == 8) | under_zero, 0, lo)
+    hi = np.where((hi == 8) | under_zero, 0, hi)
+    return (lo | (hi << 4)).astype(np.uint8), np.where(zero_scale, 0, scales).astype(np.uint8)
 
 
 def _groups_and_firsts(keys_fp4, key_scale, key_gscale, block_table_row, n):
@@ -125,7 +139,7 @@ def _groups_and_firsts(keys_fp4, key_scale, key_gscale, block_table_row, n):
     s = np.arange(n)
     b, e = block_table_row[s // E], s % E
     gscale_bytes = np.ascontiguousarray(key_gscale[b], dtype=np.float32).view(np.uint8).reshape(-1, 4)
-    rows = np.concatenate([keys_fp4[b, e], key_scale[b, e], gscale_bytes], axis=1)
+    rows = np.concatenate([*_canonical_bytes(keys_fp4[b, e], key_scale[b, e]), gscale_bytes], axis=1)
     rows = np.pad(rows, ((0, 0), (0, -rows.shape[1] % 8)))
     # one 64-bit hash a key, grouped; kept only if every key equals its group's first
     words = rows.view(np.uint64)

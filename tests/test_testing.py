@@ -509,3 +509,102 @@ def test_flushed_tiny_negatives_tie_with_zero():
     bad[0, -1] = 2 * E  # a normal negative over a zero
     with pytest.raises(AssertionError, match="beats a selected one"):
         testing.check_topk(p, bad, tol=testing.TOL_FAST)
+
+
+# ----------------------------------------------------------------------------------------
+# what a review of the oracle found it let through (each a wrong output it accepted before)
+# ----------------------------------------------------------------------------------------
+def test_rejects_physical_padding_other_than_minus_one(rng):
+    """Physical indices: padding is -1 as in the logical numbering (-2 or INT_MIN passed)."""
+    p = testing.random_problem(rng, T=2, H=4, D=32, E=8, lens=[5, 30], top_k=8)
+    idx, sc = ref(p, physical=True)
+    for junk in (-2, np.iinfo(np.int32).min):
+        bad = idx.copy()
+        bad[0, 5:] = junk
+        rejects(p, bad, sc, physical=True, match="row 0: expected 3 padding entries of -1")
+
+
+def test_rejects_a_zero_score_returned_as_minus_zero(plateau):
+    p, idx, sc = plateau
+    bad = sc.copy()
+    bad[bad == 0] = -0.0
+    assert np.signbit(bad).any()
+    rejects(p, idx, bad, match=r"a zero score returned as -0.0")
+
+
+def test_rejects_returned_scores_rising_within_their_bounds(rng):
+    """Each score within its own bound, but the second above the first: not highest first."""
+    tol = testing.TOL_FAST
+    for _ in range(200):
+        p = testing.random_problem(rng, T=1, H=4, D=32, E=16, lens=[64], top_k=16)
+        idx, sc = ref(p)
+        score, mag = row_info(p, 0)
+        err = tol * mag
+        near = [j for j in range(15) if score[idx[0, j]] - score[idx[0, j + 1]] < 0.5 * (err[idx[0, j]] + err[idx[0, j + 1]])]
+        if near:
+            break
+    j = near[0]
+    a, b = idx[0, j], idx[0, j + 1]
+    bad = sc.copy()
+    bad[0, j], bad[0, j + 1] = score[a] - 0.9 * err[a], score[b] + 0.9 * err[b]
+    assert bad[0, j + 1] > bad[0, j]
+    rejects(p, idx, bad, tol=tol, match=f"row 0: returned scores not highest first at position {j + 1}")
+
+
+def test_rejects_identical_keys_returning_different_scores(rng):
+    p, dups = _with_copies(rng, 3)
+    idx, sc = ref(p)
+    row = idx[0].tolist()
+    pos = [row.index(s) for s in dups if s in row]
+    assert len(pos) >= 2
+    bad = sc.copy()
+    bad[0, pos[1]] = np.nextafter(bad[0, pos[1]], np.float32(-np.inf))  # one ulp: within every bound
+    rejects(p, idx, bad, match="row 0: (identical keys returned different scores|returned scores not highest first)")
+
+
+def _twin_blocks(variant):
+    """Block 1 a copy of block 0 but for its bytes' zeros: every +0 code written as -0, or a
+    scale group of 0 (in both blocks) over other codes: the same decoded keys, which tie."""
+    E = 16
+    p = testing.random_problem(np.random.default_rng(5), T=1, H=4, D=32, E=E, lens=[2 * E], top_k=5, L=2, P=2,
+                               gscale_spread=0)
+    p.block_table[0] = [0, 1]
+    for a in (p.keys_fp4, p.key_scale, p.key_gscale):
+        a[1] = a[0]
+    if variant == "minus zero codes":
+        lo, hi = p.keys_fp4[1] & 0xF, p.keys_fp4[1] >> 4
+        p.keys_fp4[1] = (np.where(lo == 0, 8, lo) | (np.where(hi == 0, 8, hi) << 4)).astype(np.uint8)
+    else:
+        p.key_scale[:, :, 1] = 0
+        p.keys_fp4[1, :, 8:16] ^= 0x11
+    assert not np.array_equal(p.keys_fp4[0], p.keys_fp4[1])
+    keys = reference.row_keys(p.keys_fp4, p.key_scale, p.key_gscale, p.block_table[0], 2 * E)
+    assert np.array_equal(keys[:E], keys[E:])
+    return p, E
+
+
+@pytest.mark.parametrize("variant", ["minus zero codes", "codes under a zero scale"])
+def test_keys_equal_but_for_their_zeros_tie_to_the_lower_index(variant):
+    p, E = _twin_blocks(variant)
+    idx, sc = ref(p)
+    testing.check_topk(p, idx, sc)
+    chosen = idx[0].tolist()
+    j = next(j for j, s in enumerate(chosen) if s < E and s + E not in chosen)  # a twin left out
+    bad = idx.copy()
+    bad[0, j] += E  # the higher twin in the lower's place
+    rejects(p, bad, sc, match="row 0: identical keys")
+    rejects(p, bad, match="row 0: identical keys")
+
+
+def test_accepts_a_score_past_float32_returned_as_inf(rng):
+    """A finite float64 score past float32's range returns as +inf (the reference's answer
+    was refused before)."""
+    p = testing.random_problem(np.random.default_rng(2), T=1, H=2, D=32, E=16, lens=[16], top_k=4, gscale_spread=0)
+    p.q = (np.sign(p.q) * np.float32(1e38)).astype(np.float32)
+    p.w[:] = 1
+    idx, sc = ref(p)
+    assert np.isposinf(sc[0]).any() and np.isfinite(row_info(p, 0)[0]).all()
+    testing.check_topk(p, idx, sc)
+    bad = sc.copy()
+    bad[0, 0] = -np.inf  # the wrong sign is still refused
+    rejects(p, idx, bad)
