@@ -55,11 +55,14 @@ def _host_array(name, x):
 
 
 def host_tensors_as_arrays(names, xs):
-    """``xs`` with each PyTorch tensor not on a CUDA device replaced by its NumPy array
-    (``_host_array``: zero copy, a bfloat16 or float8 ``q`` widened): the GPU path takes
-    host tensors as it takes NumPy arrays, copied to the device, with NumPy results."""
-    return tuple(_host_array(name, x) if arrays.framework_of(x) == "torch" and not arrays.is_device_array(x) else x
-                 for name, x in zip(names, xs))
+    """``xs`` with each PyTorch tensor replaced by its NumPy array (``_host_array``: zero
+    copy, a bfloat16 or float8 ``q`` widened) where every array of ``xs`` is on the host:
+    the GPU path takes host tensors as it takes NumPy arrays, copied to the device, with
+    NumPy results. Beside device arrays they stay as they are, refused by name as PyTorch
+    refuses tensors of two devices in one call."""
+    if any(arrays.is_device_array(x) for x in xs):
+        return tuple(xs)
+    return tuple(_host_array(name, x) if arrays.framework_of(x) == "torch" else x for name, x in zip(names, xs))
 
 
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,

@@ -121,7 +121,8 @@ class PreparedCall:
         self._grouped = cu_seqlens_q is not None
         if self._grouped:
             given += (cu_seqlens_q,)
-        arrays.check_kinds(_NAMES, given)
+        # (PyTorch host tensors are taken as NumPy arrays are, where every array is on the host)
+        arrays.check_kinds(_NAMES, ops.host_tensors_as_arrays(_NAMES, given) if arrays.any_torch(given) else given)
         self.backend = ops._pick_backend(backend, given)
         self.precision, self.return_scores, self.physical = precision, bool(return_scores), bool(physical)
         self.workspace = workspace if workspace is not None else Workspace()
