@@ -305,7 +305,8 @@ ADVERSARIAL_KINDS = ("ties", "zero_plateau", "short_rows", "nan", "off_edges", "
 def adversarial_problem(kind, rng, *, H=8, D=64, E=16, T=6, top_k=24):
     """A problem built to break selection or arithmetic; ``kind`` one of ``ADVERSARIAL_KINDS``.
 
-    ties: whole physical blocks duplicated (identical keys must tie to the lower index);
+    ties: whole physical blocks duplicated, one pair differing only in its zeros (-0 codes,
+    codes under a zero scale) (identical keys must tie to the lower index);
     zero_plateau: almost every score exactly 0 (keys >= 0, queries < 0), a few positive;
     short_rows: lengths 0, 1 and below top_k; nan: NaN in q, in w, and NaN scale bytes;
     off_edges: lengths one off block edges; extreme_scales: global scales from 2**-60 to
@@ -318,6 +319,13 @@ def adversarial_problem(kind, rng, *, H=8, D=64, E=16, T=6, top_k=24):
             for a in (p.keys_fp4, p.key_scale, p.key_gscale):
                 a[dst] = a[dst - 1]
         p.block_table[:, :4] = np.arange(4, dtype=np.int32)  # rows see blocks 0,1 (equal), 2,3 (equal)
+        # blocks 2 and 3 are equal but for their zeros: block 3's +0 codes written as -0, and
+        # a scale group of 0 in both over other codes in block 3 (the same decoded keys,
+        # which tie as identical ones do: reference.key_groups)
+        lo, hi = p.keys_fp4[3] & 0xF, p.keys_fp4[3] >> 4
+        p.keys_fp4[3] = (np.where(lo == 0, 8, lo) | (np.where(hi == 0, 8, hi) << 4)).astype(np.uint8)
+        p.key_scale[2:4, :, 1] = 0
+        p.keys_fp4[3, :, 8:16] ^= 0x11
     elif kind == "zero_plateau":
         p = random_problem(rng, T=T, H=H, D=D, E=E, lens=3 * E + 5, top_k=max(top_k, 2 * E), L=4)
         keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (D,))).astype(np.float32)
