@@ -172,6 +172,10 @@ def missing():
 
     if not torch.cuda.is_available():
         return "needs a CUDA GPU that PyTorch can use"
+    from indexer import arrays  # noqa: PLC0415
+
+    if not arrays.gpu_supported():  # (the kernels' own test: CuPy working, sm_80 or newer)
+        return "needs a CUDA GPU of compute capability 8.0 or newer, with CuPy"
     return None
 
 

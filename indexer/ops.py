@@ -65,6 +65,16 @@ def host_tensors_as_arrays(names, xs):
     return tuple(_host_array(name, x) if arrays.framework_of(x) == "torch" else x for name, x in zip(names, xs))
 
 
+def _taken_as_arrays(names, xs, readers=()):
+    """(``host_tensors_as_arrays(names, xs)``, ``readers`` with every tensor the conversion
+    copied (a bfloat16 or float8 q widened, a negated view resolved) added as (name, tensor):
+    ``out=`` is kept apart from the caller's memory, not only from the copies'."""
+    taken = host_tensors_as_arrays(names, xs)
+    copied = tuple((name, x) for name, x, t in zip(names, xs, taken)
+                   if t is not x and arrays.byte_extent(t) != arrays.byte_extent(x))
+    return taken, tuple(readers) + copied
+
+
 def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k, *,
                backend="auto", precision="fast", return_scores=False, physical=False,
                validate=True, out=None, workspace=None, stream=None, workspace_budget=None, _cu_seqlens=None,
@@ -159,7 +169,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     from . import cuda_ops  # noqa: PLC0415  (needs CuPy; imported only for the GPU path)
 
     if arrays.any_torch(inputs):  # gpu-only: PyTorch host tensors go as NumPy arrays do
-        inputs = host_tensors_as_arrays(_NAMES, inputs)
+        inputs, _readers = _taken_as_arrays(_NAMES, inputs, _readers)
     return cuda_ops.score_topk(*inputs, top_k, precision=precision, return_scores=return_scores,  # gpu-only
                                physical=physical, validate=validate, out=out, workspace=workspace, stream=stream,
                                workspace_budget=workspace_budget, _cu_seqlens=_cu_seqlens, _readers=_readers)
@@ -196,24 +206,27 @@ def score_topk_ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seq
                   validate=validate, out=out, workspace=workspace, workspace_budget=workspace_budget)
     args = (q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k)
     if _pick_backend(backend, args[:-1]) == "cuda":  # gpu-only
+        held = ()
         if arrays.any_torch(args[:-1]):  # PyTorch host tensors go as NumPy arrays do
-            args = (*host_tensors_as_arrays(_NAMES[:6] + ("cu_seqlens_q", "valid_lens"), args[:-1]), top_k)
+            taken, held = _taken_as_arrays(_NAMES[:6] + ("cu_seqlens_q", "valid_lens"), args[:-1])
+            args = (*taken, top_k)
         # the per-token table is built on the call's device and stream, like the launch
         # (the table is the workspace's too: its turn covers both)
         with streams.using(stream, args[:-1]) as run_on, turn_of(workspace):
             return _ragged(*args, stream=run_on, on_gpu=True, ordered=streams.on_torch_stream(args[:-1]),
-                           **kwargs)
+                           held=held, **kwargs)
     return _ragged(*args, stream=stream, backend=backend, **kwargs)
 
 
 def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, valid_lens, top_k,
-            on_gpu=False, ordered=False, **kwargs):
+            on_gpu=False, ordered=False, held=(), **kwargs):
     """``on_gpu``: the CUDA path (inside ``streams.using``), which checks the values of
     ``cu_seqlens_q`` together with the other values (one device launch and read-back,
     ``validate.check_score_topk``; the per-token table built before that check is safe for
     any offsets: clamped) and calls ``cuda_ops.score_topk`` itself, the public layer's
     checks done once above. ``ordered``: as ``arrays.to_cupy`` takes it (the CUDA path runs
-    on PyTorch's current stream)."""
+    on PyTorch's current stream). ``held``: (name, tensor) pairs of the caller's host tensors
+    that reach here as copies (``_taken_as_arrays``), which ``out=`` must not overlap either."""
     if arrays.framework_of(cu_seqlens_q) == "torch" or arrays.framework_of(block_table) == "torch":
         # gpu-only (PyTorch is not a dependency): device views for the CUDA path, host arrays
         # for NumPy's (the per-token table is built where the call runs)
@@ -229,6 +242,7 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
 
         call = cuda_ops.score_topk
     # the GPU path pairs consecutive rows of one sequence so they share each key tile
-    readers = (("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q))  # out= must not overlap them
+    # out= must not overlap them (nor the caller's tensors ``held`` that were copied on the way)
+    readers = (("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q)) + tuple(held)
     return call(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, _cu_seqlens=cu_seqlens_q,
                 _readers=readers, **kwargs)

@@ -137,6 +137,8 @@ class PreparedCall:
         self._fast = self.backend == "cuda" and all(
             kind == "cupy" or (kind == "torch" and getattr(x, "is_cuda", False)) for kind, x in zip(self._kinds, given))
         self._torch_slots = tuple(kind == "torch" for kind in self._kinds)
+        # each tensor's side, host or CUDA (a call on the other side is refused by name)
+        self._on_cuda = tuple(bool(getattr(x, "is_cuda", False)) for x in given)
         self._any_torch = any(self._torch_slots)
         self._views = [None] * len(given)  # PyTorch: (pointer, CuPy view) of the last tensor a slot took
         self._keep_views = True  # False: hold no tensor between calls (the PyTorch operators' calls)
@@ -227,6 +229,9 @@ class PreparedCall:
                 raise TypeError(f"{_NAMES[i]}: expected dtype {dtype} as prepared, got {x.dtype}")
             if self._fast:  # else the public call checks the rest
                 self._match_device(i, x)
+            elif self._torch_slots[i] and bool(x.is_cuda) != self._on_cuda[i]:  # host tensors prepared
+                raise ValueError(f"{_NAMES[i]}: expected a tensor on the {'GPU' if self._on_cuda[i] else 'host'} "
+                                 f"as prepared, got one on {x.device}")
 
     def _match_device(self, i, x):  # gpu-only
         """Contiguity and device of input ``i`` (a CuPy array or a PyTorch CUDA tensor), and

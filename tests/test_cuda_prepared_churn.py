@@ -45,6 +45,7 @@ class PreparedChurn(RuleBasedStateMachine):
         self.outs = [(cp.empty((T, k), cp.int32), cp.empty((T, k), cp.float32)) for _ in range(2)]
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.own_ws = indexer.Workspace()  # the public call's, for the expected answers
+        self.grown = False
 
     @rule(which=st.integers(0, SETS - 1), seed=st.integers(0, 2**32 - 1))
     def rewrite_in_place(self, which, seed):
@@ -64,7 +65,11 @@ class PreparedChurn(RuleBasedStateMachine):
     def grow_the_workspace(self, seed):
         """A larger call on the prepared call's workspace: its buffers are replaced."""
         p = _problem(seed, GROWN)
+        before = self.ws.generation
         indexer.score_topk(*[self.cp.asarray(a) for a in p.arrays()], p.top_k, workspace=self.ws, validate=False)
+        if not self.grown:  # the first such call outgrows the prepared shape's buffers
+            assert self.ws.generation > before
+            self.grown = True
 
     @rule(which=st.integers(0, SETS - 1), out=st.sampled_from([None, 0, 1]), on_stream=st.booleans())
     def call(self, which, out, on_stream):

@@ -385,3 +385,14 @@ def test_host_tensors_on_a_gpu_machine_are_taken_as_numpy_arrays():
                                     return_scores=True)
     assert isinstance(got[0], np.ndarray)
     assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+    # out= inside a bfloat16 q's own memory: refused on the GPU path too (q goes as a widened copy)
+    buf = torch.zeros(p.q.size + 64 * 3, dtype=torch.int32)
+    qb = buf.view(torch.bfloat16)[: p.q.size].view(p.q.shape)
+    qb.copy_(host[0].to(torch.bfloat16))
+    kept = qb.view(torch.uint8).clone()
+    with pytest.raises(ValueError, match="^out: expected memory of its own, got an array overlapping q"):
+        indexer.score_topk(qb, *host[1:], 64, out=buf[: 3 * 64].view(3, 64).numpy())
+    assert torch.equal(qb.view(torch.uint8), kept)
+    # a call prepared on host tensors refuses CUDA ones by name (it would return CUDA results)
+    with pytest.raises(ValueError, match="^q: expected a tensor on the host as prepared, got one on cuda"):
+        step(host[0].cuda(), *host[1:])

@@ -261,6 +261,17 @@ def test_out_overlapping_a_narrow_cpu_query_is_refused_and_the_query_kept(dtype)
     assert torch.equal(q.view(torch.uint8), kept)
 
 
+def test_a_call_prepared_on_cpu_tensors_gives_the_public_calls_answer():
+    """``indexer.prepare`` takes PyTorch host tensors as NumPy arrays are (it refused them)."""
+    import indexer  # noqa: PLC0415
+
+    p = testing.random_problem(np.random.default_rng(77), T=3, H=8, D=64, E=16, lens=[90, 0, 33], top_k=10)
+    x = tensors(p)
+    step = indexer.prepare(*x, 10, return_scores=True, backend="numpy")
+    got, want = step(*x), score_topk(*p.arrays(), 10, backend="numpy", return_scores=True)
+    assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
+
+
 def test_public_calls_take_cpu_tensors_and_refuse_what_numpy_cannot_hold_by_name():
     """The public calls on CPU tensors (the NumPy backend): the grouped call with its table
     and offsets as tensors gives the arrays' answer; a bfloat16 ``w`` (NumPy has none) and a
