@@ -154,23 +154,6 @@ def _timed(torch, fn):
     return start.elapsed_time(end), result
 
 
-def missing():
-    """What this example lacks here (it runs on a CUDA GPU, with PyTorch and CuPy), or None."""
-    import importlib.util  # noqa: PLC0415
-
-    for name in ("torch", "cupy"):
-        if importlib.util.find_spec(name) is None:
-            return f"needs {name} (this example runs on a CUDA GPU)"
-    import torch  # noqa: PLC0415
-
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU that PyTorch can use"
-    from indexer import arrays  # noqa: PLC0415
-
-    if not arrays.gpu_supported():  # (the kernels' own test: CuPy working, sm_80 or newer)
-        return "needs a CUDA GPU of compute capability 8.0 or newer, with CuPy"
-    return None
-
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -178,6 +161,8 @@ if __name__ == "__main__":
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--pool-blocks", type=int, default=None, help="blocks in the pool (default: the requests')")
     args = ap.parse_args()  # (--help works anywhere)
+    from _gpu_needs import missing  # (beside this script: on sys.path when it runs)
+
     if (why := missing()) is not None:
         sys.exit(f"compiled_decode_step: {why}")
     t0 = time.perf_counter()

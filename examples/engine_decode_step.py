@@ -161,23 +161,6 @@ def _timed(torch, fn):
     return start.elapsed_time(stop), result
 
 
-def missing():
-    """What this example lacks here (it runs on a CUDA GPU, with PyTorch and CuPy), or None."""
-    import importlib.util  # noqa: PLC0415
-
-    for name in ("torch", "cupy"):
-        if importlib.util.find_spec(name) is None:
-            return f"needs {name} (this example runs on a CUDA GPU)"
-    import torch  # noqa: PLC0415
-
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU that PyTorch can use"
-    from indexer import arrays  # noqa: PLC0415
-
-    if not arrays.gpu_supported():  # (the kernels' own test: CuPy working, sm_80 or newer)
-        return "needs a CUDA GPU of compute capability 8.0 or newer, with CuPy"
-    return None
-
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -187,6 +170,8 @@ if __name__ == "__main__":
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--top-k", dest="top_k", type=int, default=512)
     args = parser.parse_args()  # (--help works anywhere)
+    from _gpu_needs import missing  # (beside this script: on sys.path when it runs)
+
     if (why := missing()) is not None:
         sys.exit(f"engine_decode_step: {why}")
     t0 = time.perf_counter()

@@ -121,8 +121,9 @@ class PreparedCall:
         self._grouped = cu_seqlens_q is not None
         if self._grouped:
             given += (cu_seqlens_q,)
-        # (PyTorch host tensors are taken as NumPy arrays are, where every array is on the host)
-        arrays.check_kinds(_NAMES, ops.host_tensors_as_arrays(_NAMES, given) if arrays.any_torch(given) else given)
+        # PyTorch host tensors are taken as NumPy arrays are, where every array is on the host
+        taken = ops.host_tensors_as_arrays(_NAMES, given) if arrays.any_torch(given) else given
+        arrays.check_kinds(_NAMES, taken)
         self.backend = ops._pick_backend(backend, given)
         self.precision, self.return_scores, self.physical = precision, bool(return_scores), bool(physical)
         self.workspace = workspace if workspace is not None else Workspace()
@@ -152,7 +153,7 @@ class PreparedCall:
         if self.backend == "numpy":
             self._prob = self._check_host(given, validate)
         else:
-            self._prob, self._device, self._plan, self._aligned = self._check_device(given, validate)  # gpu-only
+            self._prob, self._device, self._plan, self._aligned = self._check_device(taken, validate)  # gpu-only
 
     def _check_host(self, given, validate):
         """The checks of the NumPy backend's call (values always, as there)."""
@@ -165,11 +166,9 @@ class PreparedCall:
         return _validate.check_score_topk(*host[:5], table, host[6], self.top_k, values=True)
 
     def _check_device(self, given, validate):  # gpu-only
-        """The GPU call's checks, and its launch plan (the kernels compiled now)."""
+        """The GPU call's checks, and its launch plan (the kernels compiled now); ``given``:
+        the arrays, host tensors already taken as NumPy arrays (``ops.host_tensors_as_arrays``)."""
         from . import cuda_ops  # noqa: PLC0415  (needs CuPy)
-
-        if any(kind == "torch" for kind in self._kinds):  # PyTorch host tensors as NumPy arrays (the public call's)
-            given = ops.host_tensors_as_arrays(_NAMES, given)
 
         # the workspace's turn: the grouped call's per-token table is written into it
         with streams.using(None, given), self.workspace.turn():

@@ -38,10 +38,10 @@ def _check_pool(keys_fp4, key_scale, key_gscale):
     """The pool arrays' types and shapes (NumPy arrays: uint8 (P, E, D/2) codes, uint8
     (P, E, D/16) scales, real (P,) global scales): TypeError / ValueError naming the array.
     Returns D."""
-    for name, x, ndim, kinds in (("keys_fp4", keys_fp4, 3, "u"), ("key_scale", key_scale, 3, "u"),
-                                 ("key_gscale", key_gscale, 1, "iuf")):
-        if not isinstance(x, np.ndarray) or x.dtype.kind not in kinds or (kinds == "u" and x.dtype != np.uint8):
-            want = "uint8" if kinds == "u" else "real"
+    for name, x, ndim, want in (("keys_fp4", keys_fp4, 3, "uint8"), ("key_scale", key_scale, 3, "uint8"),
+                                ("key_gscale", key_gscale, 1, "real")):
+        ok = isinstance(x, np.ndarray) and (x.dtype == np.uint8 if want == "uint8" else x.dtype.kind in "iuf")
+        if not ok:
             raise TypeError(f"{name}: expected a {want} NumPy array, got {getattr(x, 'dtype', type(x).__name__)}")
         if x.ndim != ndim:
             raise ValueError(f"{name}: expected {ndim} dimensions, got shape {x.shape}")
