@@ -117,12 +117,17 @@ ARGUMENT_DTYPES = {"q": "float32, float16, bfloat16 or float8_e4m3fn", "w": "flo
                    "key_gscale": "float32", "block_table": "int32", "valid_lens": "int32", "cu_seqlens_q": "int32"}
 
 
-def check_kinds(names, xs) -> None:
+def check_kinds(names, xs, *, host_in_order=False) -> None:
     """TypeError naming the first of ``xs`` that is neither a NumPy or CuPy array nor a
     DLPack CUDA array (what the GPU path takes), or a PyTorch tensor of a dtype NumPy and
-    CuPy lack (``check_torch_dtype``)."""
+    CuPy lack (``check_torch_dtype``). ``host_in_order``: ValueError naming a NumPy array
+    that is not C-contiguous, as the NumPy backend refuses it (the GPU path's copy to the
+    device would otherwise put it in order unasked)."""
     for name, x in zip(names, xs):
-        if not (isinstance(x, np.ndarray) or is_cupy(x) or is_device_array(x)):
+        if isinstance(x, np.ndarray):
+            if host_in_order and not x.flags.c_contiguous:
+                raise ValueError(f"{name}: expected a C-contiguous array")
+        elif not (is_cupy(x) or is_device_array(x)):
             raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
         check_torch_dtype(name, x)
 

@@ -194,6 +194,39 @@ def test_host_arrays_on_the_gpu_take_the_public_call():
     same(got, indexer.score_topk(*p.args(), backend="cuda"))
 
 
+@pytest.mark.parametrize("name", testing.ARRAY_NAMES)
+def test_host_arrays_out_of_order_are_refused_by_name_as_the_numpy_backend_refuses_them(name):
+    """A NumPy array that is not C-contiguous: refused by both backends with one message
+    (the GPU path's copy to the device would have put it in order unasked), by the public
+    call, the grouped call and a prepared call; a PyTorch host tensor's view likewise."""
+    p = testing.random_problem(np.random.default_rng(19), T=2, H=8, D=64, E=16, L=4, lens=[40, 64], top_k=10)
+    given = dict(zip(testing.ARRAY_NAMES, p.arrays()))
+    x = given[name]
+    wide = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+    wide[..., ::2] = x
+    given[name] = wide[..., ::2]  # the same values, every second element
+    assert not given[name].flags.c_contiguous
+    message = f"^{name}: expected a C-contiguous array$"
+    for backend in ("numpy", "cuda"):
+        with pytest.raises(ValueError, match=message):
+            indexer.score_topk(*given.values(), p.top_k, backend=backend)
+        if backend == "cuda":
+            with pytest.raises(ValueError, match=message):
+                indexer.prepare(*given.values(), p.top_k, backend=backend)(*given.values())
+    try:
+        import torch  # noqa: PLC0415  (optional here)
+    except ImportError:
+        torch = None
+    if torch is not None:
+        tensors = [torch.from_numpy(a) for a in given.values()]
+        with pytest.raises(ValueError, match=message):
+            indexer.score_topk(*tensors, p.top_k, backend="cuda")
+    if name != "block_table":  # a grouped call's (B, L) table is its own argument (copied per token)
+        cu = np.array([0, 1, 2], np.int32)
+        with pytest.raises(ValueError, match=message):
+            indexer.score_topk_ragged(*list(given.values())[:6], cu, given["valid_lens"], p.top_k, backend="cuda")
+
+
 def test_torch_tensors_views_kept_and_contents_read_each_call():
     torch = pytest.importorskip("torch")
     kw = dict(T=2, H=64, D=128, E=64, L=40, lens=[2500, 1200], top_k=256)
