@@ -414,5 +414,8 @@ class PreparedCall:
                 where, ptr = x.data.device_id, x.data.ptr
             if where != self._device:
                 raise ValueError(f"{name}: expected an array on cuda:{self._device} (where q is), got cuda:{where}")
+            if ptr % 4:  # as score_topk refuses it (arrays.check_element_aligned), before a capture would fail on it
+                raise ValueError(f"{name}: expected a device array aligned to its 4-byte elements, "
+                                 f"got one at address {ptr:#x}")
             pointers += (ptr,)
         return pointers

@@ -225,10 +225,10 @@ def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) 
     returns B. ``values`` also checks cu[0] == 0, cu[B] == T and that it never decreases
     (a reduction: a host synchronisation on device arrays)."""
     _check_array("cu_seqlens_q", cu_seqlens_q, _INT32, 1, None)
-    if not (isinstance(block_table, np.ndarray) or arrays.is_cupy(block_table)):
-        raise TypeError(f"block_table: expected a NumPy or CuPy array, got {type(block_table).__name__}")
-    if block_table.ndim != 2:
-        raise ValueError(f"block_table: expected 2 dimensions (B, L), got shape {tuple(block_table.shape)}")
+    # dtype, rank, C order and element alignment, as score_topk's per-token table: the GPU
+    # path's expansion kernel reads it as it lies (a copy into order would come from CuPy's
+    # pool even with a workspace, outside a CUDA graph's memory)
+    _check_array("block_table", block_table, _INT32, 2, None)
     B = int(block_table.shape[0])
     if cu_seqlens_q.shape[0] != B + 1:
         raise ValueError(f"cu_seqlens_q: expected shape ({B + 1},) for {B} block-table rows, got {tuple(cu_seqlens_q.shape)}")

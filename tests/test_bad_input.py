@@ -68,6 +68,17 @@ def ragged_decreasing():
                                              p.valid_lens, 5, backend="numpy")
 
 
+def ragged_table_out_of_order():
+    """A grouped call's (B, L) table that is not C-contiguous: refused as score_topk's
+    per-token table is (the GPU path would copy it into order from CuPy's pool)."""
+    p = problem()
+    ids = np.arange(6, dtype=np.int32).reshape(2, 3) % p.key_gscale.shape[0]  # every id in range
+    wide = np.repeat(ids, 2, axis=1)
+    cu = np.array([0, 2, 3], dtype=np.int32)
+    return lambda: indexer.score_topk_ragged(p.q, p.w, p.keys_fp4, p.key_scale, p.key_gscale, wide[:, ::2], cu,
+                                             p.valid_lens, 5, backend="numpy")
+
+
 def pool_full():
     pool = KeyPool(1, entries_per_block=4, head_dim=32)
     return lambda: pool.append(0, np.ones((5, 32), np.float32))
@@ -111,6 +122,7 @@ API = [
     ("q float64", lambda: call_with(q=problem().q.astype(np.float64)), TypeError, "q"),
     ("q rank 2", lambda: call_with(q=problem().q[:, 0]), ValueError, "q"),
     ("q not contiguous", lambda: call_with(q=np.asfortranarray(problem().q)), ValueError, "q"),
+    ("q strided", lambda: call_with(q=np.repeat(problem().q, 2, axis=1)[:, ::2]), ValueError, "q"),
     ("q a list", lambda: call_with(q=problem().q.tolist()), TypeError, "q"),
     ("empty batch", lambda: call_with(q=problem().q[:0], w=problem().w[:0], block_table=problem().block_table[:0],
                                       valid_lens=problem().valid_lens[:0]), ValueError, "q"),
@@ -141,6 +153,7 @@ API = [
     ("backend unknown", lambda: call_with(backend="tpu"), ValueError, "backend"),
     ("precision unknown", lambda: call_with(precision="half"), ValueError, "precision"),
     ("ragged offsets decreasing", ragged_decreasing, ValueError, "cu_seqlens_q"),
+    ("ragged table out of C order", ragged_table_out_of_order, ValueError, "block_table"),
     ("out int64", lambda: call_with(out=np.zeros((3, 5), np.int64)), TypeError, "out"),
     ("out of the wrong shape", lambda: call_with(out=np.zeros((3, 6), np.int32)), ValueError, "out"),
     ("out a pair without return_scores", lambda: call_with(out=(np.zeros((3, 5), np.int32),

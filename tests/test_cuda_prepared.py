@@ -221,10 +221,30 @@ def test_host_arrays_out_of_order_are_refused_by_name_as_the_numpy_backend_refus
         tensors = [torch.from_numpy(a) for a in given.values()]
         with pytest.raises(ValueError, match=message):
             indexer.score_topk(*tensors, p.top_k, backend="cuda")
-    if name != "block_table":  # a grouped call's (B, L) table is its own argument (copied per token)
-        cu = np.array([0, 1, 2], np.int32)
+    cu = np.array([0, 1, 2], np.int32)  # (the table's two rows as two sequences' (B, L) table)
+    for backend in ("numpy", "cuda"):
         with pytest.raises(ValueError, match=message):
-            indexer.score_topk_ragged(*list(given.values())[:6], cu, given["valid_lens"], p.top_k, backend="cuda")
+            indexer.score_topk_ragged(*list(given.values())[:6], cu, given["valid_lens"], p.top_k, backend=backend)
+
+
+def test_a_misaligned_out_refused_twice_leaves_the_graphs_on():
+    """A misaligned ``out`` is refused by name at every call, before a capture (before, the
+    second call with the same pointers tried to capture, failed inside it, and switched the
+    prepared call's graphs off for good); a good call after it replays a graph."""
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(20), T=2, H=64, D=128, E=64, L=4, lens=[200, 256], top_k=16)
+    dev = on_device(p.arrays())
+    step = indexer.prepare(*dev, p.top_k)
+    buf = cp.zeros(2 * 16 * 4 + 8, cp.uint8)
+    bad = cp.ndarray((2, 16), cp.int32, memptr=buf.data + 2)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="^out: expected a device array aligned to its 4-byte elements"):
+            step(*dev, out=bad)
+    good = cp.empty((2, 16), cp.int32)
+    for _ in range(3):  # the second call with these pointers captures, the third replays
+        assert step(*dev, out=good) is good
+    assert step._graphs_on and len(step._graphs) == 1
+    same(good, indexer.score_topk(*dev, p.top_k))
 
 
 def test_torch_tensors_views_kept_and_contents_read_each_call():

@@ -212,3 +212,44 @@ def test_device_block_table_expansion_matches_numpy(with_workspace):
             np.testing.assert_array_equal(again.get(), ragged.expand_block_table(table[::-1].copy(), cu, T))
     with pytest.raises(ValueError, match="block_table"):  # no sequence to copy rows from
         ragged.expand_block_table(cp.zeros((0, 4), cp.int32), cp.zeros(1, cp.int32), 3, workspace=ws)
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_a_misaligned_block_table_is_refused_by_name_before_any_launch(prepared):
+    """A grouped call's (B, L) table at an odd address: refused by name, as score_topk refuses
+    its per-token table (before, the expansion kernel read it as int32 and the misaligned
+    load ended the process's CUDA context); the device stays usable."""
+    cp = arrays.cupy()
+    a = [cp.asarray(x) for x in grouped_problem(np.random.default_rng(5), [2, 1], H=64, D=128, E=64)]
+    table = a[5]
+    buf = cp.zeros(table.nbytes + 8, cp.uint8)
+    buf[2:2 + table.nbytes] = table.view(cp.uint8).ravel()  # the same bytes, 2 bytes past a boundary
+    odd = cp.ndarray(table.shape, cp.int32, memptr=buf.data + 2)
+    assert odd.flags.c_contiguous
+    with pytest.raises(ValueError, match="^block_table: expected a device array aligned to its 4-byte elements"):
+        if prepared:
+            indexer.prepare(*a[:5], odd, a[7], 4, cu_seqlens_q=a[6], validate=False)
+        else:
+            indexer.score_topk_ragged(*a[:5], odd, a[6], a[7], 4, validate=False)
+    cp.cuda.runtime.deviceSynchronize()  # no fault was left behind
+    want = indexer.score_topk_ragged(*[x.get() for x in a], 4, backend="numpy")
+    assert (indexer.score_topk_ragged(*a, 4).get() == want).all()
+
+
+def test_host_arrays_beside_device_arrays_are_refused_by_name():
+    """NumPy arrays beside CuPy arrays: refused naming the first that lies elsewhere than q
+    (before, each was copied to the device at every call and the result followed q), as a
+    PyTorch CPU tensor beside CUDA tensors is; a grouped call's host offsets likewise."""
+    cp = arrays.cupy()
+    p = testing.random_problem(np.random.default_rng(6), T=2, H=8, D=64, E=16, L=4, lens=[40, 64], top_k=10)
+    host = p.arrays()
+    for i, name in enumerate(testing.ARRAY_NAMES):
+        mixed = [cp.asarray(x) for x in host]
+        mixed[i] = host[i]
+        odd = name if i else "w"  # a host q: the first device array is named
+        with pytest.raises(ValueError, match=f"^{odd}: all arrays must be on one device, got q on "):
+            indexer.score_topk(*mixed, p.top_k, validate=False)
+    args = grouped_problem(np.random.default_rng(7), [2, 1], H=8, D=64, E=16)
+    mixed = [cp.asarray(x) for x in args[:6]] + [args[6], cp.asarray(args[7])]
+    with pytest.raises(ValueError, match="^cu_seqlens_q: expected the device of block_table"):
+        indexer.score_topk_ragged(*mixed, 4)
