@@ -71,6 +71,25 @@ def _axes(ax, figsize):
 # ----------------------------------------------------------------------------- selection map
 
 
+def _on_host(x, name):
+    """A NumPy array of ``x`` (NumPy, CuPy, PyTorch; copied to the host), a bfloat16 or float8
+    array (ml_dtypes' or PyTorch's) widened to float32, whose every value it holds; TypeError
+    naming ``name`` for a tensor that holds no values to read (sparse, nested, on 'meta')."""
+    reason = arrays.torch_refusal(x, grad=False, sign=False)  # (to_numpy detaches and resolves signs)
+    if reason is not None:
+        raise TypeError(f"{name}: {reason}")
+    if arrays.framework_of(x) == "torch" and arrays.dtype_name(x) in arrays.BITS_DTYPES:  # gpu-only (no torch dependency)
+        x = x.detach().float()
+    a = arrays.to_numpy(x)
+    if arrays.dtype_name(a) in _NARROW_FLOATS:  # ml_dtypes' types: NumPy sees kind 'V'
+        a = a.astype(np.float32)
+    return a
+
+
+# float types narrower than float16 that ml_dtypes gives NumPy (each value exact in float32)
+_NARROW_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float4_e2m1fn")
+
+
 def _selected_pairs(indices):
     """int64 (m,) query rows and (m,) entries of the selections in ``indices`` (T, k); -1 dropped."""
     rows, cols = np.nonzero(indices >= 0)
@@ -78,18 +97,22 @@ def _selected_pairs(indices):
 
 
 def _as_indices(indices):
-    idx = arrays.to_numpy(indices)
+    idx = _on_host(indices, "indices")
     if idx.ndim != 2 or idx.dtype.kind not in "iu" or idx.shape[0] == 0:
         raise ValueError(f"indices: expected a 2-D integer array (T, top_k), T >= 1, got {idx.dtype} {idx.shape}")
+    if idx.size and int(idx.min()) < -1:  # only -1 is padding: another negative is no entry
+        raise ValueError(f"indices: expected entries >= 0 and -1 padding, got {int(idx.min())}")
     return idx
 
 
 def _as_lens(valid_lens, T):
     if valid_lens is None:
         return None
-    lens = arrays.to_numpy(valid_lens)
+    lens = _on_host(valid_lens, "valid_lens")
     if lens.shape != (T,) or lens.dtype.kind not in "iu":
         raise ValueError(f"valid_lens: expected an integer array of shape ({T},), got {lens.dtype} {lens.shape}")
+    if T and int(lens.min()) < 0:
+        raise ValueError(f"valid_lens: expected lengths >= 0, got {int(lens.min())}")
     return lens.astype(np.int64)
 
 
@@ -163,22 +186,33 @@ def selection_map(indices, valid_lens=None, *, ax=None, title=None, raster=None)
 # ----------------------------------------------------------------------------- score distribution
 
 
-def _finite_1d(x, name):
-    """float64 (m,): the finite values of a 1-D array (NaN and +-inf dropped)."""
-    a = arrays.to_numpy(x)
+def _scores_1d(x, name):
+    """(float64 (m,) finite values, count of +inf) of a 1-D array of scores: NaN (never
+    selectable) and -inf (padding) dropped; +inf (a score past float32's range) counted, as
+    it is selectable but has no place on the axis."""
+    a = _on_host(x, name)
     if a.ndim != 1 or a.dtype.kind not in "fiu":
         raise ValueError(f"{name}: expected a 1-D array of numbers, got {a.dtype} {a.shape}")
     a = a.astype(np.float64)
-    return a[np.isfinite(a)]
+    return a[np.isfinite(a)], int(np.count_nonzero(a == np.inf))
 
 
-def _kth_score(scores, top_k):
-    """The ``top_k``-th highest finite value of ``scores`` (the lowest when fewer); None if none."""
-    finite = _finite_1d(scores, "scores")
-    if finite.size == 0:
+def _kth_score(finite, above, top_k):
+    """The ``top_k``-th highest of the scores ``finite`` (float64) and ``above`` more at +inf
+    (the lowest when fewer); None if there are none."""
+    k = min(int(top_k), finite.size + above)
+    if k == 0:
         return None
-    k = min(int(top_k), finite.size)
+    if k <= above:
+        return math.inf
+    k -= above
     return float(np.partition(finite, finite.size - k)[finite.size - k])
+
+
+def _count_label(what, finite, above):
+    """A legend label: ``what`` and how many, the +inf ones (off the axis) said apart."""
+    extra = f", {above} at +inf off the axis" if above else ""
+    return f"{what} ({finite.size + above}{extra})"
 
 
 def _check_top_k(top_k):
@@ -212,6 +246,11 @@ def _check_bins(bins):
     if edges.ndim != 1 or edges.dtype.kind not in "fiu" or not 2 <= edges.size <= MAX_BINS + 1:
         raise TypeError(f"bins: expected an int, a rule's name or 2 to {MAX_BINS + 1} increasing edges, "
                         f"got {type(bins).__name__}")
+    edges = edges.astype(np.float64)
+    if not np.all(np.isfinite(edges)):  # a NaN edge passes the order test below and draws negative counts
+        raise ValueError("bins: expected finite edges")
+    if np.any(np.diff(edges) <= 0):
+        raise ValueError("bins: expected increasing edges")
     return edges
 
 
@@ -219,8 +258,6 @@ def _bin_edges(values, bins, span):
     """The histogram's edges over ``values`` (float64, finite) in ``span``; ValueError naming
     ``scores_row`` where NumPy cannot split their range into ``bins`` bins (values at the
     ends of float64's range, or a range narrower than the bins)."""
-    if not isinstance(bins, (str, int)) and np.any(np.diff(bins) <= 0):
-        raise ValueError("bins: expected increasing edges")
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # a span past float64's range: refused below
             edges = np.histogram_bin_edges(values, bins=bins, range=span)
@@ -241,13 +278,15 @@ def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None,
     ----------
     scores_row : float (n,)   every visible entry's score for one query, e.g.
         ``indexer.reference.row_scores(...)``; NaN (never selectable) and -inf (padding)
-        are left out.
+        are left out; +inf (a score past float32's range) is counted in the legend, off
+        the axis.
     selected_scores : float (top_k,), optional   the returned scores of that query
         (``return_scores=True``), drawn as a second histogram on the same bins; -inf
-        padding left out.
-    top_k : int, optional   k of the threshold line; default: the number of finite
-        ``selected_scores``. The vertical line sits at the k-th highest finite score of
-        ``scores_row`` (the lowest one when fewer are finite); no line without either.
+        padding left out, +inf counted as above.
+    top_k : int, optional   k of the threshold line; default: the number of selected
+        scores that are not padding or NaN. The vertical line sits at the k-th highest
+        score of ``scores_row`` (the lowest one when fewer); a k-th score at +inf is named
+        in the legend, with no line; no line without ``top_k`` or ``selected_scores``.
     ax : matplotlib Axes, optional; bins : int or sequence, as ``Axes.hist``; title : str.
     log : bool, optional   log-scale counts; default: when the fullest bin holds >= 50
         entries (then the few selected entries in the tail stay visible).
@@ -257,10 +296,11 @@ def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None,
     top_k = _check_top_k(top_k)
     _check_optional_flag("log", log)
     bins = _check_bins(bins)
-    finite = _finite_1d(scores_row, "scores_row")
-    selected = None if selected_scores is None else _finite_1d(selected_scores, "selected_scores")
-    if top_k is None and selected is not None and selected.size:
-        top_k = int(selected.size)
+    finite, above = _scores_1d(scores_row, "scores_row")
+    selected, selected_above = (None, 0) if selected_scores is None else _scores_1d(selected_scores,
+                                                                                    "selected_scores")
+    if top_k is None and selected is not None and selected.size + selected_above:
+        top_k = int(selected.size + selected_above)
     ax = _axes(ax, (7, 4))
     edges = bins
     span = None  # the bins over both sets: a float32 selected score can round past the row's float64 maximum
@@ -269,21 +309,30 @@ def score_distribution(scores_row, selected_scores=None, top_k=None, *, ax=None,
     if finite.size:
         edges = _bin_edges(finite, bins, span)
         counts, edges, _ = ax.hist(finite, bins=edges, color="C0", alpha=0.8,
-                                   label=f"all entries ({finite.size})")
+                                   label=_count_label("all entries", finite, above))
         if log or (log is None and counts.max() >= _LOG_COUNTS):
             ax.set_yscale("log")
+    elif above:  # every score at +inf: nothing to draw, the count still said
+        ax.plot([], [], color="C0", label=_count_label("all entries", finite, above))
     if selected is not None and selected.size:
-        ax.hist(selected, bins=edges, color="C1", alpha=0.9, label=f"selected ({selected.size})")
-    threshold = _kth_score(finite, top_k) if top_k else None
+        ax.hist(selected, bins=edges, color="C1", alpha=0.9,
+                label=_count_label("selected", selected, selected_above))
+    elif selected_above:
+        ax.plot([], [], color="C1", label=_count_label("selected", selected, selected_above))
+    threshold = _kth_score(finite, above, top_k) if top_k else None
     if threshold is not None:
-        k = min(top_k, finite.size)
-        ax.axvline(threshold, color="C3", linestyle="--", linewidth=1.2,
-                   label=f"k-th score (k = {k}): {threshold:.4g}")
-    if finite.size or (selected is not None and selected.size):
+        k = min(top_k, finite.size + above)
+        label = f"k-th score (k = {k}): {threshold:.4g}"
+        if math.isinf(threshold):  # no place on the axis: named in the legend only
+            ax.plot([], [], color="C3", linestyle="--", linewidth=1.2, label=label + " (off the axis)")
+        else:
+            ax.axvline(threshold, color="C3", linestyle="--", linewidth=1.2, label=label)
+    if finite.size or above or (selected is not None and selected.size + selected_above):
         ax.legend(fontsize="small")
     ax.set_xlabel("score")
     ax.set_ylabel("entries")
-    ax.set_title(title if title is not None else f"scores of one query ({finite.size} finite)")
+    infinite = f", {above} at +inf" if above else ""
+    ax.set_title(title if title is not None else f"scores of one query ({finite.size} finite{infinite})")
     return ax.figure
 
 
@@ -334,6 +383,18 @@ def _path_order(cases):
     return list(order)
 
 
+def _path_colour(j, count):
+    """Path ``j``'s bar colour of ``count`` paths, no two alike: matplotlib's cycle ("C0".."C9")
+    for up to ten, "tab20" for up to twenty, evenly spaced hues of "turbo" past that."""
+    import matplotlib  # noqa: PLC0415  (optional dependency, imported on use)
+
+    if count <= 10:
+        return f"C{j}"
+    if count <= 20:
+        return matplotlib.colormaps["tab20"](j)
+    return matplotlib.colormaps["turbo"](j / (count - 1))
+
+
 def benchmark_bars(results, *, ax=None):
     """Grouped bars of time / floor (``x_floor``) per case and path, log y, a line at 1.0.
 
@@ -356,14 +417,14 @@ def benchmark_bars(results, *, ax=None):
         offset = (j - (len(paths) - 1) / 2) * width
         xs = [i + offset for i, (_, p) in enumerate(cases) if path in p]
         ys = [p[path] for _, p in cases if path in p]
-        ax.bar(xs, ys, width, label=path, color=f"C{j % 10}")
+        ax.bar(xs, ys, width, label=path, color=_path_colour(j, len(paths)))
     values = [x for _, p in cases for x in p.values()]
     ax.set_yscale("log")
     ax.set_ylim(min(1.0, min(values)) / 1.5, max(1.0, max(values)) * 1.5)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1.0, label="floor")
     ax.set_xticks(range(len(cases)), [name for name, _ in cases], rotation=20, ha="right")
     ax.set_ylabel("time / floor (log)")
-    where = " ".join(str(results[k]) for k in ("device", "date") if results.get(k))
+    where = " ".join(_literal(results[k]) for k in ("device", "date") if results.get(k))
     ax.set_title("time / floor per case and path" + (f"  ({where})" if where else ""))
     ax.legend(fontsize="small", ncols=min(len(paths) + 1, 3))
     return ax.figure

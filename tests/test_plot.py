@@ -483,3 +483,73 @@ def test_selection_map_ticks_are_whole_queries_and_entries():
     ax = fig.axes[0]
     for ticks in (ax.get_yticks(), ax.get_xticks()):
         assert len(ticks) and np.all(ticks == np.round(ticks)), ticks
+
+
+def test_scores_at_plus_inf_are_counted_and_can_hold_the_threshold():
+    """A score past float32's range comes back as +inf and is selectable: counted in the
+    legend (off the axis), and a k-th score among them named there (before, +inf scores were
+    dropped: "selected (1)" for four selected, the line at an unselected score)."""
+    fig = plot.score_distribution(np.array([1.0, np.inf, 2.0]), top_k=1)
+    ax = fig.axes[0]
+    assert all(len(line.get_xdata()) == 0 for line in ax.get_lines())  # no line drawn: +inf has no place
+    labels = ax.get_legend_handles_labels()[1]
+    assert "all entries (3, 1 at +inf off the axis)" in labels
+    assert "k-th score (k = 1): inf (off the axis)" in labels
+    row = np.array([0.5, 1.0, np.inf, np.inf, np.inf, 3.0])
+    sel = np.array([np.inf, np.inf, np.inf, 3.0], np.float32)
+    ax = plot.score_distribution(row, sel).axes[0]  # k from the selection: 4
+    labels = ax.get_legend_handles_labels()[1]
+    assert "selected (4, 3 at +inf off the axis)" in labels
+    assert threshold_line(ax) == (3.0, "k-th score (k = 4): 3")
+
+
+@pytest.mark.parametrize("bins", [[0.0, np.nan, 1.0], [-np.inf, 0.0, np.inf]])
+def test_score_distribution_refuses_edges_that_are_not_finite(bins):
+    with pytest.raises(ValueError, match="^bins: expected finite edges$"):
+        plot.score_distribution(np.random.default_rng(0).standard_normal(1000), bins=bins)
+
+
+def test_narrow_float_scores_are_taken_as_their_values():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    row = np.linspace(-2.0, 2.0, 64).astype(ml_dtypes.bfloat16)
+    ax = plot.score_distribution(row, top_k=3).axes[0]
+    assert threshold_line(ax)[0] == float(np.sort(row.astype(np.float32))[-3])
+    assert sum(p.get_height() for p in ax.patches) == 64
+
+
+@pytest.mark.parametrize("indices, lens, message", [
+    (np.array([[0, -7, 2]], np.int32), None, "^indices: expected entries >= 0 and -1 padding, got -7$"),
+    (np.array([[0, 1, 2]], np.int32), np.array([-3], np.int32), "^valid_lens: expected lengths >= 0, got -3$"),
+])
+def test_selection_map_refuses_what_no_call_returns(indices, lens, message):
+    with pytest.raises(ValueError, match=message):
+        plot.selection_map(indices, lens)
+
+
+def test_benchmark_bars_title_draws_dollars_as_text_and_paths_keep_their_own_colours(tmp_path):
+    paths = {f"p{j}": {"x_floor": 1.0 + j} for j in range(23)}
+    results = {"cases": [{"case": "a", "paths": paths}], "device": "$x^$", "date": "$"}
+    fig = plot.benchmark_bars(results)
+    save(fig, tmp_path / "many.png")  # drawn: a '$' in the title no longer starts math mode
+    colours = [tuple(c.patches[0].get_facecolor()) for c in fig.axes[0].containers]
+    assert len(colours) == 23 and len(set(colours)) == 23
+
+
+def test_pytorch_scores_of_narrow_dtypes_and_tensors_without_values():
+    """PyTorch bfloat16 and float8 scores are taken as their values; a sparse tensor or one on
+    'meta' is refused naming the argument (before, PyTorch's own errors, naming nothing)."""
+    torch = pytest.importorskip("torch")
+    row = torch.linspace(-2.0, 2.0, 64)
+    for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        narrow = row.to(dtype)
+        ax = plot.score_distribution(narrow, top_k=3).axes[0]
+        assert threshold_line(ax)[0] == float(torch.sort(narrow.float()).values[-3])
+    with pytest.raises(TypeError, match="^scores_row: expected a plain"):
+        plot.score_distribution(row.to_sparse())
+    with pytest.raises(TypeError, match="^scores_row: expected a tensor on the host or a CUDA GPU"):
+        plot.score_distribution(row.to("meta"))
+    idx = torch.tensor([[0, 3], [1, -1]], dtype=torch.int32)
+    with pytest.raises(TypeError, match="^indices: expected a plain"):
+        plot.selection_map(idx.to_sparse())
+    with pytest.raises(TypeError, match="^valid_lens: expected a tensor on the host"):
+        plot.selection_map(idx, torch.tensor([4, 2]).to("meta"))
