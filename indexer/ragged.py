@@ -62,6 +62,25 @@ def _expand_on_device(block_table, cu_seqlens_q, T, workspace):  # gpu-only
     return out
 
 
+def _offsets_array(cu_seqlens_q):
+    """``causal_lens``' offsets as a NumPy or CuPy array: a list, tuple or PyTorch CPU tensor
+    as a NumPy array (as the scoring calls take host tensors), a CUDA tensor or other
+    DLPack device array as a CuPy view; TypeError naming ``cu_seqlens_q`` for what is none."""
+    if isinstance(cu_seqlens_q, np.ndarray) or arrays.is_cupy(cu_seqlens_q):
+        return cu_seqlens_q
+    if isinstance(cu_seqlens_q, (list, tuple)):
+        return arrays.as_array(np, cu_seqlens_q, "cu_seqlens_q")
+    if arrays.framework_of(cu_seqlens_q) in ("torch", "jax", "other") and hasattr(cu_seqlens_q, "dtype"):
+        on_device = arrays.is_device_array(cu_seqlens_q)
+        # read in place on the device (a sign bit or a gradient is refused), copied on the host
+        reason = arrays.torch_refusal(cu_seqlens_q, grad=on_device, sign=on_device)
+        if reason is not None:
+            raise TypeError(f"cu_seqlens_q: {reason}")
+        return arrays.to_cupy(cu_seqlens_q) if on_device else arrays.to_numpy(cu_seqlens_q)
+    raise TypeError(f"cu_seqlens_q: expected a NumPy or CuPy array, a list or a tensor, "
+                    f"got {type(cu_seqlens_q).__name__}")
+
+
 def _check_offsets(cu_seqlens_q):
     """``causal_lens``' offsets: a NumPy or CuPy array of integers (B+1,), from 0, never
     decreasing, totalling less than 2**31 rows (reductions: a host synchronisation on the device)."""
@@ -86,10 +105,16 @@ def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
 
     Parameters
     ----------
-    cu_seqlens_q : int (B+1,)     query row offsets of the sequences (0 first, never decreasing)
+    cu_seqlens_q : int (B+1,)     query row offsets of the sequences (0 first, never decreasing):
+        a NumPy or CuPy array, a list, or a tensor (PyTorch's on the host as a NumPy array)
     ratio : int                    tokens pooled into one compressed entry (4 in V4's CSA)
     context_lens : None or int (B,)  tokens already in each sequence (cached prefix)
+
+    Returns int32 (T,): NumPy for host offsets (lists and PyTorch CPU tensors too), CuPy for
+    CuPy ones, a PyTorch CUDA tensor for one (and so on: the framework of a device array).
     """
+    like = cu_seqlens_q
+    cu_seqlens_q = _offsets_array(cu_seqlens_q)
     if isinstance(ratio, (bool, np.bool_)) or not isinstance(ratio, (int, np.integer)):
         raise TypeError(f"ratio: expected a positive int, got {type(ratio).__name__} {ratio!r}")
     if ratio < 1:
@@ -121,4 +146,7 @@ def causal_lens(cu_seqlens_q, *, ratio: int = 4, context_lens=None):
     lens = (position + 1) // ratio
     if T and int(lens.max()) >= 2**31:
         raise ValueError("context_lens: visible lengths exceed the int32 range")
-    return lens.astype(xp.int32)
+    lens = lens.astype(xp.int32)
+    if xp is not np and not arrays.is_cupy(like):  # gpu-only: a device tensor's lengths in its framework
+        return arrays.wrap_like(lens, like)
+    return lens

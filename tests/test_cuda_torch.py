@@ -396,3 +396,15 @@ def test_host_tensors_on_a_gpu_machine_are_taken_as_numpy_arrays():
     # a call prepared on host tensors refuses CUDA ones by name (it would return CUDA results)
     with pytest.raises(ValueError, match="^q: expected a tensor on the host as prepared, got one on cuda"):
         step(host[0].cuda(), *host[1:])
+
+
+def test_causal_lens_of_a_cuda_tensor_is_a_cuda_tensor():
+    """Offsets as a PyTorch CUDA tensor: the lengths come back as one, on its device, equal to
+    the NumPy array's (before, a TypeError); a CUDA tensor that requires grad is refused by name."""
+    want = indexer.causal_lens(np.array([0, 4, 6], np.int32), ratio=2, context_lens=np.array([3, 0]))
+    got = indexer.causal_lens(torch.tensor([0, 4, 6], dtype=torch.int32, device="cuda"), ratio=2,
+                              context_lens=torch.tensor([3, 0], device="cuda"))
+    assert isinstance(got, torch.Tensor) and got.is_cuda and got.dtype == torch.int32
+    assert (got.cpu().numpy() == want).all()
+    with pytest.raises(TypeError, match="^cu_seqlens_q: expected a tensor that does not require grad"):
+        indexer.causal_lens(torch.tensor([0.0, 4.0], device="cuda", requires_grad=True))

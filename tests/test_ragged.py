@@ -109,8 +109,9 @@ def test_causal_lens_of_no_sequence_takes_an_empty_context_list():
     (np.array([0, 5, 3]), {}, ValueError, "cu_seqlens_q: expected non-decreasing"),
     (np.array([0, 2**31]), {}, ValueError, "cu_seqlens_q: expected offsets from 0 to T < 2"),
     (np.array([0, 3.5, 8]), {}, TypeError, "cu_seqlens_q: expected integers"),
-    ([0, 4], {}, TypeError, "cu_seqlens_q: expected a NumPy or CuPy array"),
+    ("0, 4", {}, TypeError, "cu_seqlens_q: expected a NumPy or CuPy array, a list or a tensor, got str"),
     (np.int32(3), {}, TypeError, "cu_seqlens_q: expected a NumPy or CuPy array"),
+    ([0, [4]], {}, TypeError, "cu_seqlens_q: expected an array, got a list that is not one"),
     (np.zeros((2, 2), np.int32), {}, ValueError, r"cu_seqlens_q: expected shape \(B\+1,\)"),
     (np.array([0, 3]), dict(context_lens=np.array([2**63 - 1])), ValueError, "context_lens: visible lengths exceed"),
     (np.array([0, 3]), dict(context_lens=np.array([2**64 - 1], np.uint64), ratio=2**40), ValueError,
@@ -120,6 +121,20 @@ def test_causal_lens_of_no_sequence_takes_an_empty_context_list():
 def test_causal_lens_rejects_bad_offsets_and_context(cu, kw, exc, match):
     with pytest.raises(exc, match=match):
         indexer.causal_lens(cu, **kw)
+
+
+def test_causal_lens_takes_lists_and_pytorch_host_tensors_as_numpy_arrays():
+    """Offsets as a list or a PyTorch CPU tensor (``context_lens`` took both already): the
+    NumPy array's lengths, as a NumPy array (host tensors in, NumPy out, as the scoring calls)."""
+    want = indexer.causal_lens(np.array([0, 4, 6], np.int32), ratio=2, context_lens=np.array([3, 0]))
+    got = indexer.causal_lens([0, 4, 6], ratio=2, context_lens=[3, 0])
+    assert isinstance(got, np.ndarray) and got.dtype == np.int32 and (got == want).all()
+    assert (want == [2, 2, 3, 3, 0, 1]).all()
+    torch = pytest.importorskip("torch")
+    got = indexer.causal_lens(torch.tensor([0, 4, 6], dtype=torch.int32), ratio=2, context_lens=torch.tensor([3, 0]))
+    assert isinstance(got, np.ndarray) and (got == want).all()
+    with pytest.raises(TypeError, match="^cu_seqlens_q: expected a plain"):
+        indexer.causal_lens(torch.tensor([0, 4]).to_sparse())
 
 
 def test_causal_prefill_rows_shorter_than_k_are_padded():
