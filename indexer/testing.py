@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import arrays, nvfp4, reference
+from .validate import MAX_HEAD_DIM, MAX_HEADS, check_top_k
 
 __all__ = ["Problem", "random_problem", "adversarial_problem", "ADVERSARIAL_KINDS", "quantize_blocks",
            "zero_plateau", "exact_scores", "check_topk", "TOL_EXACT", "TOL_FAST"]
@@ -76,8 +77,12 @@ def random_problem(rng, *, T=4, H=8, D=64, E=16, lens=None, top_k=32, L=None, P=
             raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
         if v < 1:
             raise ValueError(f"{name}: expected an int >= 1, got {v}")
-    if D % nvfp4.GROUP:
-        raise ValueError(f"D: expected a multiple of {nvfp4.GROUP} (the keys' scale groups), got {D}")
+    # the scorer's own limits: a problem it would refuse is refused here, by its argument's name
+    if D % 32 or D > MAX_HEAD_DIM:
+        raise ValueError(f"D: expected a multiple of 32 up to {MAX_HEAD_DIM} (what score_topk takes), got {D}")
+    if H > MAX_HEADS:
+        raise ValueError(f"H: expected at most {MAX_HEADS} heads (what score_topk takes), got {H}")
+    check_top_k(top_k)
     if not (isinstance(gscale_spread, numbers.Real) and 0 <= gscale_spread <= 100):
         raise ValueError(f"gscale_spread: expected a number in [0, 100] (powers of two), got {gscale_spread!r}")
     if lens is None:

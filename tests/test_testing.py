@@ -611,3 +611,19 @@ def test_accepts_a_score_past_float32_returned_as_inf(rng):
     bad = sc.copy()
     bad[0, 0] = -np.inf  # the wrong sign is still refused
     rejects(p, idx, bad)
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    (dict(D=16), ValueError, "^D: expected a multiple of 32 up to 256"),
+    (dict(D=48), ValueError, "^D: expected a multiple of 32"),
+    (dict(D=288), ValueError, "^D: expected a multiple of 32 up to 256"),
+    (dict(H=129), ValueError, "^H: expected at most 128 heads"),
+    (dict(top_k=0), ValueError, "^top_k: expected 1 <= top_k <= 4096"),
+    (dict(top_k=4097), ValueError, "^top_k: expected 1 <= top_k <= 4096"),
+    (dict(top_k=2.0), TypeError, "^top_k: expected an int"),
+])
+def test_random_problem_refuses_what_the_scorer_would_refuse(kw, error, match):
+    """A problem the scorer cannot take is refused as it is built, by its argument's name (it
+    was built, then refused by score_topk naming q or top_k)."""
+    with pytest.raises(error, match=match):
+        testing.random_problem(np.random.default_rng(0), **kw)
