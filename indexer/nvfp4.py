@@ -271,6 +271,15 @@ def quantize(x, global_scale=None):
         given scale broadcast to ``x.shape[:-1]``
 
     Raises ``ValueError`` for NaN or Inf input, a bad D or a bad global scale.
+
+    The arithmetic is float32's, as NVIDIA's and PyTorch's encoders compute it: the block
+    scale is ``e4m3(fl(block_amax / fl(6 * g)))`` and each code ``e2m1(fl(x / fl(s * g)))``,
+    each rounded to nearest-even. Where ``g`` is not a power of two, ``fl(6 * g)`` and
+    ``fl(s * g)`` round, and a quotient within an ulp of a rounding midpoint can land on the
+    other side of it than exact arithmetic would (a scale or code one step apart, its error
+    no larger). For a power-of-two ``g`` (``KeyPool``'s rule) the products are exact and each
+    quotient rounds once, so an encoder in exact arithmetic agrees byte for byte (short of
+    float32's subnormal range).
     """
     xp = arrays.module_of(x)
     x = arrays.as_array(xp, x, "x")
