@@ -665,3 +665,42 @@ def test_idempotence_fails_for_subnormal_scale_example():
     _, scales2, _ = nvfp4.quantize(y, g)
     # 3 * 2**-9 / 6 = 2**-10: the tie between 0 and 2**-9 rounds to the even code 0
     assert scales2[0] == 0x00
+
+
+def _exact_nearest_even(value, grid):
+    """The element of ``grid`` (ascending Fractions) nearest to Fraction ``value``, ties to the
+    one of even index (the grids below alternate even and odd significands), saturating."""
+    if value >= grid[-1]:
+        return len(grid) - 1
+    i = max(j for j, g in enumerate(grid) if g <= value)
+    low, high = grid[i], grid[i + 1]
+    if value - low != high - value:
+        return i if value - low < high - value else i + 1
+    return i if i % 2 == 0 else i + 1
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g_exp=st.integers(-20, 20), scale_byte=st.integers(8, 0x7E), mid=st.integers(0, 6),
+       ulps=st.integers(-3, 3), sign=st.sampled_from([1.0, -1.0]))
+def test_quantize_with_a_power_of_two_scale_rounds_as_exact_arithmetic(g_exp, scale_byte, mid, ulps, sign):
+    """A power-of-two global scale: each code is exact arithmetic's nearest-even E2M1 value of
+    x / (s g) even a float32 ulp or two from a midpoint (the README's claim; for other global
+    scales float32's products round and the two can differ). Values drawn on the midpoints
+    between E2M1 magnitudes, times a normal E4M3 scale, a few ulps either side."""
+    from fractions import Fraction
+
+    g = np.float32(2.0**g_exp)
+    s = Fraction(float(nvfp4.e4m3_decode(np.array([scale_byte], np.uint8))[0]))
+    magnitudes = [Fraction(v).limit_denominator() for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)]
+    target = (magnitudes[mid] + magnitudes[mid + 1]) / 2 * s * Fraction(float(g))
+    x = np.float32(float(target))
+    for _ in range(abs(ulps)):
+        x = np.nextafter(x, np.float32(np.inf if ulps > 0 else -np.inf))
+    block = np.zeros((1, 16), np.float32)
+    block[0, 0] = np.float32(6.0) * np.float32(float(s)) * g  # the block's amax: the scale is s exactly
+    block[0, 1] = sign * x
+    codes, scales, _ = nvfp4.quantize(block, g)
+    assert int(scales[0, 0]) == scale_byte
+    want = _exact_nearest_even(Fraction(float(x)) / (s * Fraction(float(g))), magnitudes)
+    got = int(codes[0, 0] >> 4) & 0x7
+    assert got == want, (float(x), got, want)
