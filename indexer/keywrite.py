@@ -168,7 +168,9 @@ def write_keys(keys, slots, keys_fp4, key_scale, key_gscale, *, validate=True, s
         the argument, nothing written. On device arrays that costs one read-back; False
         skips it, so the call neither waits for the GPU nor allocates (with C-contiguous
         device inputs): a CUDA graph can capture it. Unchecked bad values are written as
-        garbage, never outside the pool's arrays; an out-of-range slot is skipped.
+        garbage, never outside the pool's arrays; an out-of-range slot is skipped. The host
+        form (NumPy pool arrays) always checks, ``validate=False`` too: its encoder refuses
+        bad keys, and it has no device to wait for.
     stream : where the GPU form runs, as ``score_topk``'s ``stream=``.
 
     Keys for one block in one call must be one run: consecutive positions with consecutive

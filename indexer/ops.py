@@ -116,8 +116,10 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
         validates (there is no device to synchronise with).
     out : None, int32 (T, top_k), or with ``return_scores`` a pair (int32 (T, top_k),
         float32 (T, top_k)): C-contiguous arrays the result is written into, of the
-        result's framework and device (NumPy for the NumPy backend and host inputs; CuPy,
-        PyTorch CUDA or another DLPack CUDA array like ``q`` on the GPU, written zero-copy).
+        result's framework and device (NumPy for the NumPy backend and host inputs, PyTorch
+        CPU tensors among them; on the GPU a PyTorch CUDA tensor for PyTorch inputs, a CuPy
+        array for CuPy, JAX (whose arrays are immutable) or other DLPack CUDA inputs,
+        written zero-copy).
         The call then returns ``out`` itself and allocates no result arrays. ``out`` must
         not share memory with an input or between its pair (ValueError naming it; on the
         GPU a check ``validate=False`` skips with the value checks, ~4-8 us of host time).
@@ -138,7 +140,8 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     Returns
     -------
     indices : int32 (T, top_k), highest score first, ties to the lower index, -1 padding;
-        NumPy for NumPy inputs, CuPy for device inputs, PyTorch for PyTorch tensors.
+        NumPy for NumPy inputs and PyTorch CPU tensors, CuPy for CuPy and other DLPack CUDA
+        inputs, PyTorch for PyTorch CUDA tensors, JAX for JAX arrays.
     scores : float32 (T, top_k), only with ``return_scores``.
     With ``out``: ``out`` itself, filled.
 

@@ -45,4 +45,10 @@ def main(path, threshold):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    if len(sys.argv) != 3:
+        print("usage: python scripts/check_coverage.py COVERAGE_JSON THRESHOLD_PERCENT", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main(sys.argv[1], float(sys.argv[2])))

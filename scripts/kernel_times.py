@@ -10,11 +10,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from indexer import bench, cuda_ops  # noqa: E402
+from indexer import bench  # noqa: E402
 
 
 def main(name: str) -> None:
     cp = bench.require_gpu()
+    from indexer import cuda_ops  # noqa: PLC0415  (imports CuPy)
+
     case = bench.select_cases(name)[0]
     sets, _ = bench.input_sets(case, cp, 0)
     x = sets[0]
@@ -24,4 +26,14 @@ def main(name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    if len(sys.argv) != 2:
+        print("usage: python scripts/kernel_times.py CASE", file=sys.stderr)
+        sys.exit(2)
+    try:
+        main(sys.argv[1])
+    except (bench.GPUUnavailable, ValueError) as exc:  # no GPU, or an unknown case: one line
+        print(f"kernel_times: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -112,6 +112,13 @@ def main(argv=None) -> int:
     ap.add_argument("--static", action="store_true",
                     help="no GPU: registers and static shared memory from each kernel's sm_90a cubin, sm_90's limits")
     args = ap.parse_args(argv)
+    cp = None
+    if not args.static:
+        try:
+            cp = bench.require_gpu()
+        except bench.GPUUnavailable as exc:
+            print(f"{exc} (--static needs none)")
+            return 2
     print(f"{'kernel':36s} {'regs':>5s} {'static B':>9s} {'dynamic B':>10s} {'fit/SM':>7s} {'launched/SM':>12s}")
     if args.static:
         import sass_census  # noqa: PLC0415  (scripts/: NVRTC and cuobjdump)
@@ -123,7 +130,6 @@ def main(argv=None) -> int:
             frame = use.get("STACK", 0) + use.get("LOCAL", 0)  # spills go to the stack frame
             print(line(name, use["REG"], static, smem, fit, launched, f"  (stack frame {frame} B a thread)" if frame else ""))
         return 0
-    cp = bench.require_gpu()
     cp.zeros(1)  # a context on the current device
     for source, name, threads, smem, launched in rows():
         k = _jit.get_kernel(source, name)

@@ -328,7 +328,11 @@ def main(argv=None) -> int:
         cases = bench.select_cases(args.cases)
     except ValueError as e:
         ap.error(str(e))
-    cp = bench.require_gpu()
+    try:
+        cp = bench.require_gpu()
+    except bench.GPUUnavailable as exc:
+        print(exc)
+        return 2
     from indexer import Workspace, cuda_ops  # noqa: PLC0415  (GPU only)
 
     tag, select_tag = f"{SOURCE}@timeline", f"{SELECT_SOURCE}@timeline"

@@ -309,7 +309,14 @@ def burst_main(launch_counts=(2, 8, 40), rounds=3, onset_launches=300) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--burst"]:
-        burst_main()
-    else:
-        main(*(sys.argv[1:2]), *(float(a) for a in sys.argv[2:3]))
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    try:
+        if sys.argv[1:2] == ["--burst"]:
+            burst_main()
+        else:
+            main(*(sys.argv[1:2]), *(float(a) for a in sys.argv[2:3]))
+    except bench.GPUUnavailable as exc:
+        print(exc)
+        sys.exit(2)
