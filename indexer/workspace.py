@@ -98,7 +98,10 @@ class Workspace:
         # read-backs of validate=True and host results), over all devices
         self._turn = threading.RLock()
         self._depth = 0  # calls inside calls (a grouped call's per-token table, then its scoring)
-        self._ended = {}  # device id -> (event the last call recorded at its end, its stream's pointer)
+        # device id -> (event the last call recorded at its end, its stream's key, the stream
+        # object: kept alive, so a stream CuPy owns is not destroyed while its call may still
+        # run and its handle handed to a new stream, which would then pass for the same one)
+        self._ended = {}
         self._zero_at_rest = {}  # device id -> whether its "zeroed" part is all zero now
         self._views = {}  # (device id, key) -> what `views` made of the launch buffer
         self._claim_views = {}  # (device id, "claims") -> (its buffer, the two pairs' views)
@@ -337,7 +340,7 @@ class _Turn:  # gpu-only
         cp = arrays.cupy()
         event = self.event if self.event is not None else cp.cuda.Event(disable_timing=True)
         cp.cuda.runtime.eventRecord(event.ptr, self.stream.ptr)
-        self.ws._ended[self.device] = (event, self.key)
+        self.ws._ended[self.device] = (event, self.key, self.stream)
 
     def _leave(self):
         if self.counted:

@@ -205,3 +205,27 @@ def test_the_pytorch_operators_on_two_torch_streams_share_their_device_workspace
         for name, (idx, sc) in got.items():
             np.testing.assert_array_equal(idx.cpu().numpy(), want[name][0])
             assert sc.cpu().numpy().tobytes() == want[name][1].tobytes()
+
+
+def test_a_call_on_a_stream_dropped_meanwhile_is_waited_for_by_the_next_stream():
+    """The last call's stream is kept alive by the workspace: dropped by the caller while its
+    call still runs (a spin holds it on the GPU), its handle is not handed to the next stream
+    made, which would pass for the same stream and skip the wait; the next call on a new
+    stream gives its lone answer."""
+    cp = arrays.cupy()
+    long, short = problems()
+    dev_long, dev_short = on_device(long), on_device(short)
+    want = alone(dev_short, short)
+    ws = indexer.Workspace()
+    first = cp.cuda.Stream(non_blocking=True)
+    handle = first.ptr
+    spin(first)
+    with first:
+        indexer.score_topk(*dev_long, long.top_k, workspace=ws, validate=False)
+    del first  # the caller's last reference
+    second = cp.cuda.Stream(non_blocking=True)
+    assert second.ptr != handle  # the first stream is not destroyed yet: its handle is not reused
+    with second:
+        got = indexer.score_topk(*dev_short, short.top_k, return_scores=True, workspace=ws, validate=False)
+    second.synchronize()
+    assert_same(got, want)
