@@ -117,38 +117,19 @@ ARGUMENT_DTYPES = {"q": "float32, float16, bfloat16 or float8_e4m3fn", "w": "flo
                    "key_gscale": "float32", "block_table": "int32", "valid_lens": "int32", "cu_seqlens_q": "int32"}
 
 
-def check_kinds(names, xs, *, for_gpu=False) -> None:
+def check_kinds(names, xs, *, in_order=False) -> None:
     """TypeError naming the first of ``xs`` that is neither a NumPy or CuPy array nor a
     DLPack CUDA array (what the GPU path takes), or a PyTorch tensor of a dtype NumPy and
-    CuPy lack (``check_torch_dtype``). ``for_gpu`` (the GPU path's arrays): also ValueError
-    naming a NumPy array that is not C-contiguous, as the NumPy backend refuses it (the copy
-    to the device would otherwise put it in order unasked), and NumPy arrays beside device
-    arrays (each would be copied to the device at every call, as neither CuPy nor PyTorch
-    mixes them unasked)."""
-    on_host = 0
+    CuPy lack (``check_torch_dtype``). ``in_order``: also ValueError naming a NumPy array
+    that is not C-contiguous, as the NumPy backend refuses it (the GPU path's copy to the
+    device would otherwise put it in order unasked)."""
     for name, x in zip(names, xs):
         if isinstance(x, np.ndarray):
-            on_host += 1
-            if for_gpu and not x.flags.c_contiguous:
+            if in_order and not x.flags.c_contiguous:
                 raise ValueError(f"{name}: expected a C-contiguous array")
         elif not (is_cupy(x) or is_device_array(x)):
             raise TypeError(f"{name}: expected a NumPy, CuPy or DLPack CUDA array, got {type(x).__name__}")
         check_torch_dtype(name, x)
-    if for_gpu and 0 < on_host < len(xs):
-        # named: the first array that lies elsewhere than the first one (q)
-        odd = next(n for n, x in zip(names, xs) if isinstance(x, np.ndarray) != isinstance(xs[0], np.ndarray))
-        where = ", ".join(f"{name} on {_place_name(x)}" for name, x in zip(names, xs))
-        raise ValueError(f"{odd}: all arrays must be on one device, got {where}")
-
-
-def _place_name(x) -> str:
-    """Where array ``x`` lives, for an error message: 'cpu', 'cuda:N' or the tensor's device."""
-    if isinstance(x, np.ndarray):
-        return "cpu"
-    if is_cupy(x):  # gpu-only
-        return f"cuda:{x.data.device_id}"
-    device = getattr(x, "device", None)  # gpu-only: a PyTorch tensor's, or a DLPack array's
-    return str(device) if device is not None else "a GPU"
 
 
 def check_torch_dtype(name, x) -> None:

@@ -69,7 +69,7 @@ def score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, t
     like = q
     names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
     given = (q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens)
-    arrays.check_kinds(names, given, for_gpu=True)
+    arrays.check_kinds(names, given, in_order=True)
     # everything from the DLPack imports to the results runs on one stream: PyTorch's current
     # one for tensors (so a torch.cuda.graph capture records it), or the one asked for
     # and the workspace's turn: calls sharing it on other streams or threads run before or after

@@ -73,19 +73,22 @@ def _axes(ax, figsize):
 
 def _on_host(x, name):
     """A NumPy array of ``x`` (NumPy, CuPy, PyTorch; copied to the host), a bfloat16 or float8
-    array (ml_dtypes' or PyTorch's) widened to float32, whose every value it holds; TypeError
+    array (ml_dtypes' or PyTorch's, any float8 format) widened to float32, whose every value
+    it holds; TypeError
     naming ``name`` for a tensor that holds no values to read (sparse, nested, on 'meta')."""
     reason = arrays.torch_refusal(x, grad=False, sign=False)  # (to_numpy detaches and resolves signs)
     if reason is not None:
         raise TypeError(f"{name}: {reason}")
-    if arrays.framework_of(x) == "torch" and arrays.dtype_name(x) in arrays.BITS_DTYPES:  # gpu-only (no torch dependency)
-        x = x.detach().float()
+    if arrays.framework_of(x) == "torch" and x.is_floating_point() and arrays.dtype_name(x) not in _NUMPY_FLOATS:
+        x = x.detach().float()  # a float type NumPy lacks (bfloat16, the float8s): its values
     a = arrays.to_numpy(x)
     if arrays.dtype_name(a) in _NARROW_FLOATS:  # ml_dtypes' types: NumPy sees kind 'V'
         a = a.astype(np.float32)
     return a
 
 
+# float types NumPy holds itself
+_NUMPY_FLOATS = ("float16", "float32", "float64")
 # float types narrower than float16 that ml_dtypes gives NumPy (each value exact in float32)
 _NARROW_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float4_e2m1fn")
 

@@ -123,7 +123,8 @@ class PreparedCall:
             given += (cu_seqlens_q,)
         # PyTorch host tensors are taken as NumPy arrays are, where every array is on the host
         taken = ops.host_tensors_as_arrays(_NAMES, given) if arrays.any_torch(given) else given
-        arrays.check_kinds(_NAMES, taken)
+        # a host array out of C order refused once here, as each call of either backend would
+        arrays.check_kinds(_NAMES, taken, in_order=True)
         self.backend = ops._pick_backend(backend, given)
         self.precision, self.return_scores, self.physical = precision, bool(return_scores), bool(physical)
         self.workspace = workspace if workspace is not None else Workspace()

@@ -210,9 +210,12 @@ def test_host_arrays_out_of_order_are_refused_by_name_as_the_numpy_backend_refus
     for backend in ("numpy", "cuda"):
         with pytest.raises(ValueError, match=message):
             indexer.score_topk(*given.values(), p.top_k, backend=backend)
-        if backend == "cuda":
-            with pytest.raises(ValueError, match=message):
-                indexer.prepare(*given.values(), p.top_k, backend=backend)(*given.values())
+    for backend in ("numpy", "cuda"):  # refused as prepared, not at each call after
+        with pytest.raises(ValueError, match=message):
+            indexer.prepare(*given.values(), p.top_k, backend=backend)
+    step = indexer.prepare(*p.arrays(), p.top_k, backend="cuda")
+    with pytest.raises(ValueError, match=message):
+        step(*given.values())
     try:
         import torch  # noqa: PLC0415  (optional here)
     except ImportError:

@@ -236,19 +236,26 @@ def test_a_misaligned_block_table_is_refused_by_name_before_any_launch(prepared)
     assert (indexer.score_topk_ragged(*a, 4).get() == want).all()
 
 
-def test_host_arrays_beside_device_arrays_are_refused_by_name():
-    """NumPy arrays beside CuPy arrays: refused naming the first that lies elsewhere than q
-    (before, each was copied to the device at every call and the result followed q), as a
-    PyTorch CPU tensor beside CUDA tensors is; a grouped call's host offsets likewise."""
+def test_host_arrays_beside_device_arrays_are_copied_and_the_result_follows_q():
+    """A NumPy array beside CuPy arrays (a KeyPool on the GPU scoring host queries, as the
+    README's first snippet does) is copied to the device: the same bits as the all-device
+    call, a NumPy result where q is NumPy; a NumPy array out of C order is refused by name
+    there too; a grouped call's offsets must lie where its table does."""
     cp = arrays.cupy()
     p = testing.random_problem(np.random.default_rng(6), T=2, H=8, D=64, E=16, L=4, lens=[40, 64], top_k=10)
     host = p.arrays()
+    want = indexer.score_topk(*[cp.asarray(x) for x in host], p.top_k, return_scores=True)
     for i, name in enumerate(testing.ARRAY_NAMES):
         mixed = [cp.asarray(x) for x in host]
         mixed[i] = host[i]
-        odd = name if i else "w"  # a host q: the first device array is named
-        with pytest.raises(ValueError, match=f"^{odd}: all arrays must be on one device, got q on "):
-            indexer.score_topk(*mixed, p.top_k, validate=False)
+        got = indexer.score_topk(*mixed, p.top_k, return_scores=True)
+        assert isinstance(got[0], np.ndarray) == (i == 0)
+        for a, b in zip(got, want):
+            assert arrays.to_numpy(a).tobytes() == b.get().tobytes()
+        wide = np.repeat(host[i], 2, axis=-1)
+        mixed[i] = wide[..., ::2]
+        with pytest.raises(ValueError, match=f"^{name}: expected a C-contiguous array$"):
+            indexer.score_topk(*mixed, p.top_k)
     args = grouped_problem(np.random.default_rng(7), [2, 1], H=8, D=64, E=16)
     mixed = [cp.asarray(x) for x in args[:6]] + [args[6], cp.asarray(args[7])]
     with pytest.raises(ValueError, match="^cu_seqlens_q: expected the device of block_table"):

@@ -540,7 +540,7 @@ def test_pytorch_scores_of_narrow_dtypes_and_tensors_without_values():
     'meta' is refused naming the argument (before, PyTorch's own errors, naming nothing)."""
     torch = pytest.importorskip("torch")
     row = torch.linspace(-2.0, 2.0, 64)
-    for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+    for dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
         narrow = row.to(dtype)
         ax = plot.score_distribution(narrow, top_k=3).axes[0]
         assert threshold_line(ax)[0] == float(torch.sort(narrow.float()).values[-3])
