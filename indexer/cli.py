@@ -44,14 +44,26 @@ def _one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+# click 8.2+: 'indexer' with no arguments raises this UsageError, its message the whole help
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class _Group(click.Group):
     """Turns library errors and usage errors into one ``error:`` line."""
 
     def make_context(self, info_name, args, parent=None, **extra):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # no command: the help itself, as older click prints it
+            click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+            raise click.exceptions.Exit(0) from None
         except click.UsageError as exc:  # the group's own options ('indexer --bogus')
             raise CliError(f"{exc.format_message()} (see '{info_name} --help')") from None
+
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        ctx.meta["indexer.command"] = name  # for a usage error raised without its context
+        return name, command, rest
 
     def invoke(self, ctx):
         try:
@@ -59,7 +71,9 @@ class _Group(click.Group):
         except (click.exceptions.Exit, click.Abort, CliError):
             raise  # Exit and Abort are RuntimeErrors: let click handle them
         except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            # a subcommand's option missing its value comes without the subcommand's context
+            where = exc.ctx.command_path if exc.ctx is not None else \
+                " ".join(filter(None, (ctx.command_path, ctx.meta.get("indexer.command"))))
             raise CliError(f"{exc.format_message()} (see '{where} --help')") from None
         except _USER_ERRORS as exc:
             if os.environ.get("INDEXER_DEBUG", "0") not in ("", "0"):
@@ -310,7 +324,8 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         if io.file_format(out) == ".npy" and with_scores:
             raise CliError(f"{out}: a .npy file holds one array, and --scores asks for two (indices, scores); "
                            "use .npz or .safetensors")
-        io.check_writable(out)
+        io.check_format_writable(out)
+        io.check_writable(out, inputs=(input_path,))
     problem, k = io.load_problem(data, top_k=top_k, name=input_path)
     t0 = time.perf_counter()
     indices, scores = _score_in_chunks(problem, k, chunk, backend=backend, precision=precision, physical=physical)
@@ -341,7 +356,9 @@ def _score_in_chunks(problem, k, chunk, **kwargs):
     """score_topk over runs of ``chunk`` query rows (the pool arrays are shared), so the
     working memory is bounded by the chunk, not the file; NumPy results."""
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    validate.check_score_topk(*problem, k, values=False)  # shapes: refused before any bar is drawn
+    # shapes and values of the whole input, refused before any chunk is scored or a bar drawn
+    # (a chunk's own check would name its rows from the chunk's start)
+    validate.check_score_topk(*problem, k, values=True)
     T = int(q.shape[0])
     starts = list(range(0, max(T, 1), chunk))
     parts = []
@@ -386,7 +403,8 @@ def pack(keys_path, out, E, num_blocks, as_json):
 
     if io.file_format(out) == ".npy":
         raise ValueError(f"{out}: a pool is saved as .npz or .safetensors, not .npy")
-    io.check_writable(out)  # before the work
+    io.check_format_writable(out)  # before the work
+    io.check_writable(out, inputs=(keys_path,))
     sequences = io.key_sequences(io.read_arrays(keys_path), name=keys_path)
     D = next(iter(sequences.values())).shape[1]
     needed = io.blocks_needed(sequences, E)
@@ -403,7 +421,13 @@ def pack(keys_path, out, E, num_blocks, as_json):
                 msg = said + msg[len(arg):]
         raise ValueError(msg) from None
     for sid, keys in sequences.items():
-        pool.append(sid, keys)
+        try:
+            pool.append(sid, keys)
+        except ValueError as exc:  # named as this command's user knows them: the file's array
+            raise ValueError(f"{keys_path}: array '{sid}': {exc}") from None
+        except RuntimeError as exc:  # a full pool: --num-blocks too small
+            raise ValueError(f"--num-blocks {blocks}: too few blocks for {keys_path}'s keys "
+                             f"(they need {needed}): {exc}") from None
     pool.save(out)
     total = sum(a.shape[0] for a in sequences.values())
     empty = len(sequences) - len(pool.sequences)
@@ -687,7 +711,7 @@ def plot(input_path, out, kind, query, top_k, backend, as_json):
     except ImportError as exc:
         raise CliError(_one_line(exc)) from None
     _check_image_path(out, fig)  # an unknown image type fails before the work
-    io.check_writable(out, in_place=True)  # (savefig writes the file where it is)
+    io.check_writable(out, in_place=True, inputs=(input_path,))  # (savefig writes the file where it is)
     if kind == "bench":
         _plot_bench(ax, input_path)
     else:

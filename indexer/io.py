@@ -118,7 +118,9 @@ def read_arrays(path) -> dict[str, np.ndarray]:
 
     An ``.npy`` file gives one array named after the file's stem. Never unpickles: a
     file holding an object array raises ``ValueError``, as do a missing file, an unknown
-    extension and a truncated or corrupt file (the message names the path).
+    extension and a truncated or corrupt file (the message names the path). Arrays come
+    back in C order: one NumPy saved in Fortran order (a transpose's, ``w = w_ht.T``) holds
+    the same values, and a file's user cannot see its memory layout.
     """
     fmt = file_format(path)
     p = Path(path)
@@ -156,7 +158,7 @@ def read_arrays(path) -> dict[str, np.ndarray]:
         if a.dtype.kind == "V" and a.dtype.names is None:  # how NumPy saves ml_dtypes' bfloat16 and float8
             raise ValueError(f"{path}: array {name!r} holds raw {a.dtype.itemsize}-byte values ({a.dtype.str}), "
                              f"as {fmt} keeps a bfloat16 or float8 array: save it as float32, or in .safetensors")
-    return found
+    return {name: np.asarray(a, order="C") for name, a in found.items()}  # (no copy for C-order arrays)
 
 
 class _ArrayError(ValueError):
@@ -164,8 +166,10 @@ class _ArrayError(ValueError):
 
 
 #: safetensors dtypes that its NumPy reader cannot name (it looks them up on NumPy itself),
-#: read here as raw bytes viewed as ml_dtypes' type: an FP8 query a PyTorch pipeline saved
-_ML_DTYPES_TENSORS = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu"}
+#: read here as raw bytes viewed as ml_dtypes' type: a bfloat16 or FP8 query a PyTorch
+#: pipeline saved (without ml_dtypes, named with the way to get it)
+_ML_DTYPES_TENSORS = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+                      "F8_E8M0": "float8_e8m0fnu"}
 
 
 def _read_safetensors(path, p):
@@ -342,17 +346,23 @@ def replaced_atomically(path):
         raise
 
 
-def check_writable(path, *, in_place=False) -> Path:
+def check_writable(path, *, in_place=False, inputs=()) -> Path:
     """The file ``path`` names (through a symbolic link), where a file can be written there
     as far as can be told before writing: OSError naming ``path`` for a missing folder, a
     folder at the path, a read-only file (a rename would replace it: honoured as open() would)
     or a folder that is not writable (``in_place``: the file is written where it is, so a
-    writable file there needs no writable folder). Commands call it before the work whose
-    result it takes."""
+    writable file there needs no writable folder); ValueError where it is one of the files
+    ``inputs`` (paths the command reads: their data would be replaced by its result).
+    Commands call it before the work whose result it takes."""
     try:
         p = Path(os.path.realpath(path))
+        for given in inputs:
+            if p == Path(os.path.realpath(given)) or (p.exists() and os.path.exists(given)
+                                                      and os.path.samefile(p, given)):
+                raise ValueError(f"{path}: is the input file {given}, which the result would replace; "
+                                 "write it to another file")
         if not p.parent.is_dir():
-            raise FileNotFoundError(f"{path}: folder {str(Path(path).parent)!r} does not exist")
+            raise FileNotFoundError(f"{path}: folder {str(p.parent)!r} does not exist")
         if len(os.fsencode(p.name)) > _name_max(p.parent):
             raise OSError(f"{path}: the file name is longer than its file system allows")
         if p.is_dir():
@@ -364,6 +374,13 @@ def check_writable(path, *, in_place=False) -> Path:
     except ValueError as exc:  # a NUL in the path
         raise ValueError(f"{path!r}: not a usable path ({exc})") from None
     return p
+
+
+def check_format_writable(path) -> None:
+    """ValueError naming ``path`` where its format cannot be written here (``.safetensors``
+    without the ``safetensors`` package): for commands to call before their work."""
+    if file_format(path) == ".safetensors":
+        _safetensors(path)
 
 
 def _name_max(folder) -> int:

@@ -191,9 +191,10 @@ def _parse_device(device):
 
 
 def _file_kind(path):
-    if path.endswith(".npz"):
+    suffix = path.lower()  # as indexer.io names formats: POOL.NPZ is an .npz file
+    if suffix.endswith(".npz"):
         return "npz"
-    if path.endswith(".safetensors"):
+    if suffix.endswith(".safetensors"):
         return "safetensors"
     raise ValueError(f"path: expected a file name ending in .npz or .safetensors, got {path!r}")
 

@@ -668,3 +668,81 @@ def test_demo_on_numpy_checks_at_the_exact_tolerance(run):
     r = run("demo", "--backend", "numpy", "--entries", "64", "--top-k", "8", "--queries", "1", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["tol"] == testing.TOL_EXACT
+
+
+def test_an_output_that_is_the_input_file_is_refused_before_the_work(run, rng, tmp_path, no_gpu):
+    """--out naming the input (directly or through a link): refused, the input kept (before,
+    'score in.npz --out in.npz' replaced the problem with its indices)."""
+    _, path = problem_file(tmp_path, rng, top_k=4)
+    before = path.read_bytes()
+    link = tmp_path / "link.npz"
+    link.symlink_to(path)
+    for out in (path, link):
+        assert_error(run("score", path, "--out", out), "is the input file", "write it to another file")
+    _, keys_path = _write_keys(tmp_path, rng)
+    keys_before = keys_path.read_bytes()
+    assert_error(run("pack", keys_path, "--out", keys_path), "is the input file")
+    assert path.read_bytes() == before and keys_path.read_bytes() == keys_before
+
+
+def test_a_bad_row_past_the_first_chunk_is_named_by_its_own_row_before_any_scoring(run, rng, tmp_path, no_gpu):
+    """Values are checked over the whole input first: the message names the row as the file
+    numbers it (a chunk's check named it from the chunk's start), and no bar is drawn."""
+    p = testing.random_problem(rng, T=9, H=4, D=32, E=8, lens=8, L=2, top_k=3)
+    data = dict(zip(io.PROBLEM_NAMES, p.arrays()))
+    data["block_table"][7, 0] = 99_999
+    path = tmp_path / "bad_row.npz"
+    io.write_arrays(path, data)
+    r = run("score", path, "--top-k", "3", "--chunk", "2")
+    assert_error(r, "block_table", "got 99999 at row 7")
+    assert "scoring" not in r.stderr
+
+
+def test_a_pool_file_name_in_capitals_is_written(run, rng, tmp_path, no_gpu):
+    _, keys_path = _write_keys(tmp_path, rng)
+    r = run("pack", keys_path, "--out", tmp_path / "POOL.NPZ")
+    assert r.exit_code == 0, r.output
+    assert KeyPool.load(str(tmp_path / "POOL.NPZ")).sequences
+
+
+def test_safetensors_output_without_the_package_is_refused_before_the_work(run, rng, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # an import of it fails
+    _, keys_path = _write_keys(tmp_path, rng)
+    assert_error(run("pack", keys_path, "--out", tmp_path / "p.safetensors"), "p.safetensors", "pip install safetensors")
+    assert not (tmp_path / "p.safetensors").exists()
+
+
+def test_arrays_saved_in_fortran_order_are_read_as_their_values(run, rng, tmp_path, no_gpu):
+    """w saved as a transpose's view (np.save keeps Fortran order): scored as its values (it
+    was refused as not C-contiguous, a layout the file's user cannot see)."""
+    p, path = problem_file(tmp_path, rng, top_k=4)
+    data = dict(zip(io.PROBLEM_NAMES, p.arrays()))
+    data["w"] = np.ascontiguousarray(data["w"].T).T
+    assert data["w"].flags.f_contiguous and not data["w"].flags.c_contiguous
+    fortran = tmp_path / "fortran.npz"
+    np.savez(fortran, **data, top_k=np.array(4, np.int32))
+    want = run("score", path, "--json")
+    got = run("score", fortran, "--json")
+    assert got.exit_code == 0, got.output
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+
+
+def test_no_arguments_print_the_help_and_a_missing_value_names_its_command(run):
+    r = run()
+    assert r.exit_code == 0 and r.stdout.startswith("Usage: indexer") and "error" not in r.stdout
+    assert_error(run("score", "x.npz", "--top-k"), "requires an argument", "(see 'indexer score --help')")
+
+
+def test_pack_names_the_array_a_bad_key_came_from(run, tmp_path):
+    keys = np.ones((4, 32), np.float32)
+    keys[2, 3] = np.nan
+    path = tmp_path / "k_nan.npz"
+    io.write_arrays(path, {"s7": keys})
+    assert_error(run("pack", path, "--out", tmp_path / "p.npz"), "k_nan.npz: array 's7': keys: NaN or Inf")
+
+
+def test_python_dash_m_indexer_runs_the_command_line():
+    import subprocess  # noqa: PLC0415
+
+    r = subprocess.run([sys.executable, "-m", "indexer", "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("indexer, version"), r.stdout + r.stderr

@@ -79,7 +79,8 @@ def test_safetensors_round_trip(tmp_path, rng):
 
 
 @pytest.mark.parametrize("kind", ("bfloat16", "float8_e4m3fn"))
-def test_bfloat16_and_float8_go_to_safetensors_bit_for_bit_and_are_refused_by_npz_and_npy(tmp_path, rng, kind):
+def test_bfloat16_and_float8_go_to_safetensors_bit_for_bit_and_are_refused_by_npz_and_npy(tmp_path, rng, kind,
+                                                                                          monkeypatch):
     """A bf16 model's query, or DeepSeek's FP8 one: .safetensors keeps its bits (from
     ml_dtypes' NumPy array, or from a PyTorch tensor where one is installed); .npz and .npy
     would save raw bytes that read back as no float type, so the write is refused by name."""
@@ -104,6 +105,11 @@ def test_bfloat16_and_float8_go_to_safetensors_bit_for_bit_and_are_refused_by_np
         with pytest.raises(ValueError, match=f"array 'q' is {kind}, which \\{fmt} cannot hold"):
             io.write_arrays(tmp_path / f"q{fmt}", {"q": q})
         assert not (tmp_path / f"q{fmt}").exists()
+    # read where ml_dtypes is missing: the array and the way out named, not the file blamed
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "ml_dtypes", None)  # an import of it fails
+        with pytest.raises(ValueError, match=f"array 'q' is {kind}, which NumPy holds only through ml_dtypes"):
+            io.read_arrays(tmp_path / "q0.safetensors")
 
 
 @pytest.mark.parametrize("kind", ("bfloat16", "float8_e4m3fn"))
