@@ -2,4 +2,5 @@
 
 from .cli import main
 
-main(prog_name="indexer")
+if __name__ == "__main__":  # (a tool that imports the module, to document it, runs nothing)
+    main(prog_name="indexer")

@@ -319,16 +319,18 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
       indexer score pool_and_queries.npz --top-k 64 --physical --out topk.npz --scores
     """
     _use_device(device, backend)
-    data = io.read_arrays(input_path)
     if out is not None:  # an output that cannot be written fails before the work
         if io.file_format(out) == ".npy" and with_scores:
             raise CliError(f"{out}: a .npy file holds one array, and --scores asks for two (indices, scores); "
                            "use .npz or .safetensors")
         io.check_format_writable(out)
         io.check_writable(out, inputs=(input_path,))
+    data = io.read_arrays(input_path)
     problem, k = io.load_problem(data, top_k=top_k, name=input_path)
+    _check_in_chunks(problem, k, chunk)  # every value, before any row is scored
     t0 = time.perf_counter()
-    indices, scores = _score_in_chunks(problem, k, chunk, backend=backend, precision=precision, physical=physical)
+    indices, scores = _score_in_chunks(problem, k, chunk, backend=backend, precision=precision, physical=physical,
+                                       validate=False)
     ms = (time.perf_counter() - t0) * 1e3
     if out is not None:
         result = {"indices": indices}
@@ -352,13 +354,23 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         click.echo(_table(headers, _top_rows(indices, scores if with_scores else None)))
 
 
+def _check_in_chunks(problem, k, chunk):
+    """``score_topk``'s checks of the whole (host) input, values included, a run of ``chunk``
+    rows at a time (the working memory bounded by the chunk, as the scoring's), each row
+    named as the file numbers it: refused before any row is scored or a bar drawn."""
+    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
+    validate.check_score_topk(*problem, k, values=False)  # shapes first, of the whole input
+    for r0 in range(0, int(q.shape[0]), chunk):
+        r1 = r0 + chunk
+        validate.check_score_topk(q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1],
+                                  valid_lens[r0:r1], k, values=True, first_row=r0)
+
+
 def _score_in_chunks(problem, k, chunk, **kwargs):
     """score_topk over runs of ``chunk`` query rows (the pool arrays are shared), so the
     working memory is bounded by the chunk, not the file; NumPy results."""
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    # shapes and values of the whole input, refused before any chunk is scored or a bar drawn
-    # (a chunk's own check would name its rows from the chunk's start)
-    validate.check_score_topk(*problem, k, values=True)
+    validate.check_score_topk(*problem, k, values=False)  # shapes: refused before any bar is drawn
     T = int(q.shape[0])
     starts = list(range(0, max(T, 1), chunk))
     parts = []
@@ -405,7 +417,9 @@ def pack(keys_path, out, E, num_blocks, as_json):
         raise ValueError(f"{out}: a pool is saved as .npz or .safetensors, not .npy")
     io.check_format_writable(out)  # before the work
     io.check_writable(out, inputs=(keys_path,))
-    sequences = io.key_sequences(io.read_arrays(keys_path), name=keys_path)
+    data = io.read_arrays(keys_path)
+    sequences = io.key_sequences(data, name=keys_path)
+    array_of = dict(zip(sequences, data))  # sequence id -> the file's array name ('007' for id 7)
     D = next(iter(sequences.values())).shape[1]
     needed = io.blocks_needed(sequences, E)
     blocks = num_blocks if num_blocks is not None else max(1, needed)
@@ -424,7 +438,7 @@ def pack(keys_path, out, E, num_blocks, as_json):
         try:
             pool.append(sid, keys)
         except ValueError as exc:  # named as this command's user knows them: the file's array
-            raise ValueError(f"{keys_path}: array '{sid}': {exc}") from None
+            raise ValueError(f"{keys_path}: array {array_of[sid]!r}: {exc}") from None
         except RuntimeError as exc:  # a full pool: --num-blocks too small
             raise ValueError(f"--num-blocks {blocks}: too few blocks for {keys_path}'s keys "
                              f"(they need {needed}): {exc}") from None

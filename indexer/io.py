@@ -356,11 +356,13 @@ def check_writable(path, *, in_place=False, inputs=()) -> Path:
     Commands call it before the work whose result it takes."""
     try:
         p = Path(os.path.realpath(path))
-        for given in inputs:
-            if p == Path(os.path.realpath(given)) or (p.exists() and os.path.exists(given)
-                                                      and os.path.samefile(p, given)):
-                raise ValueError(f"{path}: is the input file {given}, which the result would replace; "
-                                 "write it to another file")
+    except ValueError as exc:  # a NUL in the path
+        raise ValueError(f"{path!r}: not a usable path ({exc})") from None
+    for given in inputs:  # (a missing input is reported as such by its reader)
+        if p.exists() and os.path.exists(given) and os.path.samefile(p, given):  # links, hard links too
+            raise ValueError(f"{path}: is the input file {given}, which the result would replace; "
+                             "write it to another file")
+    try:
         if not p.parent.is_dir():
             raise FileNotFoundError(f"{path}: folder {str(p.parent)!r} does not exist")
         if len(os.fsencode(p.name)) > _name_max(p.parent):

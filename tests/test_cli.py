@@ -677,11 +677,16 @@ def test_an_output_that_is_the_input_file_is_refused_before_the_work(run, rng, t
     before = path.read_bytes()
     link = tmp_path / "link.npz"
     link.symlink_to(path)
-    for out in (path, link):
-        assert_error(run("score", path, "--out", out), "is the input file", "write it to another file")
+    hard = tmp_path / "hard.npz"
+    hard.hardlink_to(path)
+    for out in (path, link, hard):
+        line = assert_error(run("score", path, "--out", out))
+        assert line == f"error: {out}: is the input file {path}, which the result would replace; write it to another file"
     _, keys_path = _write_keys(tmp_path, rng)
     keys_before = keys_path.read_bytes()
     assert_error(run("pack", keys_path, "--out", keys_path), "is the input file")
+    # an input that does not exist is reported as missing, not as the output
+    assert_error(run("pack", tmp_path / "missing.npz", "--out", tmp_path / "missing.npz"), "no such file")
     assert path.read_bytes() == before and keys_path.read_bytes() == keys_before
 
 
@@ -737,8 +742,10 @@ def test_pack_names_the_array_a_bad_key_came_from(run, tmp_path):
     keys = np.ones((4, 32), np.float32)
     keys[2, 3] = np.nan
     path = tmp_path / "k_nan.npz"
-    io.write_arrays(path, {"s7": keys})
+    io.write_arrays(path, {"s7": keys, "007": keys})
     assert_error(run("pack", path, "--out", tmp_path / "p.npz"), "k_nan.npz: array 's7': keys: NaN or Inf")
+    io.write_arrays(path, {"007": keys})  # the file's name, not the id 7 it stands for
+    assert_error(run("pack", path, "--out", tmp_path / "p.npz"), "k_nan.npz: array '007': keys: NaN or Inf")
 
 
 def test_python_dash_m_indexer_runs_the_command_line(monkeypatch, capsys):
