@@ -368,9 +368,9 @@ def _check_in_chunks(problem, k, chunk):
 
 def _score_in_chunks(problem, k, chunk, **kwargs):
     """score_topk over runs of ``chunk`` query rows (the pool arrays are shared), so the
-    working memory is bounded by the chunk, not the file; NumPy results."""
+    working memory is bounded by the chunk, not the file; NumPy results. The input is
+    checked first (``_check_in_chunks``), before any bar is drawn."""
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    validate.check_score_topk(*problem, k, values=False)  # shapes: refused before any bar is drawn
     T = int(q.shape[0])
     starts = list(range(0, max(T, 1), chunk))
     parts = []
