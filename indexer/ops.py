@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import arrays, outbuf, ragged, reference, streams, validate as _validate
 from .workspace import check_budget, check_workspace, turn_of
 
@@ -235,6 +237,10 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
         # for NumPy's (the per-token table is built where the call runs)
         cu_seqlens_q, block_table = (arrays.to_cupy(x, ordered=ordered) if on_gpu else _host_array(name, x)
                                      for name, x in (("cu_seqlens_q", cu_seqlens_q), ("block_table", block_table)))
+    # out= must not overlap these (nor the caller's tensors ``held`` that were copied on the way)
+    readers = (("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q)) + tuple(held)
+    if on_gpu:  # gpu-only
+        cu_seqlens_q, block_table = _grouping_beside_device(cu_seqlens_q, block_table)
     T = _validate.query_rows(q)  # before the offsets are checked against it; the call checks the rest
     # the NumPy backend always checks values (the GPU path checks them with the others)
     _validate.check_groups(cu_seqlens_q, block_table, T, values=not on_gpu)
@@ -245,7 +251,22 @@ def _ragged(q, w, keys_fp4, key_scale, key_gscale, block_table, cu_seqlens_q, va
 
         call = cuda_ops.score_topk
     # the GPU path pairs consecutive rows of one sequence so they share each key tile
-    # out= must not overlap them (nor the caller's tensors ``held`` that were copied on the way)
-    readers = (("block_table", block_table), ("cu_seqlens_q", cu_seqlens_q)) + tuple(held)
     return call(q, w, keys_fp4, key_scale, key_gscale, per_token, valid_lens, top_k, _cu_seqlens=cu_seqlens_q,
                 _readers=readers, **kwargs)
+
+
+def _grouping_beside_device(cu_seqlens_q, block_table):  # gpu-only
+    """The grouping's NumPy array beside a CuPy one, copied to that one's device, as the call
+    copies every NumPy array beside device arrays (a GPU ``KeyPool``'s table with NumPy
+    offsets: the README's grouped snippet). It is checked as the NumPy backend checks it
+    first (dtype, rank, C order, alignment), so the copy puts nothing in order unasked; two
+    arrays on one side are returned as they are (their own checks follow)."""
+    pair = {"cu_seqlens_q": cu_seqlens_q, "block_table": block_table}
+    host = [name for name, x in pair.items() if isinstance(x, np.ndarray)]
+    device = [x for x in pair.values() if arrays.is_cupy(x)]
+    if len(host) == 1 and device:
+        name = host[0]
+        _validate.check_grouping_array(name, pair[name])
+        with arrays.cupy().cuda.Device(device[0].data.device_id):
+            pair[name] = arrays.to_cupy(pair[name])
+    return pair["cu_seqlens_q"], pair["block_table"]

@@ -243,6 +243,13 @@ def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) 
     return B
 
 
+def check_grouping_array(name, x) -> None:
+    """``cu_seqlens_q`` (int32 (B+1,)) or ``block_table`` (int32 (B, L)) alone: dtype, rank,
+    C order and element alignment, as ``check_cu_seqlens`` checks it (before a host copy of it
+    goes to the device beside the other)."""
+    _check_array(name, x, _INT32, 1 if name == "cu_seqlens_q" else 2, None)
+
+
 def query_rows(q) -> int:
     """T, the rows of query ``q`` (T, H, D), which a grouped call counts before the other
     checks (its offsets end at T): TypeError or ValueError naming ``q`` where it is no

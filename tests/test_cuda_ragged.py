@@ -240,7 +240,9 @@ def test_host_arrays_beside_device_arrays_are_copied_and_the_result_follows_q():
     """A NumPy array beside CuPy arrays (a KeyPool on the GPU scoring host queries, as the
     README's first snippet does) is copied to the device: the same bits as the all-device
     call, a NumPy result where q is NumPy; a NumPy array out of C order is refused by name
-    there too; a grouped call's offsets must lie where its table does."""
+    there too; a grouped call's NumPy offsets or table beside the other on the GPU is copied
+    as well (a GPU KeyPool's table with NumPy offsets: the README's grouped snippet), checked
+    first as the NumPy backend checks it."""
     cp = arrays.cupy()
     p = testing.random_problem(np.random.default_rng(6), T=2, H=8, D=64, E=16, L=4, lens=[40, 64], top_k=10)
     host = p.arrays()
@@ -257,6 +259,16 @@ def test_host_arrays_beside_device_arrays_are_copied_and_the_result_follows_q():
         with pytest.raises(ValueError, match=f"^{name}: expected a C-contiguous array$"):
             indexer.score_topk(*mixed, p.top_k)
     args = grouped_problem(np.random.default_rng(7), [2, 1], H=8, D=64, E=16)
-    mixed = [cp.asarray(x) for x in args[:6]] + [args[6], cp.asarray(args[7])]
-    with pytest.raises(ValueError, match="^cu_seqlens_q: expected the device of block_table"):
-        indexer.score_topk_ragged(*mixed, 4)
+    want = indexer.score_topk_ragged(*[cp.asarray(x) for x in args], 4, return_scores=True)
+    for i, name in ((5, "block_table"), (6, "cu_seqlens_q")):
+        mixed = [cp.asarray(x) for x in args]
+        mixed[i] = args[i]
+        got = indexer.score_topk_ragged(*mixed, 4, return_scores=True, validate=False)
+        for a, b in zip(got, want):
+            assert a.get().tobytes() == b.get().tobytes()
+        mixed[i] = np.repeat(args[i], 2, axis=-1)[..., ::2]
+        with pytest.raises(ValueError, match=f"^{name}: expected a C-contiguous array$"):
+            indexer.score_topk_ragged(*mixed, 4)
+        mixed[i] = args[i].astype(np.int64)
+        with pytest.raises(TypeError, match=f"^{name}: expected dtype int32, got int64$"):
+            indexer.score_topk_ragged(*mixed, 4)
