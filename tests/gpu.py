@@ -75,6 +75,17 @@ def check_rows(p: testing.Problem, idx, sc, rows, tol=testing.TOL_FAST):
     testing.check_topk(sub, idx[rows], None if sc is None else sc[rows], tol=tol)
 
 
+def side_stream():
+    """A non-blocking CuPy stream, made once the legacy null stream's work has ended: the
+    tests copy their arrays to the device on that stream (``cp.asarray``), a non-blocking
+    stream is not ordered after it, and a copy from pageable host memory may still be in
+    flight when it returns (a call on a new stream once read a part of its keys before they
+    landed: docs/performance.md v101)."""
+    cp = arrays.cupy()
+    cp.cuda.Stream.null.synchronize()
+    return cp.cuda.Stream(non_blocking=True)
+
+
 def check_threads(problems, device_of):
     """Thread i scores problems[i] (a list) on GPU device_of(i), on its own non-blocking
     stream with its own workspace, into out= buffers; every result meets the reference's
@@ -84,7 +95,7 @@ def check_threads(problems, device_of):
     def work(i):
         results = []
         with cp.cuda.Device(device_of(i)):
-            stream = cp.cuda.Stream(non_blocking=True)
+            stream = side_stream()
             ws = indexer.Workspace()  # one workspace per stream
             with stream:
                 for p in problems[i]:

@@ -6,7 +6,7 @@ calls."""
 import pytest
 
 from indexer import bench
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, side_stream
 
 pytestmark = [requires_gpu, pytest.mark.gpu, pytest.mark.exclusive]
 
@@ -53,7 +53,7 @@ def test_the_float8_path_scores_its_query_on_cupys_stream_eagerly_and_in_a_graph
     assert q8.dtype == torch.float8_e4m3fn and q8.is_cuda
     widened = cp.from_dlpack(q8.float())  # the float8 query's float32 values
     want = cuda_ops.score_topk(widened, *dev[1:], 128, return_scores=True)
-    s = cp.cuda.Stream(non_blocking=True)
+    s = side_stream()
     with s, bench.torch_on_cupy_stream(torch, cp):
         assert torch.cuda.current_stream().cuda_stream == s.ptr  # the call's tensor takes CuPy's stream
         got = cuda_ops.score_topk(q8, *dev[1:], 128, return_scores=True)

@@ -9,7 +9,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, side_stream
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -161,7 +161,7 @@ def test_a_capture_before_the_counters_exist_takes_equal_shares():
     key = (int(cp.cuda.runtime.getDevice()), "claims")
     del ws._buffers[key]
     out = cp.full((2, 64), -7, dtype=cp.int32)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
 
     def no_allocation(nbytes):
         raise AssertionError(f"the call allocated {nbytes} bytes from CuPy")

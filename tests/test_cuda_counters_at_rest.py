@@ -11,7 +11,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import pair_of_problems, requires_gpu
+from tests.gpu import pair_of_problems, requires_gpu, side_stream
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -101,7 +101,7 @@ def test_a_call_interrupted_between_launches_clears_what_it_counted(monkeypatch)
     dev = on_device(p)
     out = (cp.empty((1, p.top_k), cp.int32), cp.empty((1, p.top_k), cp.float32))
     ws = indexer.Workspace()
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         cuda_ops.score_topk(*dev, p.top_k, return_scores=True, out=out, workspace=ws)  # compiles, sizes
         stream.synchronize()
@@ -132,7 +132,7 @@ def test_graphs_of_two_shapes_on_one_workspace_replay_in_any_order():
     pa, pa2 = pair_of_problems(75, T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)
     pb, pb2 = pair_of_problems(76, T=6, H=64, D=128, E=64, lens=[9000, 0, 5000, 4097, 7000, 100], top_k=300)
     ws = indexer.Workspace()
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     graphs = {}
     with stream:
         calls = {}
@@ -171,7 +171,7 @@ def test_a_capture_right_after_reserve_keeps_its_histograms_in_scratch():
     indexer.score_topk(*dev, p.top_k, return_scores=True, out=out, workspace=indexer.Workspace())  # compiles
     ws = indexer.Workspace()
     ws.reserve(64 << 20)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         stream.begin_capture()
         try:

@@ -8,7 +8,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing, workspace
-from tests.gpu import check_threads, in_one_buffer, pair_of_problems, requires_gpu, warmed_stream_case
+from tests.gpu import check_threads, in_one_buffer, pair_of_problems, requires_gpu, side_stream, warmed_stream_case
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -179,13 +179,12 @@ def test_workspace_reserve():
 
 
 def test_growing_while_capturing_is_refused():
-    cp = arrays.cupy()
     p = testing.random_problem(np.random.default_rng(36), T=2, H=16, D=64, E=32, lens=500, top_k=32)
     dev = on_device(p)
     out = empty_out(2, 32, scores=False)
     indexer.score_topk(*dev, p.top_k, validate=False, out=out)  # kernels compiled outside the capture
     ws = indexer.Workspace()
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         stream.begin_capture()
         try:
@@ -206,7 +205,7 @@ def test_cupy_graph_with_workspace_replays_new_inputs_and_leaves_the_pool_alone(
     dev = on_device(p)
     ws, out = indexer.Workspace(), empty_out(4, 256)
     kw = dict(precision=precision, return_scores=True, validate=False, out=out, workspace=ws)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         indexer.score_topk(*dev, p.top_k, **kw)  # warm-up: compiles, sizes the workspace
         stream.synchronize()
@@ -231,14 +230,13 @@ def test_cupy_graph_with_workspace_replays_new_inputs_and_leaves_the_pool_alone(
 
 
 def test_cupy_graph_with_rows_that_see_nothing():
-    cp = arrays.cupy()
     kw = dict(T=4, H=16, D=64, E=64, L=8, top_k=100)
     p = testing.random_problem(np.random.default_rng(38), lens=[0, 500, 0, 64], **kw)
     p2 = testing.random_problem(np.random.default_rng(39), lens=[300, 0, 0, 1], **kw)
     dev = on_device(p)
     ws, out = indexer.Workspace(), empty_out(4, 100)
     call = dict(return_scores=True, validate=False, out=out, workspace=ws)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         indexer.score_topk(*dev, p.top_k, **call)
         stream.synchronize()
@@ -277,7 +275,7 @@ def test_ragged_graph_with_workspace_allocates_nothing():
     new = inputs(2, [0, 1, 5])
     ws, out = indexer.Workspace(), empty_out(T, 24)
     kw = dict(return_scores=True, validate=False, out=out, workspace=ws)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         indexer.score_topk_ragged(*dev, 24, **kw)
         stream.synchronize()
@@ -325,7 +323,7 @@ def test_the_call_runs_on_the_stream_it_is_given(kind):
     # read the old inputs (the stream is non-blocking: no implicit ordering with the null stream)
     cp = arrays.cupy()
     p, dev, new, expected, out = warmed_stream_case(41, on_device, empty_out, cp.cuda.Device().synchronize)
-    s = cp.cuda.Stream(non_blocking=True)
+    s = side_stream()
     with s:
         spin(cp)
         for d, x in zip(dev, new):
@@ -360,7 +358,7 @@ def test_graph_captured_before_the_workspace_grows_stays_valid():
     dev = on_device(small)
     ws, out = indexer.Workspace(), empty_out(2, 128)
     kw = dict(return_scores=True, validate=False, workspace=ws)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         indexer.score_topk(*dev, small.top_k, out=out, **kw)  # warm-up: sizes ws for the small call
         stream.synchronize()

@@ -11,7 +11,7 @@ import pytest
 
 import indexer
 from indexer import arrays, launch, testing
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, side_stream
 from tests.test_cuda_counters_at_rest import on_device, shapes
 from tests.test_ragged import as_problem, grouped_problem
 
@@ -32,7 +32,7 @@ def replayed(call, T, k):
     cp = arrays.cupy()
     out = (cp.empty((T, k), cp.int32), cp.empty((T, k), cp.float32))
     ws = indexer.Workspace()
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         call(out, ws)  # compiles, sizes the workspace
         stream.synchronize()

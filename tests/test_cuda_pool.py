@@ -5,7 +5,7 @@ import pytest
 
 from indexer import KeyPool, arrays, testing
 from indexer.pool import PoolFullError
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, side_stream
 from tests.pool_steps import append_steps
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -64,7 +64,7 @@ def test_writes_run_on_the_stream_asked_and_after_the_pools_last_write(monkeypat
     rng = np.random.default_rng(22)
     host = KeyPool(8, entries_per_block=16, head_dim=64)
     dev = KeyPool(8, entries_per_block=16, head_dim=64, device="cuda")
-    side, other = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    side, other = side_stream(), side_stream()
     keys = rng.standard_normal((20, 64)).astype(np.float32)
     host.append("a", keys)
     dev.append("a", keys, stream=side)  # two new blocks
@@ -95,14 +95,13 @@ def test_writes_run_on_the_stream_asked_and_after_the_pools_last_write(monkeypat
 def test_a_loaded_pool_orders_its_copies_and_save_waits_for_side_stream_writes(tmp_path):
     """load's host-to-device copies (on CuPy's current stream) come before a write on another
     stream; save, on the host, waits for writes on any stream."""
-    cp = arrays.cupy()
     rng = np.random.default_rng(23)
     host = KeyPool(64, entries_per_block=16, head_dim=64)
     host.append("a", rng.standard_normal((500, 64)).astype(np.float32))
     host.save(tmp_path / "a.npz")
     dev = KeyPool.load(tmp_path / "a.npz", device="cuda")
     assert dev._last_write is not None  # the copies' event: the next write waits for it
-    side = cp.cuda.Stream(non_blocking=True)
+    side = side_stream()
     more = rng.standard_normal((300, 64)).astype(np.float32) * 50  # rescales a's last block
     host.append("a", more)
     host.append("b", more[:40])

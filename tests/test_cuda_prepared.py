@@ -7,7 +7,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import in_one_buffer, requires_gpu
+from tests.gpu import in_one_buffer, requires_gpu, side_stream
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -78,7 +78,7 @@ def test_out_stream_and_no_allocation():
     dev = on_device(p.arrays())
     step = indexer.prepare(*dev, p.top_k, validate=False)
     out = cp.full((2, 512), -7, dtype=cp.int32)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     assert step(*dev, out=out, stream=stream) is out  # sizes the workspace
     stream.synchronize()
 
@@ -101,7 +101,7 @@ def test_graph_of_a_prepared_call_replays_new_inputs():
     dev = on_device(p.arrays())
     step = indexer.prepare(*dev, p.top_k, return_scores=True)
     out = (cp.empty((3, 256), dtype=cp.int32), cp.empty((3, 256), dtype=cp.float32))
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         step(*dev, out=out)  # warm-up: sizes the workspace
         stream.synchronize()

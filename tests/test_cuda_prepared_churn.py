@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule  # noqa: E402
 
 import indexer  # noqa: E402
 from indexer import arrays, testing  # noqa: E402
-from tests.gpu import requires_gpu  # noqa: E402
+from tests.gpu import requires_gpu, side_stream  # noqa: E402
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -44,7 +44,7 @@ class PreparedChurn(RuleBasedStateMachine):
         self.step = indexer.prepare(*self.sets[0], SHAPE["top_k"], return_scores=True, workspace=self.ws)
         T, k = SHAPE["T"], SHAPE["top_k"]
         self.outs = [(cp.empty((T, k), cp.int32), cp.empty((T, k), cp.float32)) for _ in range(2)]
-        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.stream = side_stream()
         self.own_ws = indexer.Workspace()  # the public call's, for the expected answers
 
     @rule(which=st.integers(0, SETS - 1), seed=st.integers(0, 2**32 - 1))

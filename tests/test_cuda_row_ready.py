@@ -12,7 +12,7 @@ import pytest
 
 import indexer
 from indexer import arrays, geometry, testing
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, side_stream
 from tests.test_cuda_counters_at_rest import call_interrupted_before, zeroed_part
 from tests.test_ragged import as_problem, grouped_problem
 
@@ -80,8 +80,7 @@ def check(args, top_k, out, ws):
 def test_graph_replays_and_eager_calls_match_the_reference_and_leave_the_counts_zero(monkeypatch, name, pdl):
     monkeypatch.setenv("INDEXER_PDL", pdl)
     _, args, top_k, call, out, ws = setup(name, 91)
-    cp = arrays.cupy()
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         call(out, ws)  # compiles, sizes the workspace, leaves the zeroed part at rest
         check(args, top_k, out, ws)

@@ -18,7 +18,7 @@ import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, side_stream
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -94,7 +94,6 @@ def grouped_long():
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["per-token", "grouped"])
 def test_calls_on_two_streams_sharing_a_workspace_each_give_their_lone_answer(grouped):
-    cp = arrays.cupy()
     long, short = problems()
     dev_long, dev_short = on_device(long), on_device(short)
     if grouped:
@@ -105,7 +104,7 @@ def test_calls_on_two_streams_sharing_a_workspace_each_give_their_lone_answer(gr
     want_long = tuple(x.get() for x in call_long(indexer.Workspace()))
     want_short = alone(dev_short, short)
     ws = indexer.Workspace()
-    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    a, b = side_stream(), side_stream()
     for lag in LAGS_US:  # the short call's start, from the long one's, on the GPU
         out_long, out_short = fresh_out(long), fresh_out(short)
         spin(a)
@@ -124,14 +123,13 @@ def test_calls_on_two_streams_sharing_a_workspace_each_give_their_lone_answer(gr
 def test_prepared_calls_replayed_on_another_stream_wait_for_the_workspace():
     """A prepared call's graph replays (its second call on the same pointers on) take the
     turn too: a replay on stream b after an eager call on stream a."""
-    cp = arrays.cupy()
     long, short = problems()
     dev_long, dev_short = on_device(long), on_device(short)
     want_long, want_short = alone(dev_long, long), alone(dev_short, short)
     ws = indexer.Workspace()
     step_long = indexer.prepare(*dev_long, long.top_k, return_scores=True, workspace=ws, validate=False)
     step_short = indexer.prepare(*dev_short, short.top_k, return_scores=True, workspace=ws, validate=False)
-    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    a, b = side_stream(), side_stream()
     out_long, out_short = fresh_out(long), fresh_out(short)
     for _ in range(4):  # the first two calls of each run eagerly (the second captures), the rest replay
         with a:
@@ -160,7 +158,7 @@ def test_threads_on_their_own_streams_sharing_a_workspace_each_give_their_lone_a
              ["long", "long", "short", "short"], ["short", "short", "long", "long"]]
 
     def work(names):
-        stream = cp.cuda.Stream(non_blocking=True) if streams == "own" else cp.cuda.Stream.ptds
+        stream = side_stream() if streams == "own" else cp.cuda.Stream.ptds
         results = []
         with stream:
             for name in names:
@@ -212,18 +210,17 @@ def test_a_call_on_a_stream_dropped_meanwhile_is_waited_for_by_the_next_stream()
     call still runs (a spin holds it on the GPU), its handle is not handed to the next stream
     made, which would pass for the same stream and skip the wait; the next call on a new
     stream gives its lone answer."""
-    cp = arrays.cupy()
     long, short = problems()
     dev_long, dev_short = on_device(long), on_device(short)
     want = alone(dev_short, short)
     ws = indexer.Workspace()
-    first = cp.cuda.Stream(non_blocking=True)
+    first = side_stream()
     handle = first.ptr
     spin(first)
     with first:
         indexer.score_topk(*dev_long, long.top_k, workspace=ws, validate=False)
     del first  # the caller's last reference
-    second = cp.cuda.Stream(non_blocking=True)
+    second = side_stream()
     assert second.ptr != handle  # the first stream is not destroyed yet: its handle is not reused
     with second:
         got = indexer.score_topk(*dev_short, short.top_k, return_scores=True, workspace=ws, validate=False)

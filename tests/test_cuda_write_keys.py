@@ -7,7 +7,7 @@ import pytest
 
 import indexer
 from indexer import arrays
-from tests.gpu import requires_gpu
+from tests.gpu import requires_gpu, side_stream
 from tests.pool_steps import adversarial_keys, empty_pool, new_slots, padded_call, write_keys_steps
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -71,7 +71,7 @@ def test_a_cuda_graph_holds_the_unvalidated_write():
     pool = indexer.KeyPool(200, entries_per_block=E, head_dim=D)
     host, dev = empty_pool(200, E, D, np), empty_pool(200, E, D, cp)
     keys_buf, slots_buf = cp.zeros((B, D), cp.float32), cp.zeros(B, cp.int64)
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = side_stream()
     with stream:
         scratch = empty_pool(200, E, D, cp)
         indexer.write_keys(keys_buf, slots_buf, *scratch, validate=False)  # compiles outside the capture
