@@ -226,11 +226,8 @@ def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) 
     """Check ``cu_seqlens_q`` (int32 (B+1,)) against ``block_table`` (B, L) and T query rows;
     returns B. ``values`` also checks cu[0] == 0, cu[B] == T and that it never decreases
     (a reduction: a host synchronisation on device arrays)."""
-    _check_array("cu_seqlens_q", cu_seqlens_q, _INT32, 1, None)
-    # dtype, rank, C order and element alignment, as score_topk's per-token table: the GPU
-    # path's expansion kernel reads it as it lies (a copy into order would come from CuPy's
-    # pool even with a workspace, outside a CUDA graph's memory)
-    _check_array("block_table", block_table, _INT32, 2, None)
+    check_grouping_array("cu_seqlens_q", cu_seqlens_q)
+    check_grouping_array("block_table", block_table)
     B = int(block_table.shape[0])
     if cu_seqlens_q.shape[0] != B + 1:
         raise ValueError(f"cu_seqlens_q: expected shape ({B + 1},) for {B} block-table rows, got {tuple(cu_seqlens_q.shape)}")
@@ -245,8 +242,10 @@ def check_cu_seqlens(cu_seqlens_q, block_table, T: int, *, values: bool = True) 
 
 def check_grouping_array(name, x) -> None:
     """``cu_seqlens_q`` (int32 (B+1,)) or ``block_table`` (int32 (B, L)) alone: dtype, rank,
-    C order and element alignment, as ``check_cu_seqlens`` checks it (before a host copy of it
-    goes to the device beside the other)."""
+    C order and element alignment (``check_cu_seqlens`` checks both so; the GPU path also checks
+    a host one so before copying it to the device beside the other). The table as score_topk's
+    per-token table: the GPU path's expansion kernel reads it as it lies (a copy into order
+    would come from CuPy's pool even with a workspace, outside a CUDA graph's memory)."""
     _check_array(name, x, _INT32, 1 if name == "cu_seqlens_q" else 2, None)
 
 
