@@ -308,7 +308,11 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
     key_scale, key_gscale, block_table, valid_lens, or a saved KeyPool (it has an array
     'pool_meta', see 'indexer pack') plus q (T,H,D), w (T,H) and seqs (T,), the integer
     sequence id each query reads. Either may hold top_k as a one-element integer array.
-    Arrays are used as stored: a wrong dtype or shape is reported, never converted.
+    Either may group its queries by sequence, as score_topk_ragged does (prefill): an
+    int32 array cu_seqlens_q (B+1,) of row offsets, block_table (B,L) or seqs (B,) then
+    holding one row or id per sequence (the pool form's rows see all of their sequence,
+    or an int32 valid_lens (T,) each). Arrays are used as stored: a wrong dtype or shape
+    is reported, never converted.
 
     Without --out, prints a table (query, rank, index, score); -1 pads rows with fewer
     than top_k visible entries.
@@ -326,11 +330,11 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         io.check_format_writable(out)
         io.check_writable(out, inputs=(input_path,))
     data = io.read_arrays(input_path)
-    problem, k = io.load_problem(data, top_k=top_k, name=input_path)
-    _check_in_chunks(problem, k, chunk)  # every value, before any row is scored
+    problem, k, grouping = io.load_grouped_problem(data, top_k=top_k, name=input_path)
+    _check_in_chunks(problem, k, chunk, grouping)  # every value, before any row is scored
     t0 = time.perf_counter()
-    indices, scores = _score_in_chunks(problem, k, chunk, backend=backend, precision=precision, physical=physical,
-                                       validate=False)
+    indices, scores = _score_in_chunks(problem, k, chunk, grouping, backend=backend, precision=precision,
+                                       physical=physical, validate=False)
     ms = (time.perf_counter() - t0) * 1e3
     if out is not None:
         result = {"indices": indices}
@@ -354,22 +358,39 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         click.echo(_table(headers, _top_rows(indices, scores if with_scores else None)))
 
 
-def _check_in_chunks(problem, k, chunk):
+def _check_in_chunks(problem, k, chunk, grouping=None):
     """``score_topk``'s checks of the whole (host) input, values included, a run of ``chunk``
     rows at a time (the working memory bounded by the chunk, as the scoring's), each row
-    named as the file numbers it: refused before any row is scored or a bar drawn."""
+    named as the file numbers it (a grouped input's sequences too: ``grouping`` as
+    ``io.load_grouped_problem`` returns it): refused before any row is scored or a bar drawn."""
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
     validate.check_score_topk(*problem, k, values=False)  # shapes first, of the whole input
     for r0 in range(0, int(q.shape[0]), chunk):
-        r1 = r0 + chunk
+        r1 = min(r0 + chunk, int(q.shape[0]))
+        b0, _, offsets = (0, None, None) if grouping is None else _sequences_of_rows(grouping[1], r0, r1)
         validate.check_score_topk(q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1],
-                                  valid_lens[r0:r1], k, values=True, first_row=r0)
+                                  valid_lens[r0:r1], k, values=True, cu_seqlens=offsets, first_row=r0,
+                                  first_seq=b0)
 
 
-def _score_in_chunks(problem, k, chunk, **kwargs):
+def _sequences_of_rows(cu_seqlens_q, r0, r1):
+    """The sequences of a grouped input's query rows ``r0 .. r1 - 1`` (host int32 offsets
+    ``cu_seqlens_q`` (B+1,), 0 <= r0 < r1 <= T, checked): ``(b0, b1, offsets)``, sequences
+    ``b0 .. b1 - 1`` holding them (those with no rows there left out at the ends) and the
+    int32 (b1 - b0 + 1,) offsets of their rows within the run, from 0 to r1 - r0."""
+    b0 = int(np.searchsorted(cu_seqlens_q, r0, side="right")) - 1  # the sequence of row r0
+    b1 = int(np.searchsorted(cu_seqlens_q, r1 - 1, side="right"))  # one past that of row r1 - 1
+    offsets = np.clip(cu_seqlens_q[b0 : b1 + 1].astype(np.int64), r0, r1) - r0
+    return b0, b1, offsets.astype(np.int32)
+
+
+def _score_in_chunks(problem, k, chunk, grouping=None, **kwargs):
     """score_topk over runs of ``chunk`` query rows (the pool arrays are shared), so the
-    working memory is bounded by the chunk, not the file; NumPy results. The input is
-    checked first (``_check_in_chunks``), before any bar is drawn."""
+    working memory is bounded by the chunk, not the file; NumPy results. A grouped input
+    (``grouping``: its (B, L) table and offsets) is scored run by run with
+    ``score_topk_ragged`` on the run's sequences, so the GPU shares each key tile between
+    the rows of a sequence. The input is checked first (``_check_in_chunks``), before any bar
+    is drawn."""
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
     T = int(q.shape[0])
     starts = list(range(0, max(T, 1), chunk))
@@ -379,9 +400,15 @@ def _score_in_chunks(problem, k, chunk, **kwargs):
                   else contextlib.nullcontext(starts))
     with bar_or_not as bar:
         for r0 in bar:
-            r1 = r0 + chunk
-            out = ops.score_topk(q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1],
-                                 valid_lens[r0:r1], k, return_scores=True, **kwargs)
+            r1 = min(r0 + chunk, T)
+            pool = (keys_fp4, key_scale, key_gscale)
+            if grouping is None:
+                out = ops.score_topk(q[r0:r1], w[r0:r1], *pool, block_table[r0:r1], valid_lens[r0:r1], k,
+                                     return_scores=True, **kwargs)
+            else:
+                b0, b1, offsets = _sequences_of_rows(grouping[1], r0, r1)
+                out = ops.score_topk_ragged(q[r0:r1], w[r0:r1], *pool, grouping[0][b0:b1], offsets,
+                                            valid_lens[r0:r1], k, return_scores=True, **kwargs)
             parts.append(tuple(arrays.to_numpy(x) for x in out))
     if len(parts) == 1:
         return parts[0]

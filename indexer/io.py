@@ -35,6 +35,16 @@ The two forms of a ``score`` input file
   an empty sequence; on the command line that is almost always a typo). The block table
   and valid lengths come from the pool (``KeyPool.block_table(seqs)``, ``lengths(seqs)``).
 
+**Grouped queries** (``score_topk_ragged``'s form, as in prefill): either form may add
+``cu_seqlens_q``, int32 (B+1,) row offsets, so that query rows ``cu_seqlens_q[b] :
+cu_seqlens_q[b+1]`` form sequence b. In the arrays form ``block_table`` is then (B, L), one
+row per sequence; in the pool form ``seqs`` is (B,), one id per sequence, and an int32
+``valid_lens`` (T,) may say how much of its sequence each row sees (``indexer.causal_lens``
+makes the causal ones; by default a row sees all of it; the pool form takes ``valid_lens``
+only with ``cu_seqlens_q``). ``load_grouped_problem`` returns the grouping beside the
+per-token arrays; ``load_problem`` returns the per-token arrays alone (each row's table row
+gathered from its sequence's).
+
 Either form may carry ``top_k`` as a 0-d or one-element integer array; a ``top_k``
 passed to ``load_problem`` wins over it. Arrays are handed on exactly as stored:
 shapes and dtypes are checked by ``indexer.validate`` when scoring, never converted here.
@@ -69,6 +79,7 @@ __all__ = [
     "check_writable",
     "is_pool_form",
     "load_problem",
+    "load_grouped_problem",
     "key_sequences",
     "blocks_needed",
 ]
@@ -79,6 +90,8 @@ FORMATS = (".npz", ".safetensors", ".npy")
 PROBLEM_NAMES = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "valid_lens")
 #: the arrays that sit beside a saved pool in the pool form
 POOL_QUERY_NAMES = ("q", "w", "seqs")
+#: the row offsets that make either form grouped (``score_topk_ragged``'s ``cu_seqlens_q``)
+GROUPING_NAME = "cu_seqlens_q"
 #: the saved KeyPool's bookkeeping (UTF-8 JSON): a uint8 array in .npz, metadata in .safetensors
 POOL_META = "pool_meta"
 _POOL_ARRAYS = ("keys_fp4", "key_scale", "key_gscale", POOL_META)
@@ -438,19 +451,49 @@ def load_problem(arrays: dict, *, top_k=None, name="input"):
     Returns ``((q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens), top_k)``.
     With an array ``pool_meta`` the dict is the pool form (a saved ``KeyPool`` plus ``q``,
     ``w`` and ``seqs``); otherwise it must hold the seven arrays under their contract names
-    (see the module docstring). ``top_k`` overrides an array ``top_k`` in the dict.
-    ``name`` (the file's path) starts every error message. Only presence is checked here:
-    shapes, dtypes and values are ``indexer.validate``'s job when scoring.
+    (see the module docstring). A grouped input (``cu_seqlens_q``) comes back per token:
+    ``block_table`` (T, L), each row its sequence's (``load_grouped_problem`` keeps the
+    grouping). ``top_k`` overrides an array ``top_k`` in the dict. ``name`` (the file's path)
+    starts every error message. Only presence is checked here (and, for a grouped input, the
+    grouping, which the per-token table is built from): shapes, dtypes and values are
+    ``indexer.validate``'s job when scoring.
     """
+    problem, k, _ = load_grouped_problem(arrays, top_k=top_k, name=name)
+    return problem, k
+
+
+def load_grouped_problem(arrays: dict, *, top_k=None, name="input"):
+    """``load_problem``'s ``(problem, top_k)`` and the input's grouping: None, or for a
+    grouped input (an array ``cu_seqlens_q``, see the module docstring) ``(block_table,
+    cu_seqlens_q)``, the int32 (B, L) table of its sequences and its (B+1,) row offsets, as
+    ``indexer.score_topk_ragged`` takes them. The grouping is checked whole here (dtype,
+    shape, offsets from 0 to T, never decreasing; ValueError / TypeError naming the array),
+    since the per-token table is built from it."""
+    grouped = GROUPING_NAME in arrays
     if is_pool_form(arrays):
         _require(arrays, POOL_QUERY_NAMES, name,
                  "a saved KeyPool needs q (T,H,D), w (T,H) and seqs (T,) beside it")
         k = _top_k_from(arrays, top_k, name)
-        return _problem_from_pool(arrays, name), k
+        return _pool_problem(arrays, name, k)
     _require(arrays, PROBLEM_NAMES, name,
              "expected q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens; or a saved KeyPool with q, w, seqs")
     k = _top_k_from(arrays, top_k, name)
-    return tuple(arrays[n] for n in PROBLEM_NAMES), k
+    problem = tuple(arrays[n] for n in PROBLEM_NAMES)
+    if not grouped:
+        return problem, k, None
+    table, cu = problem[5], arrays[GROUPING_NAME]
+    per_token = _per_token_table(problem[0], table, cu)
+    return (*problem[:5], per_token, problem[6]), k, (table, cu)
+
+
+def _per_token_table(q, table, cu):
+    """int32 (T, L): row t the (B, L) ``table``'s row of query row t's sequence, after the
+    grouping's checks (``validate.check_groups``, values included: host arrays)."""
+    from . import ragged, validate  # noqa: PLC0415  (io is imported by the CLI before either)
+
+    T = validate.query_rows(q)
+    validate.check_groups(cu, table, T)
+    return ragged.expand_block_table(table, cu, T)
 
 
 def _sequence_ids(seqs, name):
@@ -476,7 +519,11 @@ def _load_pool(arrays, name):
         raise ValueError(f"{name}: not a valid saved KeyPool ({problem})") from None
 
 
-def _problem_from_pool(arrays, name):
+def _pool_problem(arrays, name, k):
+    """``load_grouped_problem``'s answer for the pool form: the per-token arrays from the
+    pool's bookkeeping (``KeyPool.block_table``, ``lengths``), and for a grouped input its
+    (B, L) table and offsets, each row seeing its ``valid_lens`` (within its sequence) or
+    all of its sequence."""
     ids = _sequence_ids(arrays["seqs"], name)
     pool = _load_pool(arrays, name)
     known = set(pool.sequences)
@@ -486,8 +533,24 @@ def _problem_from_pool(arrays, name):
     for s in ids:
         if s not in known:
             raise ValueError(f"{name}: seqs: sequence {s!r} is not in the pool (it holds {len(known)} sequences)")
-    return (arrays["q"], arrays["w"], pool.keys_fp4, pool.key_scale, pool.key_gscale,
-            pool.block_table(ids), pool.lengths(ids))
+    q, w = arrays["q"], arrays["w"]
+    pool_arrays = (q, w, pool.keys_fp4, pool.key_scale, pool.key_gscale)
+    if GROUPING_NAME not in arrays:
+        if "valid_lens" in arrays:  # would be silently unused: each row sees its whole sequence
+            raise ValueError(f"{name}: valid_lens: the pool form takes it only with cu_seqlens_q "
+                             "(one id in seqs per query row sees all of its sequence)")
+        return (*pool_arrays, pool.block_table(ids), pool.lengths(ids)), k, None
+    table, cu = pool.block_table(ids), arrays[GROUPING_NAME]
+    per_token = _per_token_table(q, table, cu)  # the grouping checked: one offset a sequence of seqs
+    seq_lens = np.repeat(pool.lengths(ids), np.diff(cu.astype(np.int64)))
+    valid_lens = arrays.get("valid_lens", seq_lens)
+    from .pool import _check_within  # noqa: PLC0415
+
+    try:  # a row seeing past its sequence would read slots never written to it (as KeyPool refuses)
+        _check_within(valid_lens, seq_lens)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    return (*pool_arrays, per_token, valid_lens), k, (table, cu)
 
 
 def key_sequences(arrays: dict, *, name="keys") -> dict:

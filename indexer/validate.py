@@ -117,7 +117,8 @@ def _query_dtype(q, bits_of):
 
 
 def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, top_k,
-                     *, values: bool = True, cu_seqlens=None, q_bits_of=None, first_row: int = 0) -> Problem:
+                     *, values: bool = True, cu_seqlens=None, q_bits_of=None, first_row: int = 0,
+                     first_seq: int = 0) -> Problem:
     """Check the arguments of ``score_topk`` and return the problem's shape.
 
     ``q`` may be float32, float16, bfloat16 or float8_e4m3fn (the last two NumPy's through
@@ -129,8 +130,9 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
     that synchronise with a device. ``cu_seqlens`` (int32 (B+1,), shape already checked by
     ``check_cu_seqlens(..., values=False)``): the offsets of ``score_topk_ragged``, whose
     values are then checked first, on device arrays in the same launch as the others.
-    ``first_row``: the caller's number of row 0 here (rows of a larger input checked a run
-    at a time), for the messages that name a row.
+    ``first_row``, ``first_seq``: the caller's numbers of query row 0 and (grouped) of
+    sequence 0 here (rows of a larger input checked a run at a time), for the messages that
+    name a row.
     """
     top_k = check_top_k(top_k)
     if isinstance(q, np.ndarray) or arrays.is_cupy(q):  # (else refused by name below)
@@ -178,7 +180,7 @@ def check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_l
                          "(2**31 - 2**20)")
     prob = Problem(T=T, H=H, D=D, P=P, E=E, L=L, top_k=top_k, q_dtype=q_dtype)
     if values:
-        _check_values(prob, key_gscale, block_table, valid_lens, cu_seqlens, first_row)
+        _check_values(prob, key_gscale, block_table, valid_lens, cu_seqlens, first_row, first_seq)
     return prob
 
 
@@ -188,7 +190,7 @@ def _device_failures(**arrays_and_sizes):  # gpu-only
     return device_checks.first_failures(**arrays_and_sizes)
 
 
-def _check_values(prob: Problem, key_gscale, block_table, valid_lens, cu_seqlens=None, first_row=0):
+def _check_values(prob: Problem, key_gscale, block_table, valid_lens, cu_seqlens=None, first_row=0, first_seq=0):
     xp = arrays.module_of(valid_lens)
     if xp is not np:  # gpu-only: one launch and one read-back; the reductions below only word a failure
         failed = _device_failures(valid_lens=valid_lens, max_len=prob.max_len, key_gscale=key_gscale,
@@ -213,7 +215,8 @@ def _check_values(prob: Problem, key_gscale, block_table, valid_lens, cu_seqlens
         t, j = (int(i) for i in np.unravel_index(int(xp.argmax(bad)), bad.shape))
         # a grouped call's table here is per query row: name the caller's row, its sequence
         row = f"row {t + first_row}" if cu_seqlens is None else \
-            f"row {int(np.searchsorted(arrays.to_numpy(cu_seqlens), t, side='right')) - 1} (for query row {t})"
+            f"row {int(np.searchsorted(arrays.to_numpy(cu_seqlens), t, side='right')) - 1 + first_seq} " \
+            f"(for query row {t + first_row})"
         raise ValueError(
             f"block_table: expected block ids in [0, {prob.P}) for visible entries, "
             f"got {int(block_table[t, j])} at {row}, logical block {j}"
