@@ -541,6 +541,9 @@ def _pool_problem(arrays, name, k):
                              "(one id in seqs per query row sees all of its sequence)")
         return (*pool_arrays, pool.block_table(ids), pool.lengths(ids)), k, None
     table, cu = pool.block_table(ids), arrays[GROUPING_NAME]
+    if np.ndim(cu) == 1 and np.shape(cu)[0] != len(ids) + 1:  # (the table's rows are seqs' ids here)
+        raise ValueError(f"{name}: cu_seqlens_q: expected shape ({len(ids) + 1},), one offset more than seqs "
+                         f"has sequence ids ({len(ids)}), got {np.shape(cu)}")
     per_token = _per_token_table(q, table, cu)  # the grouping checked: one offset a sequence of seqs
     seq_lens = np.repeat(pool.lengths(ids), np.diff(cu.astype(np.int64)))
     valid_lens = arrays.get("valid_lens", seq_lens)

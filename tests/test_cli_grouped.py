@@ -123,7 +123,10 @@ def test_grouped_pool_form_refusals(tmp_path):
     assert "valid_lens: row 1 sees 11 entries, but its sequence holds 10" in line
     data.update(cu_seqlens_q=np.array([0, 3, 3], dtype=np.int32))  # two offsets a sequence of seqs
     io.write_arrays(inp, data)
-    assert "cu_seqlens_q: expected shape (2,)" in one_error_line(run_cli("score", inp, "--top-k", 2))
+    assert "cu_seqlens_q: expected shape (2,), one offset more than seqs has sequence ids (1)" in one_error_line(run_cli("score", inp, "--top-k", 2))
+    data.update(cu_seqlens_q=np.array([0, 3], dtype=np.int64))
+    io.write_arrays(inp, data)
+    assert "cu_seqlens_q: expected dtype int32" in one_error_line(run_cli("score", inp, "--top-k", 2))
 
 
 def _saved(pool, tmp_path):
