@@ -398,10 +398,13 @@ def _score_in_chunks(problem, k, chunk, grouping=None, **kwargs):
     # a bar only where there are chunks to count (click's own hidden= needs click 8.2)
     bar_or_not = (click.progressbar(starts, label="scoring", file=sys.stderr) if len(starts) > 1
                   else contextlib.nullcontext(starts))
+    pool = (keys_fp4, key_scale, key_gscale)
+    if len(starts) > 1 and ops._pick_backend(kwargs.get("backend", "auto"), problem) == "cuda":  # gpu-only
+        # the pool copied to the GPU once, where each run's call would copy its host arrays again
+        pool = tuple(arrays.cupy().asarray(a) for a in pool)
     with bar_or_not as bar:
         for r0 in bar:
             r1 = min(r0 + chunk, T)
-            pool = (keys_fp4, key_scale, key_gscale)
             if grouping is None:
                 out = ops.score_topk(q[r0:r1], w[r0:r1], *pool, block_table[r0:r1], valid_lens[r0:r1], k,
                                      return_scores=True, **kwargs)

@@ -187,18 +187,25 @@ def test_load_problem_expands_a_grouped_input_per_token(tmp_path):
 
 @requires_gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("grouped", [True, False])
 @pytest.mark.parametrize("precision", ["fast", "exact"])
-def test_grouped_file_on_the_gpu_matches_the_reference(tmp_path, precision):
+def test_a_file_scored_in_runs_on_the_gpu_matches_the_reference(tmp_path, precision, grouped):
+    """Both layouts of a file, in three runs of rows (the pool copied to the GPU once)."""
     rng = np.random.default_rng(102)
     args = grouped_problem(rng, [40, 0, 1, 23], H=64, D=128, E=64, seq_entries=[900, 10, 300, 700], ratio=4,
                            top_k=32)
-    names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "cu_seqlens_q", "valid_lens")
+    p = as_problem(*args, 32)
+    if grouped:
+        names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "cu_seqlens_q", "valid_lens")
+        data = dict(zip(names, args))
+    else:
+        data = dict(zip(io.PROBLEM_NAMES, p.arrays()))
     path = tmp_path / "prefill.npz"
-    io.write_arrays(path, dict(zip(names, args)))
+    io.write_arrays(path, data)
     out = tmp_path / "out.npz"
     r = run_cli("score", path, "--top-k", 32, "--chunk", 25, "--backend", "cuda", "--precision", precision,
                 "--out", out, "--scores")
     assert r.exit_code == 0, r.output
     got = io.read_arrays(out)
     tol = testing.TOL_FAST if precision == "fast" else testing.TOL_EXACT
-    testing.check_topk(as_problem(*args, 32), got["indices"], got["scores"], tol=tol)
+    testing.check_topk(p, got["indices"], got["scores"], tol=tol)
