@@ -18,11 +18,12 @@ import os
 import platform
 import sys
 import time
+from typing import NamedTuple
 
 import click
 import numpy as np
 
-from . import __version__, arrays, io, ops, testing, validate
+from . import __version__, arrays, io, ops, ragged, testing, validate
 from . import bench as _bench  # the case and path tables (no GPU import)
 
 __all__ = ["main"]
@@ -330,11 +331,12 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         io.check_format_writable(out)
         io.check_writable(out, inputs=(input_path,))
     data = io.read_arrays(input_path)
-    problem, k, grouping = io.load_grouped_problem(data, top_k=top_k, name=input_path)
-    _check_in_chunks(problem, k, chunk, grouping)  # every value, before any row is scored
+    problem, k, cu_seqlens_q = io.load_grouped_problem(data, top_k=top_k, name=input_path)
+    runs = _runs(problem, cu_seqlens_q, chunk)
+    _check_runs(problem, k, runs, cu_seqlens_q)  # every value, before any row is scored
     t0 = time.perf_counter()
-    indices, scores = _score_in_chunks(problem, k, chunk, grouping, backend=backend, precision=precision,
-                                       physical=physical, validate=False)
+    indices, scores = _score_runs(problem, k, runs, backend=backend, precision=precision, physical=physical,
+                                  validate=False)
     ms = (time.perf_counter() - t0) * 1e3
     if out is not None:
         result = {"indices": indices}
@@ -358,19 +360,29 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         click.echo(_table(headers, _top_rows(indices, scores if with_scores else None)))
 
 
-def _check_in_chunks(problem, k, chunk, grouping=None):
-    """``score_topk``'s checks of the whole (host) input, values included, a run of ``chunk``
-    rows at a time (the working memory bounded by the chunk, as the scoring's), each row
-    named as the file numbers it (a grouped input's sequences too: ``grouping`` as
-    ``io.load_grouped_problem`` returns it): refused before any row is scored or a bar drawn."""
-    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    validate.check_score_topk(*problem, k, values=False)  # shapes first, of the whole input
-    for r0 in range(0, int(q.shape[0]), chunk):
-        r1 = min(r0 + chunk, int(q.shape[0]))
-        b0, _, offsets = (0, None, None) if grouping is None else _sequences_of_rows(grouping[1], r0, r1)
-        validate.check_score_topk(q[r0:r1], w[r0:r1], keys_fp4, key_scale, key_gscale, block_table[r0:r1],
-                                  valid_lens[r0:r1], k, values=True, cu_seqlens=offsets, first_row=r0,
-                                  first_seq=b0)
+class _Run(NamedTuple):
+    """Query rows ``r0 .. r1 - 1`` of an input, scored by one call. For a grouped input also
+    the sequences holding them, ``b0 .. b1 - 1``, and the rows' int32 offsets within the run
+    (``cu_seqlens_q`` of the call, from 0 to r1 - r0); else ``b0 = b1 = 0``, ``offsets`` None."""
+    r0: int
+    r1: int
+    b0: int
+    b1: int
+    offsets: np.ndarray | None
+
+
+def _runs(problem, cu_seqlens_q, chunk):
+    """The runs of ``chunk`` query rows that ``score`` checks and scores an input in (the
+    working memory bounded by the run, not the file), for a grouped input (host int32
+    offsets ``cu_seqlens_q`` (B+1,), checked) with each run's sequences
+    (``_sequences_of_rows``)."""
+    T = int(problem[0].shape[0]) if np.ndim(problem[0]) == 3 else 1  # (a bad q: refused by the checks)
+    runs = []
+    for r0 in range(0, max(T, 1), chunk):
+        r1 = min(r0 + chunk, T)
+        b0, b1, offsets = (0, 0, None) if cu_seqlens_q is None else _sequences_of_rows(cu_seqlens_q, r0, r1)
+        runs.append(_Run(r0, r1, b0, b1, offsets))
+    return runs
 
 
 def _sequences_of_rows(cu_seqlens_q, r0, r1):
@@ -384,34 +396,55 @@ def _sequences_of_rows(cu_seqlens_q, r0, r1):
     return b0, b1, offsets.astype(np.int32)
 
 
-def _score_in_chunks(problem, k, chunk, grouping=None, **kwargs):
-    """score_topk over runs of ``chunk`` query rows (the pool arrays are shared), so the
-    working memory is bounded by the chunk, not the file; NumPy results. A grouped input
-    (``grouping``: its (B, L) table and offsets) is scored run by run with
-    ``score_topk_ragged`` on the run's sequences, so the GPU shares each key tile between
-    the rows of a sequence. The input is checked first (``_check_in_chunks``), before any bar
-    is drawn."""
+def _run_arrays(problem, run):
+    """The seven arrays of ``run``: its rows of q, w and valid_lens, and of block_table its
+    rows (per-token input) or its sequences' rows (grouped input)."""
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    T = int(q.shape[0])
-    starts = list(range(0, max(T, 1), chunk))
+    rows = slice(run.r0, run.r1)
+    table = block_table[rows] if run.offsets is None else block_table[run.b0 : run.b1]
+    return q[rows], w[rows], keys_fp4, key_scale, key_gscale, table, valid_lens[rows]
+
+
+def _check_runs(problem, k, runs, cu_seqlens_q):
+    """``score_topk``'s checks of the whole (host) input, values included, a run at a time,
+    each row named as the file numbers it (a grouped input's sequences too): refused before
+    any row is scored or a bar drawn. A grouped input's per-token table is built a run at a
+    time for its run's checks."""
+    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
+    whole = block_table
+    if cu_seqlens_q is not None:  # (its (B, L) table is checked, io.load_grouped_problem): a stand-in
+        # of the per-token table's shape, never read, so the shapes are checked whole first
+        whole = np.empty((int(q.shape[0]), int(block_table.shape[1])), dtype=np.int32)
+    validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, whole, valid_lens, k, values=False)
+    for run in runs:
+        args = _run_arrays(problem, run)
+        if run.offsets is not None:
+            args = (*args[:5], ragged.expand_block_table(args[5], run.offsets, run.r1 - run.r0), args[6])
+        validate.check_score_topk(*args, k, values=True, cu_seqlens=run.offsets, first_row=run.r0,
+                                  first_seq=run.b0)
+
+
+def _score_runs(problem, k, runs, **kwargs):
+    """score_topk over ``runs`` (the pool arrays are shared); NumPy results. A grouped
+    input's runs go through ``score_topk_ragged`` on their sequences, so that the GPU shares
+    each key tile between the rows of a sequence. The input is checked first
+    (``_check_runs``), before any bar is drawn."""
     parts = []
-    # a bar only where there are chunks to count (click's own hidden= needs click 8.2)
-    bar_or_not = (click.progressbar(starts, label="scoring", file=sys.stderr) if len(starts) > 1
-                  else contextlib.nullcontext(starts))
-    pool = (keys_fp4, key_scale, key_gscale)
-    if len(starts) > 1 and ops._pick_backend(kwargs.get("backend", "auto"), problem) == "cuda":  # gpu-only
+    pool = problem[2:5]
+    if len(runs) > 1 and ops._pick_backend(kwargs.get("backend", "auto"), problem) == "cuda":  # gpu-only
         # the pool copied to the GPU once, where each run's call would copy its host arrays again
         pool = tuple(arrays.cupy().asarray(a) for a in pool)
+    # a bar only where there are runs to count (click's own hidden= needs click 8.2)
+    bar_or_not = (click.progressbar(runs, label="scoring", file=sys.stderr) if len(runs) > 1
+                  else contextlib.nullcontext(runs))
     with bar_or_not as bar:
-        for r0 in bar:
-            r1 = min(r0 + chunk, T)
-            if grouping is None:
-                out = ops.score_topk(q[r0:r1], w[r0:r1], *pool, block_table[r0:r1], valid_lens[r0:r1], k,
-                                     return_scores=True, **kwargs)
+        for run in bar:
+            q, w, _, _, _, table, valid_lens = _run_arrays(problem, run)
+            if run.offsets is None:
+                out = ops.score_topk(q, w, *pool, table, valid_lens, k, return_scores=True, **kwargs)
             else:
-                b0, b1, offsets = _sequences_of_rows(grouping[1], r0, r1)
-                out = ops.score_topk_ragged(q[r0:r1], w[r0:r1], *pool, grouping[0][b0:b1], offsets,
-                                            valid_lens[r0:r1], k, return_scores=True, **kwargs)
+                out = ops.score_topk_ragged(q, w, *pool, table, run.offsets, valid_lens, k, return_scores=True,
+                                            **kwargs)
             parts.append(tuple(arrays.to_numpy(x) for x in out))
     if len(parts) == 1:
         return parts[0]

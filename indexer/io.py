@@ -452,54 +452,70 @@ def load_problem(arrays: dict, *, top_k=None, name="input"):
     With an array ``pool_meta`` the dict is the pool form (a saved ``KeyPool`` plus ``q``,
     ``w`` and ``seqs``); otherwise it must hold the seven arrays under their contract names
     (see the module docstring). A grouped input (``cu_seqlens_q``) comes back per token:
-    ``block_table`` (T, L), each row its sequence's (``load_grouped_problem`` keeps the
-    grouping). ``top_k`` overrides an array ``top_k`` in the dict. ``name`` (the file's path)
-    starts every error message. Only presence is checked here (and, for a grouped input, the
-    grouping, which the per-token table is built from): shapes, dtypes and values are
-    ``indexer.validate``'s job when scoring.
+    ``block_table`` (T, L), row t its sequence's (``load_grouped_problem`` keeps the
+    grouping instead). ``top_k`` overrides an array ``top_k`` in the dict. ``name`` (the
+    file's path) starts every error message. Only presence is checked here (and a grouped
+    input's grouping): shapes, dtypes and values are ``indexer.validate``'s job when scoring.
     """
-    problem, k, _ = load_grouped_problem(arrays, top_k=top_k, name=name)
+    from . import ragged  # noqa: PLC0415  (io is imported by the CLI before it)
+
+    problem, k, cu_seqlens_q = load_grouped_problem(arrays, top_k=top_k, name=name)
+    if cu_seqlens_q is not None:
+        per_token = ragged.expand_block_table(problem[5], cu_seqlens_q, int(problem[0].shape[0]))
+        problem = (*problem[:5], per_token, problem[6])
     return problem, k
 
 
 def load_grouped_problem(arrays: dict, *, top_k=None, name="input"):
-    """``load_problem``'s ``(problem, top_k)`` and the input's grouping: None, or for a
-    grouped input (an array ``cu_seqlens_q``, see the module docstring) ``(block_table,
-    cu_seqlens_q)``, the int32 (B, L) table of its sequences and its (B+1,) row offsets, as
-    ``indexer.score_topk_ragged`` takes them. The grouping is checked whole here (dtype,
-    shape, offsets from 0 to T, never decreasing; ValueError / TypeError naming the array),
-    since the per-token table is built from it."""
-    grouped = GROUPING_NAME in arrays
+    """``(problem, top_k, cu_seqlens_q)`` from a dict read by ``read_arrays``: as
+    ``load_problem``'s for an input that is not grouped (``cu_seqlens_q`` None); for a
+    grouped one (an array ``cu_seqlens_q``, see the module docstring) the arrays as
+    ``indexer.score_topk_ragged`` takes them: ``problem``'s ``block_table`` is the int32
+    (B, L) table of the sequences, ``cu_seqlens_q`` their int32 (B+1,) row offsets, both
+    checked here (``validate.check_groups``: dtype, shape, offsets from 0 to T, never
+    decreasing; ValueError / TypeError naming the array).
+
+    An array one form would leave unused is refused by name rather than ignored: ``seqs`` in
+    the arrays form, ``block_table`` in the pool form, and there ``valid_lens`` without
+    ``cu_seqlens_q``."""
+    cu = arrays.get(GROUPING_NAME)
     if is_pool_form(arrays):
         _require(arrays, POOL_QUERY_NAMES, name,
-                 "a saved KeyPool needs q (T,H,D), w (T,H) and seqs (T,) beside it")
+                 "a saved KeyPool needs q (T,H,D), w (T,H) and seqs beside it")
+        _refuse_unused(arrays, name, "block_table", "the pool form builds it from seqs and the pool")
+        if cu is None:
+            _refuse_unused(arrays, name, "valid_lens", "the pool form takes it only with cu_seqlens_q "
+                           "(one id in seqs per query row sees all of its sequence)")
         k = _top_k_from(arrays, top_k, name)
-        return _pool_problem(arrays, name, k)
+        return _pool_problem(arrays, name, cu), k, cu
     _require(arrays, PROBLEM_NAMES, name,
              "expected q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens; or a saved KeyPool with q, w, seqs")
+    _refuse_unused(arrays, name, "seqs", "it names a saved pool's sequences, and this file holds no pool_meta")
     k = _top_k_from(arrays, top_k, name)
     problem = tuple(arrays[n] for n in PROBLEM_NAMES)
-    if not grouped:
-        return problem, k, None
-    table, cu = problem[5], arrays[GROUPING_NAME]
-    per_token = _per_token_table(problem[0], table, cu)
-    return (*problem[:5], per_token, problem[6]), k, (table, cu)
+    if cu is not None:
+        _check_grouping(problem[0], problem[5], cu)
+    return problem, k, cu
 
 
-def _per_token_table(q, table, cu):
-    """int32 (T, L): row t the (B, L) ``table``'s row of query row t's sequence, after the
-    grouping's checks (``validate.check_groups``, values included: host arrays)."""
-    from . import ragged, validate  # noqa: PLC0415  (io is imported by the CLI before either)
-
-    T = validate.query_rows(q)
-    validate.check_groups(cu, table, T)
-    return ragged.expand_block_table(table, cu, T)
+def _refuse_unused(arrays, name, array_name, why):
+    if array_name in arrays:
+        raise ValueError(f"{name}: {array_name}: not used in this form of input ({why})")
 
 
-def _sequence_ids(seqs, name):
+def _check_grouping(q, table, cu):
+    """``validate.check_groups`` of a grouped input's (B, L) ``table`` and offsets ``cu``
+    against ``q``'s rows (values included: host arrays)."""
+    from . import validate  # noqa: PLC0415  (io is imported by the CLI before it)
+
+    validate.check_groups(cu, table, validate.query_rows(q))
+
+
+def _sequence_ids(seqs, name, grouped=False):
     seqs = np.asarray(seqs)
     if seqs.ndim != 1:
-        raise ValueError(f"{name}: array 'seqs' must be 1-D (one sequence id per query row), got shape {seqs.shape}")
+        per = "sequence (with cu_seqlens_q)" if grouped else "query row"
+        raise ValueError(f"{name}: array 'seqs' must be 1-D (one sequence id per {per}), got shape {seqs.shape}")
     if seqs.dtype.kind in "iu":
         return [int(s) for s in seqs]
     if seqs.dtype.kind == "U":
@@ -519,12 +535,11 @@ def _load_pool(arrays, name):
         raise ValueError(f"{name}: not a valid saved KeyPool ({problem})") from None
 
 
-def _pool_problem(arrays, name, k):
-    """``load_grouped_problem``'s answer for the pool form: the per-token arrays from the
-    pool's bookkeeping (``KeyPool.block_table``, ``lengths``), and for a grouped input its
-    (B, L) table and offsets, each row seeing its ``valid_lens`` (within its sequence) or
-    all of its sequence."""
-    ids = _sequence_ids(arrays["seqs"], name)
+def _pool_problem(arrays, name, cu):
+    """The seven arrays of the pool form from the pool's bookkeeping (``KeyPool.block_table``,
+    ``lengths`` of ``seqs``' ids): per query row, or for a grouped input (offsets ``cu``) per
+    sequence, each row seeing its ``valid_lens`` (within its sequence) or all of it."""
+    ids = _sequence_ids(arrays["seqs"], name, grouped=cu is not None)
     pool = _load_pool(arrays, name)
     known = set(pool.sequences)
     # a string of decimal digits names the int id `pack` made of such an array name, unless
@@ -534,26 +549,21 @@ def _pool_problem(arrays, name, k):
         if s not in known:
             raise ValueError(f"{name}: seqs: sequence {s!r} is not in the pool (it holds {len(known)} sequences)")
     q, w = arrays["q"], arrays["w"]
-    pool_arrays = (q, w, pool.keys_fp4, pool.key_scale, pool.key_gscale)
-    if GROUPING_NAME not in arrays:
-        if "valid_lens" in arrays:  # would be silently unused: each row sees its whole sequence
-            raise ValueError(f"{name}: valid_lens: the pool form takes it only with cu_seqlens_q "
-                             "(one id in seqs per query row sees all of its sequence)")
-        return (*pool_arrays, pool.block_table(ids), pool.lengths(ids)), k, None
-    table, cu = pool.block_table(ids), arrays[GROUPING_NAME]
-    if np.ndim(cu) == 1 and np.shape(cu)[0] != len(ids) + 1:  # (the table's rows are seqs' ids here)
+    head = (q, w, pool.keys_fp4, pool.key_scale, pool.key_gscale, pool.block_table(ids))
+    if cu is None:
+        return (*head, pool.lengths(ids))
+    if not ids:  # (the table's rows are seqs' ids here)
+        raise ValueError(f"{name}: seqs: expected at least one sequence id (one a sequence, with cu_seqlens_q)")
+    if np.ndim(cu) == 1 and np.shape(cu)[0] != len(ids) + 1:
         raise ValueError(f"{name}: cu_seqlens_q: expected shape ({len(ids) + 1},), one offset more than seqs "
                          f"has sequence ids ({len(ids)}), got {np.shape(cu)}")
-    per_token = _per_token_table(q, table, cu)  # the grouping checked: one offset a sequence of seqs
+    _check_grouping(q, head[5], cu)
+    from . import validate  # noqa: PLC0415  (io is imported by the CLI before it)
+
     seq_lens = np.repeat(pool.lengths(ids), np.diff(cu.astype(np.int64)))
     valid_lens = arrays.get("valid_lens", seq_lens)
-    from .pool import _check_within  # noqa: PLC0415
-
-    try:  # a row seeing past its sequence would read slots never written to it (as KeyPool refuses)
-        _check_within(valid_lens, seq_lens)
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    return (*pool_arrays, per_token, valid_lens), k, (table, cu)
+    validate.check_lens_within(valid_lens, seq_lens, prefix=f"{name}: ")
+    return (*head, valid_lens)
 
 
 def key_sequences(arrays: dict, *, name="keys") -> dict:

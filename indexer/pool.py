@@ -96,19 +96,6 @@ def _check_seq(seq, name="seq"):
 _SEQ_ID_LIMIT = 2**63  # int ids are int64's: what a saved pool's JSON and NumPy both hold
 
 
-def _check_within(valid_lens, seq_lens):
-    """``KeyPool.score_topk``'s ``valid_lens`` against its rows' sequences' lengths
-    ``seq_lens`` (int32 (T,)): ValueError naming ``valid_lens`` for a row that would see past
-    its sequence (its other checks are the call's)."""
-    lens = arrays.to_numpy(valid_lens)
-    if np.shape(lens) != seq_lens.shape or np.asarray(lens).dtype.kind not in "iu":
-        return  # refused by name by the call
-    over = np.flatnonzero(lens > seq_lens)
-    if over.size:
-        t = int(over[0])
-        raise ValueError(f"valid_lens: row {t} sees {int(lens[t])} entries, but its sequence holds {int(seq_lens[t])}")
-
-
 def _check_seq_list(seqs):
     """A list of sequence ids from any iterable of ids (a lone id is refused, not iterated)."""
     if isinstance(seqs, (str, bytes, numbers.Integral)):
@@ -657,7 +644,7 @@ class KeyPool:
             if valid_lens is None:
                 valid_lens = xp.asarray(seq_lens)
             else:
-                _check_within(valid_lens, seq_lens)
+                _validate.check_lens_within(valid_lens, seq_lens)
         return ops.score_topk_ragged(q, w, self.keys_fp4, self.key_scale, self.key_gscale, table,
                                      cu, valid_lens, top_k, **kwargs)
 

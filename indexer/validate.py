@@ -16,7 +16,7 @@ import numpy as np
 from . import arrays
 
 __all__ = ["MAX_TOP_K", "MAX_HEADS", "MAX_HEAD_DIM", "MAX_ROW_ENTRIES", "Problem", "check_score_topk", "check_top_k",
-           "check_cu_seqlens", "check_groups", "query_rows", "check_flag"]
+           "check_cu_seqlens", "check_groups", "check_lens_within", "query_rows", "check_flag"]
 
 #: largest supported ``top_k``
 MAX_TOP_K = 4096
@@ -201,8 +201,10 @@ def _check_values(prob: Problem, key_gscale, block_table, valid_lens, cu_seqlens
         _check_offsets(cu_seqlens, prob.T)
     lo, hi = int(valid_lens.min()), int(valid_lens.max())
     if lo < 0 or hi > prob.max_len:
+        t = int(xp.argmax((valid_lens < 0) | (valid_lens > prob.max_len)))
         raise ValueError(
-            f"valid_lens: expected 0 <= n <= L*E = {prob.max_len}, got values in [{lo}, {hi}]"
+            f"valid_lens: expected 0 <= n <= L*E = {prob.max_len}, got values in [{lo}, {hi}] "
+            f"(the first out of range: {int(valid_lens[t])} at row {t + first_row})"
         )
     if not bool(xp.all(xp.isfinite(key_gscale) & (key_gscale > 0))):
         bad = int(xp.argmax(~(xp.isfinite(key_gscale) & (key_gscale > 0))))
@@ -262,6 +264,22 @@ def query_rows(q) -> int:
     if len(shape) != 3:
         raise ValueError(f"q: expected 3 dimensions, got shape {tuple(shape)}")
     return int(shape[0])
+
+
+def check_lens_within(valid_lens, seq_lens, prefix=""):
+    """A grouped pool call's int32 ``valid_lens`` (T,) against its rows' sequences' lengths
+    ``seq_lens`` (NumPy int (T,)): ValueError naming ``valid_lens`` (after ``prefix``, a file's
+    name) for the first row that would see past its sequence, reading slots never written
+    to it. Lengths of another dtype or shape are left to the call's checks, which refuse
+    them by name."""
+    lens = arrays.to_numpy(valid_lens)
+    if not isinstance(lens, np.ndarray) or lens.dtype != np.int32 or lens.shape != seq_lens.shape:
+        return
+    over = np.flatnonzero(lens > seq_lens)
+    if over.size:
+        t = int(over[0])
+        raise ValueError(f"{prefix}valid_lens: row {t} sees {int(lens[t])} entries, but its sequence holds "
+                         f"{int(seq_lens[t])}")
 
 
 def check_groups(cu_seqlens_q, block_table, T: int, *, values: bool = True) -> int:

@@ -115,7 +115,8 @@ def test_grouped_pool_form_refusals(tmp_path):
     inp = tmp_path / "q.npz"
     io.write_arrays(inp, data)
     # row lengths beside one id a row would go unused: refused, not ignored
-    assert "valid_lens: the pool form takes it only with cu_seqlens_q" in one_error_line(run_cli("score", inp, "--top-k", 2))
+    line = one_error_line(run_cli("score", inp, "--top-k", 2))
+    assert "valid_lens: not used in this form of input (the pool form takes it only with cu_seqlens_q" in line
     data.update(seqs=np.array([0], dtype=np.int32), cu_seqlens_q=np.array([0, 3], dtype=np.int32),
                 valid_lens=np.array([1, 11, 3], dtype=np.int32))
     io.write_arrays(inp, data)
@@ -127,6 +128,18 @@ def test_grouped_pool_form_refusals(tmp_path):
     data.update(cu_seqlens_q=np.array([0, 3], dtype=np.int64))
     io.write_arrays(inp, data)
     assert "cu_seqlens_q: expected dtype int32" in one_error_line(run_cli("score", inp, "--top-k", 2))
+    # lengths of the wrong dtype are named as such, whatever their values
+    data.update(cu_seqlens_q=np.array([0, 3], dtype=np.int32), valid_lens=np.array([1, 11, 3], dtype=np.int64))
+    io.write_arrays(inp, data)
+    assert "valid_lens: expected dtype int32" in one_error_line(run_cli("score", inp, "--top-k", 2))
+    # one id a sequence: the messages say so
+    data.update(valid_lens=np.array([1, 2, 3], dtype=np.int32), seqs=np.array([[0]], dtype=np.int32))
+    io.write_arrays(inp, data)
+    assert "one sequence id per sequence (with cu_seqlens_q)" in one_error_line(run_cli("score", inp, "--top-k", 2))
+    data.update(q=data["q"][:0], w=data["w"][:0], valid_lens=data["valid_lens"][:0], seqs=np.array([], np.int32),
+                cu_seqlens_q=np.array([0], dtype=np.int32))
+    io.write_arrays(inp, data)
+    assert "seqs: expected at least one sequence id" in one_error_line(run_cli("score", inp, "--top-k", 2))
 
 
 def _saved(pool, tmp_path):
@@ -148,6 +161,18 @@ def test_grouped_arrays_form_refusals_name_the_array(tmp_path, change, fragment)
     args = grouped_problem(rng, [4, 0, 2], H=4, D=32, E=8, top_k=3)
     _, path = grouped_file(tmp_path, np.random.default_rng(98), [4, 0, 2], top_k=3, **change(args))
     assert fragment in one_error_line(run_cli("score", path, "--top-k", 3, "--backend", "numpy"))
+
+
+def test_an_out_of_range_length_is_named_by_its_row_across_runs(tmp_path):
+    rng = np.random.default_rng(105)
+    args = list(grouped_problem(rng, [3, 4], H=4, D=32, E=8, seq_entries=[16, 16], top_k=3))
+    args[7][5] = -2
+    names = ("q", "w", "keys_fp4", "key_scale", "key_gscale", "block_table", "cu_seqlens_q", "valid_lens")
+    path = tmp_path / "bad.npz"
+    io.write_arrays(path, dict(zip(names, args)))
+    for chunk in (1, 2, 4, 7):
+        line = one_error_line(run_cli("score", path, "--top-k", 3, "--chunk", chunk, "--backend", "numpy"))
+        assert "valid_lens: expected 0 <= n <= L*E = 16" in line and "(the first out of range: -2 at row 5)" in line
 
 
 def test_grouped_bad_block_id_is_named_by_sequence_and_row_across_runs(tmp_path):
@@ -177,12 +202,41 @@ def test_load_problem_expands_a_grouped_input_per_token(tmp_path):
     rng = np.random.default_rng(101)
     args, path = grouped_file(tmp_path, rng, [0, 3, 1])
     data = io.read_arrays(path)
-    problem, k, grouping = io.load_grouped_problem(data, top_k=5)
-    assert k == 5 and grouping[0] is data["block_table"] and grouping[1] is data["cu_seqlens_q"]
-    np.testing.assert_array_equal(problem[5], as_problem(*args, 5).block_table)
-    assert problem[:5] == tuple(data[n] for n in ("q", "w", "keys_fp4", "key_scale", "key_gscale"))
+    problem, k, cu = io.load_grouped_problem(data, top_k=5)
+    assert k == 5 and cu is data["cu_seqlens_q"]  # as stored: the table per sequence
+    assert problem == tuple(data[n] for n in io.PROBLEM_NAMES)
     per_token, _ = io.load_problem(data, top_k=5)
-    np.testing.assert_array_equal(per_token[5], problem[5])
+    np.testing.assert_array_equal(per_token[5], as_problem(*args, 5).block_table)
+    assert per_token[:5] == problem[:5] and per_token[6] is problem[6]
+
+
+def test_a_grouped_file_is_checked_a_run_at_a_time(tmp_path, monkeypatch):
+    """No per-token table of the whole file is built to check or score it: each is a run's."""
+    rng = np.random.default_rng(103)
+    args, path = grouped_file(tmp_path, rng, [5, 0, 6])
+    built = []
+    expand = indexer.ragged.expand_block_table
+    monkeypatch.setattr(indexer.ragged, "expand_block_table",
+                        lambda table, cu, T, **kw: built.append(T) or expand(table, cu, T, **kw))
+    out = tmp_path / "out.npz"
+    r = run_cli("score", path, "--top-k", 6, "--chunk", 4, "--backend", "numpy", "--out", out)
+    assert r.exit_code == 0, r.output
+    assert built and max(built) <= 4, built
+    np.testing.assert_array_equal(io.read_arrays(out)["indices"], indexer.score_topk_ragged(*args, 6, backend="numpy"))
+
+
+def test_arrays_a_form_would_leave_unused_are_refused(tmp_path):
+    rng = np.random.default_rng(104)
+    _, path = grouped_file(tmp_path, rng, [2, 1], seqs=np.array([0, 1], dtype=np.int32))
+    assert "seqs: not used in this form of input" in one_error_line(run_cli("score", path, "--top-k", 2))
+    pool = KeyPool(num_blocks=4, entries_per_block=8, head_dim=32)
+    pool.append(0, rng.standard_normal((10, 32)).astype(np.float32))
+    data = io.read_arrays(_saved(pool, tmp_path))
+    data.update(q=rng.standard_normal((2, 4, 32)).astype(np.float32), w=rng.standard_normal((2, 4)).astype(np.float32),
+                seqs=np.array([0, 0], dtype=np.int32), block_table=np.full((2, 2), 3, dtype=np.int32))
+    inp = tmp_path / "q.npz"
+    io.write_arrays(inp, data)
+    assert "block_table: not used in this form of input" in one_error_line(run_cli("score", inp, "--top-k", 2))
 
 
 @requires_gpu
