@@ -41,9 +41,10 @@ cu_seqlens_q[b+1]`` form sequence b. In the arrays form ``block_table`` is then 
 row per sequence; in the pool form ``seqs`` is (B,), one id per sequence, and an int32
 ``valid_lens`` (T,) may say how much of its sequence each row sees (``indexer.causal_lens``
 makes the causal ones; by default a row sees all of it; the pool form takes ``valid_lens``
-only with ``cu_seqlens_q``). ``load_grouped_problem`` returns the grouping beside the
-per-token arrays; ``load_problem`` returns the per-token arrays alone (each row's table row
-gathered from its sequence's).
+only with ``cu_seqlens_q``). ``load_grouped_problem`` returns such an input as
+``score_topk_ragged`` takes it; ``load_problem`` returns it per token (each row's table row
+gathered from its sequence's). An array a form would leave unused (``seqs`` in the arrays
+form, ``block_table`` in the pool form) is refused by name, not ignored.
 
 Either form may carry ``top_k`` as a 0-d or one-element integer array; a ``top_k``
 passed to ``load_problem`` wins over it. Arrays are handed on exactly as stored:
