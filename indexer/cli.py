@@ -332,8 +332,9 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         io.check_writable(out, inputs=(input_path,))
     data = io.read_arrays(input_path)
     problem, k, cu_seqlens_q = io.load_grouped_problem(data, top_k=top_k, name=input_path)
+    _check_shapes(problem, k, cu_seqlens_q)
     runs = _runs(problem, cu_seqlens_q, chunk)
-    _check_runs(problem, k, runs, cu_seqlens_q)  # every value, before any row is scored
+    _check_runs(problem, k, runs)  # every value, before any row is scored
     t0 = time.perf_counter()
     indices, scores = _score_runs(problem, k, runs, backend=backend, precision=precision, physical=physical,
                                   validate=False)
@@ -376,9 +377,9 @@ def _runs(problem, cu_seqlens_q, chunk):
     working memory bounded by the run, not the file), for a grouped input (host int32
     offsets ``cu_seqlens_q`` (B+1,), checked) with each run's sequences
     (``_sequences_of_rows``)."""
-    T = int(problem[0].shape[0]) if np.ndim(problem[0]) == 3 else 1  # (a bad q: refused by the checks)
+    T = int(problem[0].shape[0])  # >= 1 (_check_shapes)
     runs = []
-    for r0 in range(0, max(T, 1), chunk):
+    for r0 in range(0, T, chunk):
         r1 = min(r0 + chunk, T)
         b0, b1, offsets = (0, 0, None) if cu_seqlens_q is None else _sequences_of_rows(cu_seqlens_q, r0, r1)
         runs.append(_Run(r0, r1, b0, b1, offsets))
@@ -405,17 +406,21 @@ def _run_arrays(problem, run):
     return q[rows], w[rows], keys_fp4, key_scale, key_gscale, table, valid_lens[rows]
 
 
-def _check_runs(problem, k, runs, cu_seqlens_q):
-    """``score_topk``'s checks of the whole (host) input, values included, a run at a time,
-    each row named as the file numbers it (a grouped input's sequences too): refused before
-    any row is scored or a bar drawn. A grouped input's per-token table is built a run at a
-    time for its run's checks."""
+def _check_shapes(problem, k, cu_seqlens_q):
+    """``score_topk``'s checks of the whole (host) input's shapes and dtypes (not its values:
+    ``_check_runs``), before it is cut into runs."""
     q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    whole = block_table
     if cu_seqlens_q is not None:  # (its (B, L) table is checked, io.load_grouped_problem): a stand-in
         # of the per-token table's shape, never read, so the shapes are checked whole first
-        whole = np.empty((int(q.shape[0]), int(block_table.shape[1])), dtype=np.int32)
-    validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, whole, valid_lens, k, values=False)
+        block_table = np.empty((int(q.shape[0]), int(block_table.shape[1])), dtype=np.int32)
+    validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, k, values=False)
+
+
+def _check_runs(problem, k, runs):
+    """``score_topk``'s checks of the input's values a run at a time, each row named as the
+    file numbers it (a grouped input's sequences too): refused before any row is scored or a
+    bar drawn. A grouped input's per-token table is built a run at a time for its run's
+    checks."""
     for run in runs:
         args = _run_arrays(problem, run)
         if run.offsets is not None:

@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import arrays as _arrays
+from . import arrays as _arrays, ragged, validate
 
 __all__ = [
     "FORMATS",
@@ -458,8 +458,6 @@ def load_problem(arrays: dict, *, top_k=None, name="input"):
     file's path) starts every error message. Only presence is checked here (and a grouped
     input's grouping): shapes, dtypes and values are ``indexer.validate``'s job when scoring.
     """
-    from . import ragged  # noqa: PLC0415  (io is imported by the CLI before it)
-
     problem, k, cu_seqlens_q = load_grouped_problem(arrays, top_k=top_k, name=name)
     if cu_seqlens_q is not None:
         per_token = ragged.expand_block_table(problem[5], cu_seqlens_q, int(problem[0].shape[0]))
@@ -507,8 +505,6 @@ def _refuse_unused(arrays, name, array_name, why):
 def _check_grouping(q, table, cu):
     """``validate.check_groups`` of a grouped input's (B, L) ``table`` and offsets ``cu``
     against ``q``'s rows (values included: host arrays)."""
-    from . import validate  # noqa: PLC0415  (io is imported by the CLI before it)
-
     validate.check_groups(cu, table, validate.query_rows(q))
 
 
@@ -559,8 +555,6 @@ def _pool_problem(arrays, name, cu):
         raise ValueError(f"{name}: cu_seqlens_q: expected shape ({len(ids) + 1},), one offset more than seqs "
                          f"has sequence ids ({len(ids)}), got {np.shape(cu)}")
     _check_grouping(q, head[5], cu)
-    from . import validate  # noqa: PLC0415  (io is imported by the CLI before it)
-
     seq_lens = np.repeat(pool.lengths(ids), np.diff(cu.astype(np.int64)))
     valid_lens = arrays.get("valid_lens", seq_lens)
     validate.check_lens_within(valid_lens, seq_lens, prefix=f"{name}: ")
