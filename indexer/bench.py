@@ -73,6 +73,9 @@ CASES = [
     Case("decode-ragged", "mixed batch, lengths uniform in [1, 262144]", 64, 1, 1024, kind="ragged", entries=262_144),
     Case("decode-E256", "256-entry blocks", 64, 1, 1024, E=256, entries=65_536),
     Case("mtp-2", "two draft tokens per request", 64, 2, 1024, kind="mtp", entries=65_536),
+    Case("mtp-3", "three query tokens per request (an odd count: a row of each alone)", 64, 3, 1024, kind="mtp",
+         entries=65_536),
+    Case("mtp-4", "four query tokens per request", 64, 4, 1024, kind="mtp", entries=65_536),
     Case("prefill-8K", "one sequence, 8192 tokens, 4:1", 1, 8192, 512, kind="prefill", entries=0, prefill_tokens=8192),
     Case("prefill-chunk", "4096 new tokens after 1M", 1, 4096, 1024, kind="prefill", entries=262_144, prefill_tokens=4096),
 ]
@@ -217,6 +220,8 @@ README_LABELS = {
     "decode-ragged": "decode-ragged (B 64, lengths up to 262,144)",
     "decode-E256": "decode-E256 (256-entry blocks)",
     "mtp-2": "mtp-2 (B 64 x 2, 65,536)",
+    "mtp-3": "mtp-3 (B 64 x 3, 65,536)",
+    "mtp-4": "mtp-4 (B 64 x 4, 65,536)",
     "prefill-8K": "prefill-8K (8,192 causal queries, k 512)",
     "prefill-chunk": "prefill-chunk (4,096 queries, 262,144 + causal)",
 }

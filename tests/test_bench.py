@@ -42,7 +42,7 @@ def layouts():
 
 def test_case_table_names():
     assert [c.name for c in bench.CASES] == ["decode-1M", "decode-128K", "decode-latency", "decode-ragged",
-                                             "decode-E256", "mtp-2", "prefill-8K", "prefill-chunk"]
+                                             "decode-E256", "mtp-2", "mtp-3", "mtp-4", "prefill-8K", "prefill-chunk"]
 
 
 @pytest.mark.parametrize("name", list(BY_NAME))
@@ -98,6 +98,12 @@ def test_case_layout_lengths_per_kind(layouts):
     assert np.array_equal(mtp["valid_lens"].reshape(64, 2), np.tile([65_536, 65_537], (64, 1)))
     assert (mtp["seq_lens"] == 65_537).all()
     assert np.array_equal(mtp["block_table"][0::2], mtp["block_table"][1::2])
+    for n in (3, 4):  # rows n b .. n b + n - 1 of request b, one more entry each, one block-table row
+        lay = layouts[f"mtp-{n}"]
+        assert np.array_equal(lay["valid_lens"].reshape(64, n), np.tile(65_536 + np.arange(n), (64, 1)))
+        assert (lay["seq_lens"] == 65_535 + n).all()
+        assert lay["cu_seqlens"].tolist() == list(range(0, 64 * n + 1, n))
+        assert all(np.array_equal(lay["block_table"][i::n], lay["block_table"][0::n]) for i in range(1, n))
     t = np.arange(8192)
     assert np.array_equal(layouts["prefill-8K"]["valid_lens"], (t + 1) // 4)
     assert layouts["prefill-8K"]["seq_lens"].tolist() == [2048]
