@@ -156,7 +156,9 @@ INSTANCES = {
                                                                              "score_wgmma_pairs_kernel")
                        for a in ("", ", true" if k != "wgmma_prep_kernel" else ", false")]
     + [query_instance(f"{k}<{d}, {a}>", dt) for d in (32, 64, 96, 128) for dt in list(QUERY_ELEMENTS)[1:]
-       for k, a in (("wgmma_prep_kernel", "true"), ("wgmma_prep_kernel", "false"), ("score_wgmma_pairs_kernel", "true"))],
+       for k, a in (("wgmma_prep_kernel", "true"), ("wgmma_prep_kernel", "false"), ("score_wgmma_pairs_kernel", "true"))]
+    # a split pair call's two halves (score_wgmma_pairs::kSharedUnits, kLoneRows), on the images
+    + [f"score_wgmma_pairs_kernel<{d}, false, float, {units}>" for d in (32, 64, 96, 128) for units in (1, 2)],
     "score_ws.cu": _typed(["score_ws_kernel<128>"]),
     "score_ks.cu": ["score_ks_kernel<128>"] + _typed(["ks_prep_kernel<128>"]),
     "score_dense.cu": _typed(["score_dense_kernel<128>"]) + ["dense_keys_kernel<128>"],

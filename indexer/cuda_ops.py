@@ -214,6 +214,9 @@ _CLAIMED_SHARES = True
 #: true>), the pair kernel a copy a K chunk and query (else both queries staged from fp32 by
 #: the kernel, one after the other: score_wgmma_pairs_kernel<D, true>); for A/Bs
 _QUERY_IMAGE = True
+#: whether a pair call with many lone rows scores them in a launch of their own
+#: (geometry.pairs_split); for A/Bs
+_PAIRS_SPLIT = True
 #: the select kernels' source (a name, so that scripts/ab_kernels.py can swap in another version)
 _SELECT_SOURCE = "select_fast.cu"
 
@@ -283,7 +286,8 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     if (fast_kernel == "auto" and cu_seqlens is not None
             and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E, cu_seqlens.shape[0] - 1)):
         return "ks"  # chunks of sequences over longer pools: each key group decoded once for a sequence's rows
-    if cu_seqlens is not None and fast_kernel != "wgmma-single" and q_aligned:
+    if (cu_seqlens is not None and fast_kernel != "wgmma-single" and q_aligned
+            and geometry.pairs_preferred(prob.T, cu_seqlens.shape[0] - 1)):
         return "pairs"
     return "wgmma"
 
@@ -431,6 +435,13 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     if kind in ("fp32", "ws", "dense") or (kind == "pairs" and not p.wgmma_image):  # it reads q itself
         name = _jit.query_instance(name, prob.q_dtype)
     p.score_k = _kernel(_SCORING_SOURCES[kind], name, device_id, sl.smem)
+    # a pair call with many lone rows: the shared pairs in one launch, the lone rows in a
+    # second with m64n64 MMAs (geometry.pairs_split; the halves' kernels at score_wgmma.cu's
+    # score_wgmma_pairs::kSharedUnits and kLoneRows)
+    p.lone_k = None
+    if _PAIRS_SPLIT and kind == "pairs" and p.wgmma_image and geometry.pairs_split(prob.T, cu_seqlens.shape[0] - 1):
+        p.score_k = _kernel(_SCORING_SOURCES[kind], f"{sl.name[:-1]}, false, float, 1>", device_id, sl.smem)
+        p.lone_k = _kernel(_SCORING_SOURCES[kind], f"{sl.name[:-1]}, false, float, 2>", device_id, sl.smem)
     if exact:
         p.shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:
@@ -579,12 +590,14 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
     # (none where a capture starts before the workspace holds them: equal shares then); a
     # pair for the even runs, one for the odd (the next run's scoring kernel may start before
     # this one's last CTAs have cleared theirs: Workspace.claim_counters)
-    claims = (0, 0)
+    # (a split pair call's lone-row launch claims from a third and fourth pair: it may start
+    # before the shared pairs' last CTAs have cleared theirs)
+    claims = (0, 0, 0, 0)
     if _CLAIMED_SHARES and (kind == "pairs" or (kind == "wgmma" and sl.balanced)):
         if workspace is None:
-            own = cp.empty(4, dtype=cp.uint32)
+            own = cp.empty(8, dtype=cp.uint32)
             _zero(own)
-            claims = (own[:2], own[2:]) if len(p.runs) > 1 else (own, own)
+            claims = (own[:2], own[2:4], own[4:6], own[6:])
         else:
             claims = workspace.claim_counters() or claims
 
@@ -640,6 +653,9 @@ def _launch(precision, prob, dev, device_id, q, w, keys_fp4, key_scale, key_gsca
                     after_previous(p.score_k, device_id, grid, sl.block, score_args, shared_mem=sl.smem)
                 else:
                     p.score_k(grid, sl.block, score_args, shared_mem=sl.smem)
+                if p.lone_k is not None:  # the run's lone rows, placed as the shared pairs' CTAs end
+                    after_previous(p.lone_k, device_id, grid, sl.block, (*score_args[:-1], claims[2 + run_index % 2]),
+                                   shared_mem=sl.smem)
             if score_only:  # counted into the histogram, never selected
                 continue
             # every select kernel ends with the same arguments: where its winners go, and the

@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "fp32_smem_bytes", "mma_smem_bytes", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -455,6 +455,31 @@ def score_wgmma_pairs_launch(T: int, H: int, D: int, max_len: int, dev: Device =
     return ScoreLaunch(name=f"score_wgmma_pairs_kernel<{D}>", grid=(dev.sm_count * ctas_per_sm, 1), block=(128,),
                        smem=wgmma_pairs_smem_bytes(D), tiles_per_cta=0,
                        ld=tiles_per_row(max_len) * TILE_ENTRIES, balanced=True)
+
+
+def pairs_preferred(T: int, n_seq: int) -> bool:
+    """Whether a grouped call of T rows in ``n_seq`` sequences takes the pair kernel (rows of
+    a sequence in pairs sharing each key tile) over the single-query kernel: where it has
+    more rows than sequences. One row a sequence (decode through ``score_topk_ragged``)
+    shares nothing, and there the single-query kernel is the faster (H100, 64 rows of 65,536
+    entries: 0.178 against 0.214 ms for every row alone in the pair kernel's split form,
+    docs/performance.md v103)."""
+    return T > n_seq
+
+
+def pairs_split(T: int, n_seq: int) -> bool:
+    """Whether a pair-kernel call scores its lone rows (a row whose pair (2u, 2u + 1) spans
+    two sequences, or the last of an odd T) in a second launch of their own
+    (``score_wgmma_pairs_kernel<D, false, float, 2>``, m64n64 MMAs), the shared pairs in the
+    first (``<D, false, float, 1>``), rather than in the pair's m64n128 form in one launch,
+    where a lone row costs about what a pair does (its MMAs half wasted). Decided from the
+    shapes alone (the offsets stay on the device): split where lone rows are expected many,
+    i.e. unless the rows divide evenly into sequences of an even count (mtp-2, mtp-4,
+    prefill), or there is one sequence (at most one lone row). The second launch costs the
+    first's tail and its own start (docs/performance.md v103)."""
+    if n_seq < 2:
+        return False
+    return not (T % n_seq == 0 and (T // n_seq) % 2 == 0)
 
 
 def ws_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:

@@ -236,12 +236,13 @@ class Workspace:
         return self._zero_at_rest.get(dev, False)
 
     def claim_counters(self):  # gpu-only
-        """Two uint32 [2] views on the current device, zero at rest: the counters from which
+        """Four uint32 [2] views on the current device, zero at rest: the counters from which
         the balanced scoring kernels' CTAs claim their shares of tiles (kernels/wgmma_common.cuh:
         ShareClaims), a pair for the even runs of rows of a call and one for the odd ones (a
         scoring kernel lets the next kernel be placed before its last CTAs clear their pair,
         and where the next is the next run's scoring kernel, a scoring-only call's, it claims
-        from the other pair); every launch that uses a pair leaves it zero. Allocated
+        from the other pair), then the same two for a split pair call's lone-row launches
+        (``geometry.pairs_split``); every launch that uses a pair leaves it zero. Allocated
         zero-filled on first use (or by ``reserve``); None while the stream is capturing before
         then (the call then gives its CTAs equal shares)."""
         cp = arrays.cupy()
@@ -258,7 +259,7 @@ class Workspace:
         # host time)
         made = self._claim_views.get(key)
         if made is None or made[0] is not buf:
-            made = self._claim_views[key] = (buf, (buf[:2], buf[2:4]))
+            made = self._claim_views[key] = (buf, (buf[:2], buf[2:4], buf[4:6], buf[6:8]))
         return made[1]
 
     def at_rest(self, device_id: int) -> bool:

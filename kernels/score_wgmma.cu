@@ -386,6 +386,11 @@ static_assert(kMaxRows / 2 % kMaxUnits == 0, "whole groups");
 constexpr int kFlushTiles = 256;  // 256 tiles x 128 entries < 65,536
 static_assert(kFlushTiles * score_wgmma::kTile < 65536, "a packed 16-bit count cannot overflow between flushes");
 constexpr int kPackedWords = score_mma::kHistBins / 2;
+// which units a pair kernel instance scores (kUnits) and how a segment runs (kForm)
+constexpr int kAllUnits = 0;    // every unit: a pair's pieces shared, a split unit's rows alone in the pair's form
+constexpr int kSharedUnits = 1; // only units whose rows share keys (with kLoneRows beside it)
+constexpr int kLoneRows = 2;    // only split units, each row alone in the m64n64 form
+constexpr int kAnyPiece = 0, kPairPiece = 1, kLonePiece = 2;
 }  // namespace score_wgmma_pairs
 
 template <int kDim>
@@ -435,8 +440,10 @@ __device__ __forceinline__ void flush_packed_histogram(u32* h, u32* row_hist, in
 // the fp32 query (q [T, H, kDim], w [T, H]); else copied from wgmma_prep_kernel's images (q
 // taken as qimg [T][PrepToWgmmaImage<kDim, false>::kBytes], w unused) by bulk copies, a K
 // chunk each, on a barrier whose phase `piece` & 1 they complete (piece: the CTA's pieces
-// before this one).
-template <int kDim, bool kStagedQueries, class QT>
+// before this one). kForm: score_wgmma_pairs::kAnyPiece (a pair when tb >= 0, else row ta alone
+// in the pair's m64n128 form), kPairPiece (tb >= 0) or kLonePiece (tb = -1: row ta's own
+// m64n64 MMAs and head sums only; its own kernel instance, kLoneRows).
+template <int kDim, bool kStagedQueries, int kForm, class QT>
 __device__ __forceinline__ void score_pair_segment(
     unsigned char* smem, const QT* __restrict__ q, const float* __restrict__ w, int H,
     const u8* __restrict__ keys_fp4, const u8* __restrict__ key_scale, const float* __restrict__ key_gscale,
@@ -450,7 +457,8 @@ __device__ __forceinline__ void score_pair_segment(
     constexpr int kKSteps = kDim / 16;
     constexpr int kThreads = 128;
     constexpr int kHistBins = score_mma::kHistBins;
-    const bool pair = tb >= 0;
+    constexpr bool kLone = kForm == score_wgmma_pairs::kLonePiece;
+    const bool pair = kForm == score_wgmma_pairs::kAnyPiece ? tb >= 0 : kForm == score_wgmma_pairs::kPairPiece;
     unsigned char* qb = smem;  // both queries: [D/8][2][8][8 heads][16 B]
     float* w0 = reinterpret_cast<float*>(smem + Smem::kW);
     float* w1 = w0 + kHeads;
@@ -519,7 +527,10 @@ __device__ __forceinline__ void score_pair_segment(
     float* out0 = scores + (long long)ta * ld;
     float* out1 = pair ? scores + (long long)tb * ld : out0;
     u32 a_frag[2][kKSteps][4];
-    float acc[64];  // m64n128: acc[0..31] the first query's heads, acc[32..63] the second's
+    // m64n128: acc[0..31] the first query's heads, acc[32..63] the second's; a lone piece's
+    // m64n64 only its own (an array of that size: half of the 64 reinterpreted, ptxas
+    // serialised the MMAs, C7511)
+    float acc[kLone ? 32 : 64];
     auto half = [&](int qi) -> const float (&)[32] { return *reinterpret_cast<const float(*)[32]>(acc + 32 * qi); };
 
     // the query this lane stores (epilogue): lanes 0, 1 query 0, lanes 2, 3 query 1 (a pair's)
@@ -530,10 +541,11 @@ __device__ __forceinline__ void score_pair_segment(
     // weighted head sums of rows r0, r0 + 8 of a finished sub-tile for both queries (gs: the
     // global scale of my row, r0 + 8 (c & 1)): both sums before any store, so that their two
     // dependent FMA chains interleave (docs/performance.md v67; a lone row's second sum reads
-    // stale accumulators and is dropped)
+    // stale accumulators and is dropped; a lone piece's is not computed)
     auto epilogue = [&](int s0, float gs) {
         const float mine0 = weighted_head_sum_mine(half(0), w0, c);  // row r0 + 8 (c & 1)
-        const float mine1 = weighted_head_sum_mine(half(1), w1, c);
+        float mine1 = 0.0f;
+        if constexpr (!kLone) mine1 = weighted_head_sum_mine(half(1), w1, c);
         // lanes c and c ^ 2 hold the same sums: lanes 0 and 1 store query 0's rows r0 and
         // r0 + 8, lanes 2 and 3 query 1's (one store and one count a lane)
         if (my_live) {
@@ -549,12 +561,19 @@ __device__ __forceinline__ void score_pair_segment(
     auto decode = [&](const unsigned char* st, int u) {
         decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);
     };
-    // one commit group: acc = A(sub-tile u) x B(both queries), one m64n128k16 a k-step
+    // one commit group: acc = A(sub-tile u) x B(both queries), one m64n128k16 a k-step; a lone
+    // piece's m64n64k16 on its own query, B's first 64 columns, in the same fragment layout
+    // (half the tensor work, which a lone row in the pair's form pays whole)
     auto mma = [&](int u) {
         wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks)
-            wgmma_m64n128k16(acc, a_frag[u][ks], desc_q + (u64)((2 * ks * Smem::kPairLbo) >> 4), ks > 0);
+        for (int ks = 0; ks < kKSteps; ++ks) {
+            const u64 desc = desc_q + (u64)((2 * ks * Smem::kPairLbo) >> 4);
+            if constexpr (kLone)
+                wgmma_m64n64k16(acc, a_frag[u][ks], desc, ks > 0);
+            else
+                wgmma_m64n128k16(acc, a_frag[u][ks], desc, ks > 0);
+        }
         wgmma_commit();
     };
 
@@ -613,8 +632,13 @@ __device__ __forceinline__ void score_pair_segment(
 // grid (G,), 128 threads: CTA i takes a share of all pairs' tiles (claimed: ShareClaims). Row t is query
 // row0 + t of a call whose sequences start at rows cu_seqlens[0 .. n_seq] (varlen layout);
 // rows 2u and 2u + 1 share keys when they belong to the same sequence (no sequence starts at
-// row 2u + 1). T <= kMaxRows (8,192).
-template <int kDim, bool kStagedQueries = false, class QT = float>
+// row 2u + 1). T <= kMaxRows (8,192). kUnits: score_wgmma_pairs::kAllUnits, or one of the two
+// halves of a split call (kSharedUnits, kLoneRows: two launches, each over the units the other
+// leaves at zero tiles), where many rows are alone (an odd number of rows a sequence): a lone
+// row in the pair's form costs about a pair (its m64n128 MMAs are half wasted); in a kernel of
+// its own its MMAs are m64n64. (Both forms inlined in one kernel cost the pair's tile loop
+// +65 ALU and +44 FMA-pipe instructions and spills: docs/performance.md v103.)
+template <int kDim, bool kStagedQueries = false, class QT = float, int kUnits = score_wgmma_pairs::kAllUnits>
 __global__ void __launch_bounds__(128, 3)
 score_wgmma_pairs_kernel(const QT* __restrict__ q,                // kStagedQueries: [T, H, kDim] (QT: float, half_bits or
                                                                   // bf16_bits), staged here; else the images
@@ -674,6 +698,9 @@ score_wgmma_pairs_kernel(const QT* __restrict__ q,                // kStagedQuer
         x.tiles_a = (x.na + kTiles - 1) / kTiles;
         const int tiles_b = (x.nb + kTiles - 1) / kTiles;
         x.tiles = x.shared ? max(x.tiles_a, tiles_b) : x.tiles_a + tiles_b;
+        if ((kUnits == score_wgmma_pairs::kSharedUnits && !x.shared) ||
+            (kUnits == score_wgmma_pairs::kLoneRows && x.shared))
+            x.tiles = 0;  // the other launch's
         return x;
     };
 
@@ -733,9 +760,13 @@ score_wgmma_pairs_kernel(const QT* __restrict__ q,                // kStagedQuer
                 ta = x.tb; tb = -1; na = x.nb; nb = 0; first = local - x.tiles_a; end = x.tiles - x.tiles_a;
             }
             const int num = min(g_end - g, end - first);
-            score_pair_segment<kDim, kStagedQueries>(smem, q, w, H, keys_fp4, key_scale, key_gscale, block_table, ta,
-                                                     tb, na, nb, first, num, jbase, P, E, e_shift, L, scores, ld, hist,
-                                                     rot, g + num < g_end, piece++);
+            constexpr int kForm = kUnits == score_wgmma_pairs::kSharedUnits ? score_wgmma_pairs::kPairPiece
+                                  : kUnits == score_wgmma_pairs::kLoneRows  ? score_wgmma_pairs::kLonePiece
+                                                                            : score_wgmma_pairs::kAnyPiece;
+            score_pair_segment<kDim, kStagedQueries, kForm>(smem, q, w, H, keys_fp4, key_scale, key_gscale,
+                                                            block_table, ta, tb, na, nb, first, num, jbase, P, E,
+                                                            e_shift, L, scores, ld, hist, rot, g + num < g_end,
+                                                            piece++);
             jbase += num;
             g += num;
             if (g >= g_end) break;

@@ -35,10 +35,12 @@ PAIRS = {
     "pairs": dict(counts=[2, 2, 2], seq_entries=[30_000, 9_000, 500], top_k=256),
     "unpaired": dict(counts=[1, 2, 1], seq_entries=[700, 12_000, 3], top_k=32),
     "empty sequence": dict(counts=[2, 0, 2], seq_entries=[40_000, 5, 0], top_k=64),
+    # three rows a request: the lone rows in a launch of their own (geometry.pairs_split)
+    "lone rows apart": dict(counts=[3, 3, 3, 3], seq_entries=[20_000, 600, 9_000, 0], top_k=128),
 }
 
 
-def counters(ws):  # both pairs (the even runs' and the odd ones')
+def counters(ws):  # every pair (the even runs' and the odd ones', then the lone-row launches')
     return np.concatenate([pair.get() for pair in ws.claim_counters()])
 
 
@@ -136,6 +138,33 @@ def test_runs_of_rows_claim_from_alternate_pairs():
     again = [a.get() for a in cuda_ops.score_topk(*dev, p.top_k, workspace_budget=budget, **kw)]
     np.testing.assert_array_equal(again[0], idx)
     assert again[1].tobytes() == sc.tobytes()
+    assert not counters(ws).any()
+
+
+def test_split_pair_calls_in_runs_leave_every_counter_zero():
+    # lone rows in launches of their own (three rows a request), the rows cut into runs by a
+    # small budget: each run's shared-pair and lone-row launches claim from their own pairs,
+    # alternating by run; after whole and scoring-only calls every counter is zero and the
+    # answers are those of one run
+    from indexer import cuda_ops  # imports CuPy
+
+    cp = arrays.cupy()
+    rng = np.random.default_rng(8)
+    q, w, k, s, g, table, cu, lens = grouped_problem(rng, [3] * 6, H=64, D=128, E=64,
+                                                     seq_entries=[9_000, 20_000, 1, 7_000, 15_000, 300], top_k=96)
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    ws = indexer.Workspace()
+    kw = dict(precision="fast", return_scores=True, workspace=ws, _fast_kernel="pairs", _cu_seqlens=cp.asarray(cu))
+    budget = 6 * 20_100 * 4 + 4096  # about six rows a run: three runs
+    idx, sc = (a.get() for a in cuda_ops.score_topk(*dev, 96, workspace_budget=budget, **kw))
+    testing.check_topk(as_problem(q, w, k, s, g, table, cu, lens, 96), idx, sc, tol=testing.TOL_FAST)
+    one_run = [a.get() for a in cuda_ops.score_topk(*dev, 96, **kw)]
+    np.testing.assert_array_equal(one_run[0], idx)
+    assert one_run[1].tobytes() == sc.tobytes()
+    for _ in range(5):
+        cuda_ops.score_topk(*dev, 96, workspace_budget=budget, _score_only=True, **kw)
+    cp.cuda.get_current_stream().synchronize()
     assert not counters(ws).any()
 
 

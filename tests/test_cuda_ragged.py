@@ -130,13 +130,21 @@ def test_ragged_checks_its_values_in_one_device_launch(monkeypatch, offsets, bad
     ([8], [400], 300, [64, 65, 192, 129, 192, 193, 1, 0]),
     # the same edges past 4,096 entries (histograms and the filter, not the row select)
     ([4], [5000], 100, [4096 + 64, 4096 + 63, 4096 + 65, 4096 + 1]),
+    # multi-token decode of three rows a request: a lone row each, a lone row of length 0
+    ([3, 3, 3, 3, 3], [3000, 700, 4100, 64, 1], 40, [3000, 2999, 10, 700, 0, 1, 4100, 4099, 4098, 64, 63, 65 - 2,
+                                                     1, 0, 1]),
 ])
-def test_row_pairs_share_key_tiles_and_match_single_rows(counts, entries, top_k, lens):
+@pytest.mark.parametrize("split", ["auto", "always", "never"])
+def test_row_pairs_share_key_tiles_and_match_single_rows(monkeypatch, counts, entries, top_k, lens, split):
     # the wgmma path scores consecutive rows of one sequence as pairs sharing each key tile;
     # the same call with pairs off ("wgmma-single") must give the same bits, and both the
-    # reference's answer
+    # reference's answer. split: a call's lone rows in a launch of their own (m64n64 MMAs)
+    # where geometry.pairs_split says so, always, or never (in the pair's form)
     from indexer import cuda_ops, geometry
 
+    if split != "auto":
+        monkeypatch.setattr(geometry, "pairs_split", lambda T, n_seq, _s=split: _s == "always")
+        monkeypatch.setattr(cuda_ops, "_PLANS", {})  # plans made under the patched rule, dropped after
     cp = arrays.cupy()
     dev_facts = cuda_ops.device_facts(cp.cuda.Device().id)
     if not geometry.wgmma_supported(64, 128, dev_facts):
@@ -155,6 +163,29 @@ def test_row_pairs_share_key_tiles_and_match_single_rows(counts, entries, top_k,
     np.testing.assert_array_equal(pairs[0].get(), single[0].get())
     assert pairs[1].get().tobytes() == single[1].get().tobytes()
     testing.check_topk(as_problem(*args, top_k), pairs[0].get(), pairs[1].get(), tol=TOL["fast"])
+
+
+@pytest.mark.parametrize("counts,kind", [([1] * 6, "wgmma"), ([1, 0, 2, 1], "wgmma"), ([1, 2, 1], "pairs"),
+                                         ([3, 3, 3], "pairs")])
+def test_grouped_calls_take_the_pair_kernel_only_where_rows_outnumber_sequences(counts, kind):
+    # one row a sequence (decode through the grouped call) shares nothing: the single-query
+    # kernel (geometry.pairs_preferred); the answers the reference's either way
+    from indexer import cuda_ops, geometry, validate
+
+    cp = arrays.cupy()
+    if not geometry.wgmma_supported(64, 128, cuda_ops.device_facts(cp.cuda.Device().id)):
+        pytest.skip("the pair kernel is the Hopper wgmma path")
+    rng = np.random.default_rng(len(counts) + sum(counts))
+    args = grouped_problem(rng, counts, H=64, D=128, E=64, seq_entries=[3000, 700, 5000, 64][: len(counts)]
+                           + [900] * max(0, len(counts) - 4), top_k=48)
+    q, w, k, s, g, table, cu, lens = args
+    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+    prob = validate.check_score_topk(*dev, 48)
+    facts = cuda_ops.device_facts(cp.cuda.Device().id)
+    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", cp.asarray(cu)) == kind
+    idx, sc = indexer.score_topk_ragged(*(cp.asarray(a) for a in args), 48, return_scores=True)
+    testing.check_topk(as_problem(*args, 48), idx.get(), sc.get(), tol=TOL["fast"])
 
 
 @pytest.mark.parametrize("E", [2, 8, 16, 256])

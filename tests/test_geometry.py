@@ -340,3 +340,23 @@ def test_the_dense_kernel_is_taken_at_exactly_a_quarter_as_many_rows_as_entries(
 
 def test_two_filter_ctas_an_sm_keep_sixteen_entries_a_thread():
     assert geometry.select_fast_per_thread(264, 4096) == 16
+
+
+@pytest.mark.parametrize("T,n_seq,split", [
+    (128, 64, False),   # mtp-2: every pair shares
+    (256, 64, False),   # mtp-4
+    (192, 64, True),    # mtp-3: a lone row a request
+    (64, 64, True),     # one row a request: every row alone
+    (8191, 1, False),   # one sequence: at most one lone row
+    (8192, 1, False),
+    (10, 3, True),      # rows that do not divide into the sequences: lone rows likely
+    (0, 0, False),
+])
+def test_pair_calls_split_off_their_lone_rows_where_many_are_expected(T, n_seq, split):
+    assert geometry.pairs_split(T, n_seq) is split
+
+
+@pytest.mark.parametrize("T,n_seq,pairs", [(128, 64, True), (65, 64, True), (64, 64, False), (3, 5, False),
+                                           (1, 1, False), (8192, 1, True)])
+def test_grouped_calls_take_the_pair_kernel_where_rows_outnumber_sequences(T, n_seq, pairs):
+    assert geometry.pairs_preferred(T, n_seq) is pairs
