@@ -18,12 +18,11 @@ import os
 import platform
 import sys
 import time
-from typing import NamedTuple
 
 import click
 import numpy as np
 
-from . import __version__, arrays, io, ops, ragged, testing, validate
+from . import __version__, arrays, io, ops, runs, testing
 from . import bench as _bench  # the case and path tables (no GPU import)
 
 __all__ = ["main"]
@@ -332,12 +331,16 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
         io.check_writable(out, inputs=(input_path,))
     data = io.read_arrays(input_path)
     problem, k, cu_seqlens_q = io.load_grouped_problem(data, top_k=top_k, name=input_path)
-    _check_shapes(problem, k, cu_seqlens_q)
-    runs = _runs(problem, cu_seqlens_q, chunk)
-    _check_runs(problem, k, runs)  # every value, before any row is scored
+    runs.check_shapes(problem, k, cu_seqlens_q)
+    cut = runs.runs_of(problem, cu_seqlens_q, chunk)
+    runs.check_runs(problem, k, cut)  # every value, before any row is scored or a bar drawn
+    # a bar only where there are runs to count (click's own hidden= needs click 8.2)
+    bar = (click.progressbar(cut, label="scoring", file=sys.stderr) if len(cut) > 1
+           else contextlib.nullcontext(cut))
     t0 = time.perf_counter()
-    indices, scores = _score_runs(problem, k, runs, backend=backend, precision=precision, physical=physical,
-                                  validate=False)
+    with bar as each_run:
+        indices, scores = runs.score_runs(problem, k, cut, each_run, backend=backend, precision=precision,
+                                          physical=physical, validate=False)
     ms = (time.perf_counter() - t0) * 1e3
     if out is not None:
         result = {"indices": indices}
@@ -359,101 +362,6 @@ def score(input_path, top_k, out, backend, precision, physical, with_scores, chu
     else:
         headers = ("query", "rank", "index") + (("score",) if with_scores else ())
         click.echo(_table(headers, _top_rows(indices, scores if with_scores else None)))
-
-
-class _Run(NamedTuple):
-    """Query rows ``r0 .. r1 - 1`` of an input, scored by one call. For a grouped input also
-    the sequences holding them, ``b0 .. b1 - 1``, and the rows' int32 offsets within the run
-    (``cu_seqlens_q`` of the call, from 0 to r1 - r0); else ``b0 = b1 = 0``, ``offsets`` None."""
-    r0: int
-    r1: int
-    b0: int
-    b1: int
-    offsets: np.ndarray | None
-
-
-def _runs(problem, cu_seqlens_q, chunk):
-    """The runs of ``chunk`` query rows that ``score`` checks and scores an input in (the
-    working memory bounded by the run, not the file), for a grouped input (host int32
-    offsets ``cu_seqlens_q`` (B+1,), checked) with each run's sequences
-    (``_sequences_of_rows``)."""
-    T = int(problem[0].shape[0])  # >= 1 (_check_shapes)
-    runs = []
-    for r0 in range(0, T, chunk):
-        r1 = min(r0 + chunk, T)
-        b0, b1, offsets = (0, 0, None) if cu_seqlens_q is None else _sequences_of_rows(cu_seqlens_q, r0, r1)
-        runs.append(_Run(r0, r1, b0, b1, offsets))
-    return runs
-
-
-def _sequences_of_rows(cu_seqlens_q, r0, r1):
-    """The sequences of a grouped input's query rows ``r0 .. r1 - 1`` (host int32 offsets
-    ``cu_seqlens_q`` (B+1,), 0 <= r0 < r1 <= T, checked): ``(b0, b1, offsets)``, sequences
-    ``b0 .. b1 - 1`` holding them (those with no rows there left out at the ends) and the
-    int32 (b1 - b0 + 1,) offsets of their rows within the run, from 0 to r1 - r0."""
-    b0 = int(np.searchsorted(cu_seqlens_q, r0, side="right")) - 1  # the sequence of row r0
-    b1 = int(np.searchsorted(cu_seqlens_q, r1 - 1, side="right"))  # one past that of row r1 - 1
-    offsets = np.clip(cu_seqlens_q[b0 : b1 + 1].astype(np.int64), r0, r1) - r0
-    return b0, b1, offsets.astype(np.int32)
-
-
-def _run_arrays(problem, run):
-    """The seven arrays of ``run``: its rows of q, w and valid_lens, and of block_table its
-    rows (per-token input) or its sequences' rows (grouped input)."""
-    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    rows = slice(run.r0, run.r1)
-    table = block_table[rows] if run.offsets is None else block_table[run.b0 : run.b1]
-    return q[rows], w[rows], keys_fp4, key_scale, key_gscale, table, valid_lens[rows]
-
-
-def _check_shapes(problem, k, cu_seqlens_q):
-    """``score_topk``'s checks of the whole (host) input's shapes and dtypes (not its values:
-    ``_check_runs``), before it is cut into runs."""
-    q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens = problem
-    if cu_seqlens_q is not None:  # (its (B, L) table is checked, io.load_grouped_problem): a stand-in
-        # of the per-token table's shape, never read, so the shapes are checked whole first
-        block_table = np.empty((int(q.shape[0]), int(block_table.shape[1])), dtype=np.int32)
-    validate.check_score_topk(q, w, keys_fp4, key_scale, key_gscale, block_table, valid_lens, k, values=False)
-
-
-def _check_runs(problem, k, runs):
-    """``score_topk``'s checks of the input's values a run at a time, each row named as the
-    file numbers it (a grouped input's sequences too): refused before any row is scored or a
-    bar drawn. A grouped input's per-token table is built a run at a time for its run's
-    checks."""
-    for run in runs:
-        args = _run_arrays(problem, run)
-        if run.offsets is not None:
-            args = (*args[:5], ragged.expand_block_table(args[5], run.offsets, run.r1 - run.r0), args[6])
-        validate.check_score_topk(*args, k, values=True, cu_seqlens=run.offsets, first_row=run.r0,
-                                  first_seq=run.b0)
-
-
-def _score_runs(problem, k, runs, **kwargs):
-    """score_topk over ``runs`` (the pool arrays are shared); NumPy results. A grouped
-    input's runs go through ``score_topk_ragged`` on their sequences, so that the GPU shares
-    each key tile between the rows of a sequence. The input is checked first
-    (``_check_runs``), before any bar is drawn."""
-    parts = []
-    pool = problem[2:5]
-    if len(runs) > 1 and ops._pick_backend(kwargs.get("backend", "auto"), problem) == "cuda":  # gpu-only
-        # the pool copied to the GPU once, where each run's call would copy its host arrays again
-        pool = tuple(arrays.cupy().asarray(a) for a in pool)
-    # a bar only where there are runs to count (click's own hidden= needs click 8.2)
-    bar_or_not = (click.progressbar(runs, label="scoring", file=sys.stderr) if len(runs) > 1
-                  else contextlib.nullcontext(runs))
-    with bar_or_not as bar:
-        for run in bar:
-            q, w, _, _, _, table, valid_lens = _run_arrays(problem, run)
-            if run.offsets is None:
-                out = ops.score_topk(q, w, *pool, table, valid_lens, k, return_scores=True, **kwargs)
-            else:
-                out = ops.score_topk_ragged(q, w, *pool, table, run.offsets, valid_lens, k, return_scores=True,
-                                            **kwargs)
-            parts.append(tuple(arrays.to_numpy(x) for x in out))
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
 # ----------------------------------------------------------------------------- pack

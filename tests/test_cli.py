@@ -343,7 +343,7 @@ def test_score_refuses_an_output_it_cannot_write_before_scoring(run, rng, tmp_pa
     def no_scoring(*args, **kwargs):
         raise AssertionError("scored before the output was checked")
 
-    monkeypatch.setattr(cli, "_score_runs", no_scoring)
+    monkeypatch.setattr(indexer.runs, "score_runs", no_scoring)
     assert_error(run("score", path, "--out", tmp_path / "o.npy", "--scores"), "a .npy file holds one array")
     assert_error(run("score", path, "--out", tmp_path / "o.txt"), "unknown file type")
     assert not (tmp_path / "o.npy").exists()

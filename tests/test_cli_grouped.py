@@ -7,7 +7,7 @@ import pytest
 from cli_runner import separate_runner
 
 import indexer
-from indexer import KeyPool, cli, io, reference, testing
+from indexer import KeyPool, cli, io, reference, runs, testing
 from tests.gpu import requires_gpu
 from tests.test_ragged import as_problem, grouped_problem
 
@@ -41,7 +41,7 @@ def test_sequences_of_rows_cover_each_row_with_its_sequence(cu):
     truth = np.searchsorted(cu, np.arange(T), side="right") - 1  # each row's sequence
     for r0 in range(T):
         for r1 in range(r0 + 1, T + 1):
-            b0, b1, offsets = cli._sequences_of_rows(cu, r0, r1)
+            b0, b1, offsets = runs.sequences_of_rows(cu, r0, r1)
             assert offsets.dtype == np.int32 and offsets[0] == 0 and offsets[-1] == r1 - r0
             assert offsets.shape == (b1 - b0 + 1,) and np.all(np.diff(offsets) >= 0)
             got = b0 + np.searchsorted(offsets, np.arange(r1 - r0), side="right") - 1
