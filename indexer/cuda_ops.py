@@ -234,7 +234,8 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     rows at a time multiplied against it; see geometry.dense_preferred) or 'mma' (mma.sync:
     other shapes and GPUs). ``fast_kernel`` ('auto', 'mma', 'wgmma', 'wgmma-single', 'pairs',
     'ws', 'ks', 'dense') forces a choice, for tests and benchmarks ('wgmma' takes the pair
-    kernel for rows of sequences, as 'auto' does where no grouped kernel is preferred);
+    kernel for rows of sequences, as 'auto' does where no grouped kernel is preferred and
+    there are more rows than sequences: geometry.pairs_preferred);
     raises ValueError for another name, or an array whose alignment or layout the forced
     kernel cannot take."""
     if fast_kernel not in _FAST_KERNELS:
@@ -434,14 +435,14 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     name = sl.name if kind not in ("wgmma", "pairs") or p.wgmma_image else f"{sl.name[:-1]}, true>"
     if kind in ("fp32", "ws", "dense") or (kind == "pairs" and not p.wgmma_image):  # it reads q itself
         name = _jit.query_instance(name, prob.q_dtype)
-    p.score_k = _kernel(_SCORING_SOURCES[kind], name, device_id, sl.smem)
     # a pair call with many lone rows: the shared pairs in one launch, the lone rows in a
     # second with m64n64 MMAs (geometry.pairs_split; the halves' kernels at score_wgmma.cu's
     # score_wgmma_pairs::kSharedUnits and kLoneRows)
     p.lone_k = None
     if _PAIRS_SPLIT and kind == "pairs" and p.wgmma_image and geometry.pairs_split(prob.T, cu_seqlens.shape[0] - 1):
-        p.score_k = _kernel(_SCORING_SOURCES[kind], f"{sl.name[:-1]}, false, float, 1>", device_id, sl.smem)
+        name = f"{sl.name[:-1]}, false, float, 1>"
         p.lone_k = _kernel(_SCORING_SOURCES[kind], f"{sl.name[:-1]}, false, float, 2>", device_id, sl.smem)
+    p.score_k = _kernel(_SCORING_SOURCES[kind], name, device_id, sl.smem)
     if exact:
         p.shape_args = (i32(prob.H), i32(prob.D), i32(prob.P), i32(prob.E), i32(prob.L))
     else:

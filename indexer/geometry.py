@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "fp32_smem_bytes", "mma_smem_bytes", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "SPLIT_MAX_ROWS_PER_SEQ", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -473,13 +473,20 @@ def pairs_split(T: int, n_seq: int) -> bool:
     (``score_wgmma_pairs_kernel<D, false, float, 2>``, m64n64 MMAs), the shared pairs in the
     first (``<D, false, float, 1>``), rather than in the pair's m64n128 form in one launch,
     where a lone row costs about what a pair does (its MMAs half wasted). Decided from the
-    shapes alone (the offsets stay on the device): split where lone rows are expected many,
-    i.e. unless the rows divide evenly into sequences of an even count (mtp-2, mtp-4,
-    prefill), or there is one sequence (at most one lone row). The second launch costs the
-    first's tail and its own start (docs/performance.md v103)."""
-    if n_seq < 2:
+    shapes alone (the offsets stay on the device): split where lone rows are expected many
+    among few rows a sequence (multi-token decode: at most SPLIT_MAX_ROWS_PER_SEQ rows a
+    sequence on average), unless the rows divide into sequences of an even count (mtp-2,
+    mtp-4), or there is one sequence (at most one lone row). The second launch costs the
+    first's tail and its own start (~10-20 us, docs/performance.md v103), which a few lone
+    rows among many (a ragged prefill's) would not repay."""
+    if n_seq < 2 or T > SPLIT_MAX_ROWS_PER_SEQ * n_seq:
         return False
     return not (T % n_seq == 0 and (T // n_seq) % 2 == 0)
+
+
+#: rows a sequence on average up to which a pair call splits off its lone rows (pairs_split):
+#: multi-token decode's few rows a request, where about every other row may be alone
+SPLIT_MAX_ROWS_PER_SEQ = 8
 
 
 def ws_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:

@@ -39,9 +39,9 @@ Rules:
 * The NumPy backend accepts a workspace and ignores it (it has no device memory).
 
 The workspace also keeps, per device, the counters from which the balanced scoring
-kernels' CTAs claim their shares of the tiles (two pairs: a call's runs of rows alternate
-between them); each kernel sets its pair back to zero as it ends, so they too are zero
-between calls.
+kernels' CTAs claim their shares of the tiles (four pairs: a call's runs of rows alternate
+between two, and a split pair call's lone-row launches between the other two); each kernel
+sets its pair back to zero as it ends, so they too are zero between calls.
 
 Beside its scratch buffer the workspace keeps the select's per-row histograms (of score
 bits), or for the dense kernel's calls a count a row of the scores stored (which lets the
@@ -68,7 +68,7 @@ _GRANULE = 1 << 20
 # the zeroed part (an 8 KB histogram a row) in 64 KiB steps: a batch-1 call's 8 KB would
 # otherwise hold a whole MiB
 _ZEROED_GRANULE = 1 << 16
-# the claim counters' part (two pairs of uint32 used)
+# the claim counters' part (four pairs of uint32 used)
 _CLAIMS_BYTES = 256
 # sets of views kept by Workspace.views (one a call shape and at-rest state): dropped all at
 # once past this many
@@ -104,7 +104,7 @@ class Workspace:
         self._ended = {}
         self._zero_at_rest = {}  # device id -> whether its "zeroed" part is all zero now
         self._views = {}  # (device id, key) -> what `views` made of the launch buffer
-        self._claim_views = {}  # (device id, "claims") -> (its buffer, the two pairs' views)
+        self._claim_views = {}  # (device id, "claims") -> (its buffer, the four pairs' views)
         # buffers replaced so far: graphs captured over the old ones (indexer.PreparedCall's)
         # are stale once it moves
         self.generation = 0

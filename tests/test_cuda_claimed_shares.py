@@ -37,6 +37,8 @@ PAIRS = {
     "empty sequence": dict(counts=[2, 0, 2], seq_entries=[40_000, 5, 0], top_k=64),
     # three rows a request: the lone rows in a launch of their own (geometry.pairs_split)
     "lone rows apart": dict(counts=[3, 3, 3, 3], seq_entries=[20_000, 600, 9_000, 0], top_k=128),
+    # one sequence of an odd count: its last row alone in the pair's own form (not split)
+    "a last row alone": dict(counts=[5], seq_entries=[25_000], top_k=64),
 }
 
 
@@ -156,7 +158,10 @@ def test_split_pair_calls_in_runs_leave_every_counter_zero():
     dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
     ws = indexer.Workspace()
     kw = dict(precision="fast", return_scores=True, workspace=ws, _fast_kernel="pairs", _cu_seqlens=cp.asarray(cu))
-    budget = 6 * 20_100 * 4 + 4096  # about six rows a run: three runs
+    # two rows a run (each row's scores, query image, histogram and candidate buffer): nine
+    # runs, so that sequences of three rows cross runs and the runs alternate between units
+    # that all share and units split
+    budget = 6 * 20_100 * 4 + 4096
     idx, sc = (a.get() for a in cuda_ops.score_topk(*dev, 96, workspace_budget=budget, **kw))
     testing.check_topk(as_problem(q, w, k, s, g, table, cu, lens, 96), idx, sc, tol=testing.TOL_FAST)
     one_run = [a.get() for a in cuda_ops.score_topk(*dev, 96, **kw)]
@@ -166,6 +171,29 @@ def test_split_pair_calls_in_runs_leave_every_counter_zero():
         cuda_ops.score_topk(*dev, 96, workspace_budget=budget, _score_only=True, **kw)
     cp.cuda.get_current_stream().synchronize()
     assert not counters(ws).any()
+
+
+def test_split_pair_calls_keep_every_counter_zero_through_graph_replays():
+    # a prepared grouped call of three rows a request replays its graph from its second call:
+    # the shared pairs' launch and the lone rows' (placed under the first's end: programmatic
+    # dependent launch in graphs) each claim from their own pair and leave it zero
+    cp = arrays.cupy()
+    rng = np.random.default_rng(9)
+    q, w, k, s, g, table, cu, lens = grouped_problem(rng, [3, 3, 3, 3], H=64, D=128, E=64,
+                                                     seq_entries=[21_000, 5_000, 30_000, 700], top_k=128)
+    dev = [cp.asarray(a) for a in (q, w, k, s, g, table, lens)]
+    cu_dev = cp.asarray(cu)
+    ws = indexer.Workspace()
+    step = indexer.prepare(*dev, 128, workspace=ws, validate=False, cu_seqlens_q=cu_dev)
+    out = cp.full((12, 128), -7, dtype=cp.int32)
+    step(*dev, out=out, cu_seqlens_q=cu_dev)
+    first = out.get()
+    testing.check_topk(as_problem(q, w, k, s, g, table, cu, lens, 128), first, tol=testing.TOL_FAST)
+    for _ in range(4):
+        out.fill(-7)
+        step(*dev, out=out, cu_seqlens_q=cu_dev)
+        np.testing.assert_array_equal(out.get(), first)
+        assert not counters(ws).any()
 
 
 def test_reserve_allocates_the_counters():

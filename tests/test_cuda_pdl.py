@@ -72,7 +72,10 @@ def test_same_bits_as_ordinary_launches(monkeypatch, precision, select):
         testing.check_topk(p, idx, sc, tol=testing.TOL_FAST if precision == "fast" else testing.TOL_EXACT)
 
 
-@pytest.mark.parametrize("counts,entries,top_k", [([2, 2, 2, 2], [3000] * 4, 100), ([300], [500], 16)])
+@pytest.mark.parametrize("counts,entries,top_k", [
+    ([2, 2, 2, 2], [3000] * 4, 100), ([300], [500], 16),
+    ([3, 3, 3, 3], [3000, 900, 5000, 64], 100),  # split: the lone rows' launch under the shared pairs' end
+])
 def test_ragged_same_bits_as_ordinary_launches(monkeypatch, counts, entries, top_k):
     cp = arrays.cupy()
     rng = np.random.default_rng(82)

@@ -130,8 +130,9 @@ def test_ragged_checks_its_values_in_one_device_launch(monkeypatch, offsets, bad
     ([8], [400], 300, [64, 65, 192, 129, 192, 193, 1, 0]),
     # the same edges past 4,096 entries (histograms and the filter, not the row select)
     ([4], [5000], 100, [4096 + 64, 4096 + 63, 4096 + 65, 4096 + 1]),
-    # multi-token decode of three rows a request: a lone row each, a lone row of length 0
-    ([3, 3, 3, 3, 3], [3000, 700, 4100, 64, 1], 40, [3000, 2999, 10, 700, 0, 1, 4100, 4099, 4098, 64, 63, 65 - 2,
+    # multi-token decode of three rows a request: units (2, 3) and (8, 9) span two sequences
+    # (row 3 a lone row of length 0), row 14 alone at the end, row 13 of length 0 in a pair
+    ([3, 3, 3, 3, 3], [3000, 700, 4100, 64, 1], 40, [3000, 2999, 10, 0, 700, 1, 4100, 4099, 4098, 64, 63, 63,
                                                      1, 0, 1]),
 ])
 @pytest.mark.parametrize("split", ["auto", "always", "never"])

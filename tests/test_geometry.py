@@ -351,6 +351,9 @@ def test_two_filter_ctas_an_sm_keep_sixteen_entries_a_thread():
     (8192, 1, False),
     (10, 3, True),      # rows that do not divide into the sequences: lone rows likely
     (0, 0, False),
+    (5 * 64, 64, True),  # five rows a request
+    (8 * 3 + 1, 3, False),  # past 8 rows a sequence on average: few lone rows among many
+    (3001, 7, False),    # a ragged prefill
 ])
 def test_pair_calls_split_off_their_lone_rows_where_many_are_expected(T, n_seq, split):
     assert geometry.pairs_split(T, n_seq) is split
