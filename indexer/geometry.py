@@ -457,6 +457,11 @@ def score_wgmma_pairs_launch(T: int, H: int, D: int, max_len: int, dev: Device =
                        ld=tiles_per_row(max_len) * TILE_ENTRIES, balanced=True)
 
 
+#: rows a sequence on average up to which a pair call splits off its lone rows (pairs_split):
+#: multi-token decode's few rows a request, where about every other row may be alone
+SPLIT_MAX_ROWS_PER_SEQ = 8
+
+
 def pairs_preferred(T: int, n_seq: int) -> bool:
     """Whether a grouped call of T rows in ``n_seq`` sequences takes the pair kernel (rows of
     a sequence in pairs sharing each key tile) over the single-query kernel: where it has
@@ -482,11 +487,6 @@ def pairs_split(T: int, n_seq: int) -> bool:
     if n_seq < 2 or T > SPLIT_MAX_ROWS_PER_SEQ * n_seq:
         return False
     return not (T % n_seq == 0 and (T // n_seq) % 2 == 0)
-
-
-#: rows a sequence on average up to which a pair call splits off its lone rows (pairs_split):
-#: multi-token decode's few rows a request, where about every other row may be alone
-SPLIT_MAX_ROWS_PER_SEQ = 8
 
 
 def ws_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:

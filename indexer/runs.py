@@ -85,7 +85,7 @@ def check_runs(problem, k, runs):
 
 
 def score_runs(problem, k, runs, each_run=None, **kwargs):
-    """score_topk over ``runs`` (checked first: ``check_runs``; the pool arrays shared),
+    """score_topk over ``runs`` (already checked: ``check_runs``; the pool arrays shared),
     iterating ``each_run`` (``runs`` itself by default; a progress bar over it, say):
     ``(indices, scores)`` as NumPy arrays. A grouped input's runs go through
     ``score_topk_ragged`` on their sequences, so that the GPU shares each key tile between
