@@ -227,7 +227,8 @@ _FAST_KERNELS = ("auto", "mma", "wgmma", "wgmma-single", "pairs", "ws", "ks", "d
 
 def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens):
     """The scoring kernel a call takes: 'fp32' (the exact path, FP32 CUDA cores), or for the
-    fast path 'ws' (warp-specialised wgmma, a single row), 'pairs' (wgmma, rows of one
+    fast path 'ws' (warp-specialised wgmma: a single row, or a few long ones:
+    geometry.ws_preferred), 'pairs' (wgmma, rows of one
     sequence in pairs sharing each key tile), 'wgmma' (one query a tile), 'ks' (keys
     stationary: every row of a sequence streamed past its key groups decoded once; see
     geometry.ks_preferred), 'dense' (a sequence's keys decoded once to an fp16 image, three
@@ -261,9 +262,12 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     q_aligned = q.data.ptr % 16 == 0
     # the wgmma kernels' bulk copies need 16-byte aligned scale rows of whole blocks
     aligned = key_scale.data.ptr % 16 == 0
+    # (a grouped call of no more rows than sequences shares no key tiles: its rows go as
+    # the per-token call's would)
     use_ws = fast_kernel == "ws" or (
-        fast_kernel == "auto" and cu_seqlens is None and aligned and q_aligned
-        and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E))
+        fast_kernel == "auto" and aligned and q_aligned
+        and (cu_seqlens is None or not geometry.pairs_preferred(prob.T, cu_seqlens.shape[0] - 1))
+        and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E, prob.max_len))
     use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single", "pairs") or (
         fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E) and aligned)
     if use_wgmma:

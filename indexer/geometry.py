@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "fp32_smem_bytes", "mma_smem_bytes", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "SPLIT_MAX_ROWS_PER_SEQ", "ws_supported", "ws_preferred", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "SPLIT_MAX_ROWS_PER_SEQ", "ws_supported", "ws_preferred", "WS_MAX_WORK", "WS_MIN_ROW_ENTRIES", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -496,14 +496,30 @@ def ws_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
     return D == 128 and wgmma_supported(H, D, dev, E)
 
 
-def ws_preferred(T: int, H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
-    """Whether ``fast_kernel='auto'`` takes the warp-specialised kernel: for a single row,
-    where its two CTAs per SM spread one row's tiles over fewer, longer CTAs than the
-    single-warpgroup kernel's three (decode-latency scoring, H200: 0.028-0.029 vs
-    0.032-0.033 ms). With more rows the two measured within a few percent of each other,
-    the single-warpgroup kernel ahead (decode-1M 0.761 vs 0.772 ms), so it stays the default
-    there (docs/performance.md, v14)."""
-    return T == 1 and ws_supported(H, D, dev, E)
+#: the warp-specialised kernel takes calls of several rows up to this many (row, entry)
+#: pairs (T x max_len) ...
+WS_MAX_WORK = 1 << 18
+#: ... where rows hold at least this many entries (max_len)
+WS_MIN_ROW_ENTRIES = 4096
+
+
+def ws_preferred(T: int, H: int, D: int, dev: Device = H200, E: int = 64, max_len: int = 0) -> bool:
+    """Whether ``fast_kernel='auto'`` takes the warp-specialised kernel rather than the
+    single-warpgroup one (``score_wgmma_kernel``): for a single row, where its two CTAs per
+    SM spread one row's tiles over fewer, longer CTAs than the single-warpgroup kernel's
+    three (decode-latency scoring, H200: 0.028-0.029 vs 0.032-0.033 ms), and for a few long
+    rows (T x max_len <= WS_MAX_WORK, max_len >= WS_MIN_ROW_ENTRIES), where it stages each
+    query itself (no staging kernel before it) and the call is mostly its fixed costs.
+    Measured on an H100 (whole calls, graph, docs/performance.md v104): 2 rows of 32,768
+    entries 0.0158 vs 0.0201 ms, 16 of 8,192 0.0199 vs 0.0240, 2 of 65,536 0.0184 vs 0.0221,
+    8 of 32,768 0.0260 vs 0.0275, 2 of 131,072 0.0259 vs 0.0283, 64 of 4,096 level; past
+    the bound 2 of 262,144 0.0385 vs 0.0371, 64 of 8,192 0.0447 vs 0.0420; on short rows
+    slower at any count (1,024 rows of 256 entries 0.0656 vs 0.0539, 128 of 1,024 0.0241 vs
+    0.0231). With many rows the single-warpgroup kernel is ahead (decode-1M 0.643 vs 0.798
+    ms)."""
+    if not ws_supported(H, D, dev, E):
+        return False
+    return T == 1 or (max_len >= WS_MIN_ROW_ENTRIES and T * max_len <= WS_MAX_WORK)
 
 
 _WS_DEC_STAGES = 2  # kernels/score_ws.cu: kDecStages

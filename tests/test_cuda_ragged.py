@@ -166,11 +166,14 @@ def test_row_pairs_share_key_tiles_and_match_single_rows(monkeypatch, counts, en
     testing.check_topk(as_problem(*args, top_k), pairs[0].get(), pairs[1].get(), tol=TOL["fast"])
 
 
-@pytest.mark.parametrize("counts,kind", [([1] * 6, "wgmma"), ([1, 0, 2, 1], "wgmma"), ([1, 2, 1], "pairs"),
-                                         ([3, 3, 3], "pairs")])
+@pytest.mark.parametrize("counts,kind", [([1] * 6, "ws"), ([1, 0, 2, 1], "ws"), ([1, 1], "wgmma"),
+                                         ([1, 2, 1], "pairs"), ([3, 3, 3], "pairs")])
 def test_grouped_calls_take_the_pair_kernel_only_where_rows_outnumber_sequences(counts, kind):
-    # one row a sequence (decode through the grouped call) shares nothing: the single-query
-    # kernel (geometry.pairs_preferred); the answers the reference's either way
+    # one row a sequence (decode through the grouped call) shares nothing: a single-query
+    # kernel (geometry.pairs_preferred), here the warp-specialised one, as for the per-token
+    # call of these few rows of up to 5,000 entries (geometry.ws_preferred: T x max_len <=
+    # WS_MAX_WORK, max_len >= WS_MIN_ROW_ENTRIES), the wgmma kernel for rows of up to 3,000
+    # (below WS_MIN_ROW_ENTRIES); the answers the reference's either way
     from indexer import cuda_ops, geometry, validate
 
     cp = arrays.cupy()

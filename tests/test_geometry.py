@@ -220,10 +220,22 @@ def test_warp_specialised_kernel_takes_d_128_on_hopper(H, D, E, ok):
             geometry.score_ws_launch(4, H, D, 1000, E=E)
 
 
-def test_auto_takes_the_warp_specialised_kernel_for_one_row_only():
+def test_auto_takes_the_warp_specialised_kernel_for_one_row_or_a_few_long_ones():
     assert geometry.ws_preferred(1, 64, 128)
-    assert not geometry.ws_preferred(2, 64, 128)
-    assert not geometry.ws_preferred(1, 64, 64)
+    assert geometry.ws_preferred(1, 64, 128, max_len=1 << 20)  # one row, however long
+    assert geometry.ws_preferred(1, 64, 128, max_len=64)
+    assert not geometry.ws_preferred(2, 64, 128)  # no length given: more rows take the wgmma kernel
+    assert not geometry.ws_preferred(1, 64, 64)  # D = 128 only
+    ampere = geometry.Device(sm_count=108, max_smem_per_block=166912, compute_capability=80)
+    assert not geometry.ws_preferred(4, 64, 128, ampere, max_len=32768)  # Hopper only
+    # a few long rows, up to WS_MAX_WORK (row, entry) pairs
+    assert geometry.ws_preferred(2, 64, 128, max_len=131072)
+    assert geometry.ws_preferred(64, 64, 128, max_len=geometry.WS_MIN_ROW_ENTRIES)
+    assert not geometry.ws_preferred(2, 64, 128, max_len=262144)
+    assert not geometry.ws_preferred(65, 64, 128, max_len=geometry.WS_MIN_ROW_ENTRIES)
+    # short rows take the wgmma kernel at any count
+    assert not geometry.ws_preferred(2, 64, 128, max_len=geometry.WS_MIN_ROW_ENTRIES - 1)
+    assert not geometry.ws_preferred(128, 64, 128, max_len=1024)
 
 
 def test_row_select_kernel_takes_128_threads_for_short_rows_and_k_up_to_1024():
