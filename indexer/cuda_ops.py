@@ -487,7 +487,7 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         if filtered:
             p.filter_k = _kernel(_SELECT_SOURCE, f"topk_filter_kernel<256, {per}>", device_id)
         if any(r for _, _, r in routes):
-            all_pairs = geometry.rank_all_pairs(rows)
+            all_pairs = geometry.rank_all_pairs(rows, prob.top_k)
             p.rank_k = _kernel(_SELECT_SOURCE, f"topk_rank_kernel<256, {'true' if all_pairs else 'false'}>",
                                device_id)
             p.rank_ctas = (geometry.rank_all_pairs_ctas_per_row(rows, dev) if all_pairs

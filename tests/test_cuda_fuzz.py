@@ -125,8 +125,10 @@ def grouped_problems(draw):
 def test_ragged_calls_match_the_reference_and_the_per_row_path():
     # score_topk_ragged (rows of a sequence in pairs sharing key tiles where the pair kernel
     # applies) against the reference, and bit for bit against the same rows scored one by one
+    # by the single-query kernel of the same arithmetic (the warp-specialised kernel where
+    # the grouped call takes it: a few long rows, one a sequence; geometry.ws_preferred)
     import indexer
-    from indexer import cuda_ops
+    from indexer import cuda_ops, validate
 
     cp = arrays.cupy()
 
@@ -141,10 +143,13 @@ def test_ragged_calls_match_the_reference_and_the_per_row_path():
         idx, sc = indexer.score_topk_ragged(*dev, top_k, backend="cuda", return_scores=True)
         testing.check_topk(p, idx.get(), sc.get(), tol=TOL["fast"])
         rows = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+        facts = cuda_ops.device_facts(cp.cuda.Device().id)
+        grouped_kind = cuda_ops._scoring_kernel("fast", validate.check_score_topk(*rows, top_k), facts, rows[0],
+                                                rows[3], "auto", dev[6])
         one, one_sc = cuda_ops.score_topk(*rows, top_k, return_scores=True, _cu_seqlens=dev[6],
-                                          _fast_kernel="wgmma-single" if cuda_ops.geometry.wgmma_supported(
-                                              q.shape[1], q.shape[2], cuda_ops.device_facts(cp.cuda.Device().id),
-                                              k.shape[1]) else "auto")
+                                          _fast_kernel="ws" if grouped_kind == "ws" else "wgmma-single"
+                                          if cuda_ops.geometry.wgmma_supported(q.shape[1], q.shape[2], facts,
+                                                                               k.shape[1]) else "auto")
         np.testing.assert_array_equal(idx.get(), one.get())
         assert sc.get().tobytes() == one_sc.get().tobytes()
 

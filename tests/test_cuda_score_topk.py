@@ -171,7 +171,7 @@ def test_all_pairs_rank_takes_plateaus_and_overflow_at_batch_1(length):
     # overflow the buffer (20,000)
     from indexer import cuda_ops, geometry
 
-    assert geometry.rank_all_pairs(1)
+    assert geometry.rank_all_pairs(1, 1024)
     cp = arrays.cupy()
     rng = np.random.default_rng(length)
     p = testing.random_problem(rng, T=1, H=8, D=64, E=64, lens=[length], top_k=1024)
@@ -185,6 +185,45 @@ def test_all_pairs_rank_takes_plateaus_and_overflow_at_batch_1(length):
     np.testing.assert_array_equal(idx[0, :m], np.arange(m, dtype=np.int32))
     assert np.all(idx[0, m:] == -1)
     testing.check_topk(p, idx, sc, tol=TOL["fast"])
+
+
+@pytest.mark.parametrize("T,top_k", [(64, 32), (96, 16), (4, 512)])
+def test_all_pairs_rank_of_many_rows_at_a_small_k(T, top_k, monkeypatch):
+    # rows x top_k <= RANK_ALL_PAIRS_WORK rank every pair of a row's candidates with as few
+    # as one CTA a row (132 // T): random rows, rows of a zero plateau (every entry a
+    # candidate, past the rank's 4,096 on the longest) and empty rows; the answer is the
+    # binned rank's, bit for bit, and the reference's
+    from indexer import cuda_ops, geometry
+
+    assert geometry.rank_all_pairs(T, top_k) and not geometry.row_stream_select(T, top_k)
+    cp = arrays.cupy()
+    rng = np.random.default_rng(T + top_k)
+    lens = rng.integers(0, 5000, size=T)
+    lens[0], lens[-1] = 0, 4500
+    p = testing.random_problem(rng, T=T, H=8, D=64, E=64, lens=lens, top_k=top_k)
+    keys = np.abs(rng.standard_normal(p.keys_fp4.shape[:2] + (64,))).astype(np.float32)
+    p.keys_fp4, p.key_scale, p.key_gscale = testing.quantize_blocks(keys)
+    plateau = rng.random(T) < 0.5
+    plateau[-1] = True
+    p.q[plateau] = -np.abs(p.q[plateau]) - np.float32(0.1)  # every score of the row 0
+    p.w[plateau] = np.abs(p.w[plateau]) + np.float32(0.1)
+    args = [cp.asarray(a) for a in p.arrays()]
+    out = {}
+    try:
+        for all_pairs in (True, False):
+            monkeypatch.setattr(geometry, "rank_all_pairs", lambda *a, r=all_pairs: r)
+            cuda_ops.clear_plans()
+            out[all_pairs] = [a.get() for a in cuda_ops.score_topk(*args, p.top_k, return_scores=True,
+                                                                  _select="multi")]
+    finally:
+        monkeypatch.undo()
+        cuda_ops.clear_plans()
+    np.testing.assert_array_equal(out[True][0], out[False][0])
+    assert out[True][1].tobytes() == out[False][1].tobytes()
+    for t in np.flatnonzero(plateau):
+        m = min(int(lens[t]), top_k)
+        np.testing.assert_array_equal(out[True][0][t, :m], np.arange(m, dtype=np.int32))
+    testing.check_topk(p, out[True][0], out[True][1], tol=TOL["fast"])
 
 
 @PRECISIONS
@@ -339,7 +378,7 @@ def test_a_rank_grid_past_one_wave_ranks_two_candidates_a_thread(monkeypatch):
     rng = np.random.default_rng(93)
     p = testing.random_problem(rng, T=128, H=8, D=64, E=64, lens=rng.integers(4200, 8193, 128), top_k=1024)
     dev = cuda_ops.device_facts(cp.cuda.Device().id)
-    assert geometry.rank_select(128, 1024, dev) and not geometry.rank_all_pairs(128)
+    assert geometry.rank_select(128, 1024, dev) and not geometry.rank_all_pairs(128, 1024)
     if dev.sm_count * geometry.RANK_CTAS_PER_SM < 128 * 8:  # the H200's 132 SMs: 528 < 1,024
         assert geometry.rank_ctas_per_row(1024, 128, dev) == 4
     monkeypatch.setattr(geometry, "row_stream_select", lambda *a: False)

@@ -191,8 +191,13 @@ def test_select_constants_are_the_kernels():
 def test_only_the_fewest_rows_rank_every_pair_over_every_sm():
     # batch 1 (decode-latency) compares all pairs of its ~1,500 candidates on every SM;
     # decode-1M's runs of 32 rows keep the key-bin layout (cnt^2 a row would cost more)
-    assert geometry.rank_all_pairs(1) and geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_ROWS)
-    assert not geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_ROWS + 1) and not geometry.rank_all_pairs(32)
+    assert geometry.rank_all_pairs(1, 1024) and geometry.rank_all_pairs(1, 4096)  # one row at any k
+    assert geometry.rank_all_pairs(2, 1024) and not geometry.rank_all_pairs(3, 1024)
+    assert not geometry.rank_all_pairs(4, 1024)  # four rows ranked faster in fine bins (v104)
+    assert geometry.rank_all_pairs(4, 512) and geometry.rank_all_pairs(8, 256)  # fewer candidates a row
+    assert not geometry.rank_all_pairs(2, 2048) and not geometry.rank_all_pairs(32, 1024)
+    assert geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_WORK, 1)
+    assert not geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_WORK + 1, 1)
     assert geometry.rank_all_pairs_ctas_per_row(1) == geometry.H200.sm_count
     assert geometry.rank_all_pairs_ctas_per_row(4) == geometry.H200.sm_count // 4
 
