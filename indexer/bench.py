@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import functools
 import json
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ __all__ = [
     "PATHS",
     "GPUUnavailable",
     "select_cases",
+    "custom_case",
+    "CUSTOM_CASE",
     "select_paths",
     "case_layout",
     "floor_seconds",
@@ -101,8 +104,43 @@ class GPUUnavailable(RuntimeError):
 # ----------------------------------------------------------------------------- selection
 
 
+#: a case of the caller's own shape, named by it: KIND-BxN[-kK][-EE], KIND one of decode,
+#: ragged (lengths uniform in [1, N]) or mtpQ (Q query rows a request, Q >= 2); B requests,
+#: N entries a request, top_k K (default 1,024), block size E (default 64): e.g.
+#: decode-8x131072-k512, mtp3-16x65536, ragged-32x262144-E256
+CUSTOM_CASE = re.compile(r"(decode|ragged|mtp(\d+))-(\d+)x(\d+)(?:-k(\d+))?(?:-E(\d+))?")
+CUSTOM_CASE_FORM = "KIND-BxN[-kK][-EE] (KIND decode, ragged or mtpQ; e.g. decode-8x131072-k512)"
+#: the most entries a request of a custom case may have, and requests x entries in all
+#: (~72 bytes of keys an entry: 2^28 entries are ~19 GB of pool)
+CUSTOM_MAX_ENTRIES = 1 << 22
+CUSTOM_MAX_PAIRS = 1 << 28
+
+
+def custom_case(name: str) -> Case | None:
+    """The Case a name of CUSTOM_CASE's form describes, or None for a name of another form;
+    ValueError naming --cases for a name of that form with numbers out of range."""
+    m = CUSTOM_CASE.fullmatch(name)
+    if m is None:
+        return None
+    kind, q, b, n, k, e = m.groups()
+    queries = int(q) if q is not None else 1
+    seqs, entries = int(b), int(n)
+    top_k, E = int(k or 1024), int(e or 64)
+    problems = [what for what, bad in (
+        ("B >= 1", seqs < 1), (f"1 <= N <= {CUSTOM_MAX_ENTRIES}", not 1 <= entries <= CUSTOM_MAX_ENTRIES),
+        (f"B x Q x N <= {CUSTOM_MAX_PAIRS}", seqs * queries * entries > CUSTOM_MAX_PAIRS),
+        ("mtpQ with Q >= 2", q is not None and queries < 2), ("1 <= K <= 4096", not 1 <= top_k <= 4096),
+        ("1 <= E <= 1024", not 1 <= E <= 1024)) if bad]
+    if problems:
+        raise ValueError(f"--cases: {name!r} needs {', '.join(problems)}")
+    what = {"decode": f"{seqs} requests, {entries} entries", "ragged": f"{seqs} requests, lengths up to {entries}",
+            "mtp": f"{seqs} requests x {queries} rows, {entries} entries"}[kind if q is None else "mtp"]
+    return Case(name, what, seqs, queries, top_k, E=E, kind="mtp" if q is not None else kind, entries=entries)
+
+
 def select_cases(spec: str, strict: bool = True) -> list[Case]:
-    """The cases named in ``spec`` (a comma list, or 'all'), in the table's order.
+    """The cases named in ``spec`` (a comma list, or 'all'): the table's in its order, then
+    any of CUSTOM_CASE's form in the order given.
 
     With ``strict`` an unknown name raises ValueError listing the known ones; without it
     unknown names are ignored (what ``scripts/bench.py`` has always done).
@@ -111,11 +149,17 @@ def select_cases(spec: str, strict: bool = True) -> list[Case]:
         raise TypeError(f"--cases: expected a comma list of case names or 'all', got {type(spec).__name__}")
     known = [c.name for c in CASES]
     names = known if spec == "all" else spec.split(",")
-    unknown = [n for n in names if n not in known]
+    custom = {}
+    for n in names:
+        if n not in known and n not in custom:
+            case = custom_case(n)
+            if case is not None:
+                custom[n] = case
+    unknown = [n for n in names if n not in known and n not in custom]
     if strict and unknown:
         raise ValueError(f"--cases: unknown case {', '.join(repr(n) for n in unknown)} "
-                         f"(known: {', '.join(known)}, or 'all')")
-    return [c for c in CASES if c.name in names]
+                         f"(known: {', '.join(known)}, or 'all', or a case of your own: {CUSTOM_CASE_FORM})")
+    return [c for c in CASES if c.name in names] + list(custom.values())
 
 
 def select_paths(spec: str) -> list[str]:
@@ -588,6 +632,9 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
     echo = echo or _print_line
     by_name = {c.name: c for c in CASES}
     cases = list(cases)  # (an iterator would be spent by the check below)
+    for c in cases:  # a name of the caller's own shape (CUSTOM_CASE)
+        if isinstance(c, str) and c not in by_name and (custom := custom_case(c)) is not None:
+            by_name[c] = custom
     unknown = [c for c in cases if isinstance(c, str) and c not in by_name]
     if unknown:
         raise ValueError(f"cases: unknown case {', '.join(map(repr, unknown))} (known: {', '.join(by_name)})")
@@ -636,7 +683,8 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
 def main(argv=None) -> int:
     """``scripts/bench.py``'s command line; returns the exit status (2 without a GPU)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list, or 'all' (known: {', '.join(c.name for c in CASES)})")
+    ap.add_argument("--cases", default=DEFAULT_CASES,
+                    help=f"comma list, or 'all' (known: {', '.join(c.name for c in CASES)}; or your own: {CUSTOM_CASE_FORM})")
     ap.add_argument("--paths", default=DEFAULT_PATHS)
     ap.add_argument("--repeats", type=int, default=20, help=f"timed calls per path, 1 to {MAX_REPEATS}")
     ap.add_argument("--json", dest="json_path", default=None)

@@ -529,7 +529,8 @@ def info(as_json):
 
 @main.command()
 @click.option("--cases", default=None, metavar="LIST",
-              help="comma-separated case names, or 'all' (default: the decode cases and mtp-2).")
+              help="comma-separated case names, or 'all' (default: the decode cases and mtp-2), or cases "
+                   f"of your own shape: {_bench.CUSTOM_CASE_FORM}.")
 @click.option("--paths", default=None, metavar="LIST",
               help=f"comma-separated paths among {', '.join(_bench.PATHS)} (default: {_bench.DEFAULT_PATHS}; "
                    "fast-ws, fast-wgmma, fast-mma, fast-single, fast-ks and fast-dense force one scoring kernel; fast-f16 "
@@ -545,12 +546,15 @@ def bench(cases, paths, repeats, device, json_path):
     max(bytes / bandwidth, flops / rate). Prints one line per case and path: median ms,
     time / floor, TFLOP/s, GB/s, extra device memory (MB) and speed-up over
     torch-composed; kernel paths also as '(graph)', replayed from a CUDA graph. Cases:
-    decode-1M, decode-128K, decode-latency, decode-ragged, decode-E256, mtp-2, prefill-8K,
-    prefill-chunk. The same as 'python scripts/bench.py'.
+    decode-1M, decode-128K, decode-latency, decode-ragged, decode-E256, mtp-2, mtp-3, mtp-4,
+    prefill-8K, prefill-chunk, or KIND-BxN[-kK][-EE] for a shape of your own (KIND decode,
+    ragged or mtpQ; B requests of N entries, top-k K, E entries a block). The same as
+    'python scripts/bench.py'.
 
     \b
-    Example:
+    Examples:
       indexer bench --cases decode-128K,mtp-2 --paths fast,torch-composed --json bench.json
+      indexer bench --cases decode-8x131072-k512,mtp3-16x65536 --paths fast,fast-score
     """
 
     chosen = _bench.select_cases(_bench.DEFAULT_CASES if cases is None else cases)

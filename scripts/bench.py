@@ -4,6 +4,7 @@
     python scripts/bench.py                          # decode cases, every path
     python scripts/bench.py --cases decode-128K,mtp-2 --paths exact,torch-composed
     python scripts/bench.py --json out.json
+    python scripts/bench.py --cases decode-8x131072-k512,mtp3-16x65536   # shapes of your own
 
 A thin wrapper: the benchmark is ``indexer.bench`` (also ``indexer bench``, with a
 progress bar); this script runs it from a source checkout without installing.

@@ -2,6 +2,7 @@
 lines and the run's orchestration with the device side replaced by fakes."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,36 @@ def test_select_cases():
     assert [c.name for c in bench.select_cases("decode-1M,nope", strict=False)] == ["decode-1M"]
 
 
+def test_cases_of_ones_own_shape():
+    # KIND-BxN[-kK][-EE]: the table's cases first, then the caller's in the order given, once each
+    cases = bench.select_cases("decode-8x131072-k512,mtp-2,mtp3-16x65536,ragged-32x262144-E256,decode-8x131072-k512")
+    assert [c.name for c in cases] == ["mtp-2", "decode-8x131072-k512", "mtp3-16x65536", "ragged-32x262144-E256"]
+    decode, mtp, ragged = cases[1:]
+    assert (decode.kind, decode.seqs, decode.queries_per_seq, decode.entries, decode.top_k, decode.E) == (
+        "decode", 8, 1, 131072, 512, 64)
+    assert (mtp.kind, mtp.seqs, mtp.queries_per_seq, mtp.entries, mtp.top_k, mtp.E) == ("mtp", 16, 3, 65536, 1024, 64)
+    assert (ragged.kind, ragged.seqs, ragged.entries, ragged.E) == ("ragged", 32, 262144, 256)
+    # a custom case lays out as the table's case of the same shape does
+    same = bench.case_layout(bench.custom_case("decode-64x262144"), 5)
+    table = bench.case_layout(next(c for c in bench.CASES if c.name == "decode-1M"), 5)
+    assert same["counts"] == table["counts"]
+    np.testing.assert_array_equal(same["block_table"], table["block_table"])
+    small = bench.case_layout(bench.custom_case("mtp3-4x1000-k16-E16"), 0)
+    assert small["counts"]["T"] == 12 and small["block_table"].shape == (12, -(-1002 // 16))
+    np.testing.assert_array_equal(small["cu_seqlens"], [0, 3, 6, 9, 12])
+    # a name of the form with numbers out of range says which
+    for name, why in [("decode-0x10", "B >= 1"), ("mtp1-4x100", "Q >= 2"), ("decode-4x99999999", "N <="),
+                      ("decode-4096x4194304", "B x Q x N"), ("decode-4x100-k5000", "K <= 4096"),
+                      ("decode-4x100-E0", "1 <= E")]:
+        with pytest.raises(ValueError, match=f"--cases: '{name}' needs .*{re.escape(why)}"):
+            bench.select_cases(name)
+    # other forms are unknown names, the form named in the message
+    for name in ("decode-4x100-k12-E3x", "prefill-4x100", "decode-4X100", "decode-4x100-E16-k8"):
+        with pytest.raises(ValueError, match=r"unknown case .*a case of your own: KIND-BxN"):
+            bench.select_cases(name)
+    assert bench.custom_case("decode-1M") is None
+
+
 def test_select_paths():
     assert bench.select_paths(bench.DEFAULT_PATHS) == ["fast", "fast-score", "exact", "torch-composed", "torch-topk"]
     assert bench.select_paths("torch-topk,fast-mma") == ["torch-topk", "fast-mma"]
@@ -243,6 +274,17 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(bench, "measure", measure)
     monkeypatch.setattr(bench, "free_device_memory", free)
     return calls
+
+
+def test_run_takes_a_case_of_ones_own_shape_by_name(fake_device):
+    lines = []
+    res = bench.run(["decode-2x5000-k64-E32"], ["fast"], 3, echo=lines.append)
+    assert fake_device["measure"] == [("decode-2x5000-k64-E32", "fast", 3)]
+    counts = bench.case_layout(bench.custom_case("decode-2x5000-k64-E32"), 100)["counts"]
+    assert res["cases"][0]["case"] == "decode-2x5000-k64-E32" and res["cases"][0]["T"] == counts["T"] == 2
+    assert res["cases"][0]["L"] == -(-5000 // 32)
+    with pytest.raises(ValueError, match="needs 1 <= K <= 4096"):
+        bench.run(["decode-2x5000-k0"], ["fast"])
 
 
 def test_run_rows_lines_progress_and_json(fake_device, tmp_path):
