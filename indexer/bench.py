@@ -43,6 +43,7 @@ __all__ = [
     "custom_case",
     "CUSTOM_CASE",
     "select_paths",
+    "header",
     "case_layout",
     "floor_seconds",
     "build",
@@ -93,8 +94,18 @@ KERNEL_PATHS = ("fast", "fast-score", "exact", "exact-score", "fast-mma", "fast-
 # "prepared": an indexer.prepare-d call given out=, launched from Python each time (host time
 # included), which replays a graph of its own once an input set's arrays come a second time
 PATHS = KERNEL_PATHS + ("prepared", "torch-composed", "torch-topk")
-HEADER = (f"{'case':15s} {'path':20s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} "
-          f"{'extra MB':>9s} {'vs torch':>8s}")
+#: the case column's width: the table's names fit it; a longer name of the caller's own
+#: (CUSTOM_CASE) widens it for the whole run
+CASE_WIDTH = 15
+
+
+def header(width: int = CASE_WIDTH) -> str:
+    """The table's header line, its case column ``width`` wide."""
+    return (f"{'case':{width}s} {'path':20s} {'ms':>9s} {'x floor':>8s} {'TFLOP/s':>8s} {'GB/s':>8s} "
+            f"{'extra MB':>9s} {'vs torch':>8s}")
+
+
+HEADER = header()
 
 
 class GPUUnavailable(RuntimeError):
@@ -249,10 +260,11 @@ def path_numbers(ms: float, extra_mb: float, counts: dict, floor_s: float) -> di
                 gbs=counts["bytes"] / s / 1e9, extra_mb=extra_mb)
 
 
-def format_line(case_name: str, path: str, line: dict, torch_ms: float | None) -> str:
-    """One aligned table line; the speed-up column is empty for torch-composed itself."""
+def format_line(case_name: str, path: str, line: dict, torch_ms: float | None, width: int = CASE_WIDTH) -> str:
+    """One aligned table line (the case column ``width`` wide, as ``header``'s); the
+    speed-up column is empty for torch-composed itself."""
     speed = f"{torch_ms / line['ms']:.1f}x" if torch_ms and path != "torch-composed" else ""
-    return (f"{case_name:15s} {path:20s} {line['ms']:9.4f} {line['x_floor']:8.2f} {line['tflops']:8.1f} "
+    return (f"{case_name:{width}s} {path:20s} {line['ms']:9.4f} {line['x_floor']:8.2f} {line['tflops']:8.1f} "
             f"{line['gbs']:8.0f} {line['extra_mb']:9.1f} {speed:>8s}")
 
 
@@ -650,7 +662,8 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
     dev_name = device_name(cp)
     echo(f"# {dev_name}  {time.strftime('%Y-%m-%d %H:%M')}  copy {bw / 1e12:.2f} TB/s  "
          f"fp16 tensor {rate / 1e12:.0f} TFLOP/s")
-    echo(HEADER)
+    width = max([CASE_WIDTH] + [len(c.name) for c in cases])
+    echo(header(width))
     results = dict(device=dev_name, date=time.strftime("%Y-%m-%d"), copy_bw=bw, tensor_rate=rate, cases=[])
     for ci, case in enumerate(cases):
         sets, counts = input_sets(case, cp, ci)
@@ -670,8 +683,8 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
                 row["paths"][path + " (graph)"] = path_numbers(graph_ms, extra, counts, floor_s)
         for path, line in row["paths"].items():
             line["vs_torch"] = torch_ms / line["ms"] if torch_ms else None
-            echo(format_line(case.name, path, line, torch_ms))
-        echo(f"{case.name:15s} {'floor':20s} {row['floor_ms']:9.4f}")
+            echo(format_line(case.name, path, line, torch_ms, width))
+        echo(f"{case.name:{width}s} {'floor':20s} {row['floor_ms']:9.4f}")
         results["cases"].append(row)
         del sets
         free_device_memory(cp)

@@ -278,11 +278,16 @@ def fake_device(monkeypatch):
 
 def test_run_takes_a_case_of_ones_own_shape_by_name(fake_device):
     lines = []
-    res = bench.run(["decode-2x5000-k64-E32"], ["fast"], 3, echo=lines.append)
+    res = bench.run(["decode-128K", "decode-2x5000-k64-E32"], ["fast"], 3, echo=lines.append)
+    # the case column widened to the longest name, every line aligned with the header
+    assert lines[1] == bench.header(len("decode-2x5000-k64-E32")) and len(lines[1]) == len(bench.HEADER) + 6
+    assert [len(ln) for ln in lines[2:] if " floor " not in ln] == [len(lines[1])] * 4
+    assert lines[2].startswith("decode-128K" + " " * 11 + "fast")
+    fake_device["measure"] = fake_device["measure"][1:]
     assert fake_device["measure"] == [("decode-2x5000-k64-E32", "fast", 3)]
     counts = bench.case_layout(bench.custom_case("decode-2x5000-k64-E32"), 100)["counts"]
-    assert res["cases"][0]["case"] == "decode-2x5000-k64-E32" and res["cases"][0]["T"] == counts["T"] == 2
-    assert res["cases"][0]["L"] == -(-5000 // 32)
+    assert res["cases"][1]["case"] == "decode-2x5000-k64-E32" and res["cases"][1]["T"] == counts["T"] == 2
+    assert res["cases"][1]["L"] == -(-5000 // 32)
     with pytest.raises(ValueError, match="needs 1 <= K <= 4096"):
         bench.run(["decode-2x5000-k0"], ["fast"])
 
