@@ -1,8 +1,10 @@
 """Decode at small and middling batches: B requests of one query row each over the same
-number of entries (k = 1,024), B = 1 .. 64, the default path against each single-query
-scoring kernel forced (the warp-specialised kernel, taken by default for one row only, and
-the wgmma kernel), whole calls and scoring alone, graph replays timed as bench.py times
-them; the floor from the same run's ceilings.
+number of entries (k = 1,024 unless given), the default path against each single-query
+scoring kernel forced (the warp-specialised kernel and the wgmma kernel; geometry.ws_preferred
+says which the default takes: one row only until v104, a few long rows since), whole calls
+and scoring alone, graph replays timed as bench.py times them, each shape's paths in the
+order given (a shape's first path tends to read a few per cent slower: compare forced
+kernels with each other); the floor from the same run's ceilings.
 
     PYTHONPATH=. python exp/batch_sweep.py [--batches 1,2,4,8,16,32,64] [--entries 262144] [--E 64] [--k 1024]
                                            [--paths fast,fast-score,fast-ws,fast-ws-score,fast-wgmma,fast-wgmma-score] [--json FILE]

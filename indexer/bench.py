@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from . import arrays, io, nvfp4
+from .validate import MAX_TOP_K
 from .workspace import Workspace
 
 # CuPy, PyTorch and indexer.cuda_ops are imported inside the functions that need them:
@@ -119,17 +120,19 @@ class GPUUnavailable(RuntimeError):
 #: ragged (lengths uniform in [1, N]) or mtpQ (Q query rows a request, Q >= 2); B requests,
 #: N entries a request, top_k K (default 1,024), block size E (default 64): e.g.
 #: decode-8x131072-k512, mtp3-16x65536, ragged-32x262144-E256
-CUSTOM_CASE = re.compile(r"(decode|ragged|mtp(\d+))-(\d+)x(\d+)(?:-k(\d+))?(?:-E(\d+))?")
+CUSTOM_CASE = re.compile(r"(decode|ragged|mtp(\d{1,9}))-(\d{1,9})x(\d{1,9})(?:-k(\d{1,9}))?(?:-E(\d{1,9}))?")
 CUSTOM_CASE_FORM = "KIND-BxN[-kK][-EE] (KIND decode, ragged or mtpQ; e.g. decode-8x131072-k512)"
-#: the most entries a request of a custom case may have, and requests x entries in all
-#: (~72 bytes of keys an entry: 2^28 entries are ~19 GB of pool)
+#: the most entries a request of a custom case may have, query rows in all (each 32 KB of
+#: float32 query), and (row, entry) pairs in all (~72 bytes of keys an entry: 2^28 entries
+#: are ~19 GB of pool)
 CUSTOM_MAX_ENTRIES = 1 << 22
+CUSTOM_MAX_ROWS = 1 << 16
 CUSTOM_MAX_PAIRS = 1 << 28
 
 
-def custom_case(name: str) -> Case | None:
+def custom_case(name: str, arg: str = "--cases") -> Case | None:
     """The Case a name of CUSTOM_CASE's form describes, or None for a name of another form;
-    ValueError naming --cases for a name of that form with numbers out of range."""
+    ValueError naming ``arg`` for a name of that form with numbers out of range."""
     m = CUSTOM_CASE.fullmatch(name)
     if m is None:
         return None
@@ -139,11 +142,12 @@ def custom_case(name: str) -> Case | None:
     top_k, E = int(k or 1024), int(e or 64)
     problems = [what for what, bad in (
         ("B >= 1", seqs < 1), (f"1 <= N <= {CUSTOM_MAX_ENTRIES}", not 1 <= entries <= CUSTOM_MAX_ENTRIES),
+        (f"B x Q <= {CUSTOM_MAX_ROWS}", seqs * queries > CUSTOM_MAX_ROWS),
         (f"B x Q x N <= {CUSTOM_MAX_PAIRS}", seqs * queries * entries > CUSTOM_MAX_PAIRS),
-        ("mtpQ with Q >= 2", q is not None and queries < 2), ("1 <= K <= 4096", not 1 <= top_k <= 4096),
-        ("1 <= E <= 1024", not 1 <= E <= 1024)) if bad]
+        ("mtpQ with Q >= 2", q is not None and queries < 2),
+        (f"1 <= K <= {MAX_TOP_K}", not 1 <= top_k <= MAX_TOP_K), ("1 <= E <= 1024", not 1 <= E <= 1024)) if bad]
     if problems:
-        raise ValueError(f"--cases: {name!r} needs {', '.join(problems)}")
+        raise ValueError(f"{arg}: {name!r} needs {', '.join(problems)}")
     what = {"decode": f"{seqs} requests, {entries} entries", "ragged": f"{seqs} requests, lengths up to {entries}",
             "mtp": f"{seqs} requests x {queries} rows, {entries} entries"}[kind if q is None else "mtp"]
     return Case(name, what, seqs, queries, top_k, E=E, kind="mtp" if q is not None else kind, entries=entries)
@@ -154,7 +158,8 @@ def select_cases(spec: str, strict: bool = True) -> list[Case]:
     any of CUSTOM_CASE's form in the order given.
 
     With ``strict`` an unknown name raises ValueError listing the known ones; without it
-    unknown names are ignored (what ``scripts/bench.py`` has always done).
+    unknown names are ignored (what ``scripts/bench.py`` has always done). A name of
+    CUSTOM_CASE's form with numbers out of range raises ValueError either way.
     """
     if not isinstance(spec, str):
         raise TypeError(f"--cases: expected a comma list of case names or 'all', got {type(spec).__name__}")
@@ -644,12 +649,14 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
     echo = echo or _print_line
     by_name = {c.name: c for c in CASES}
     cases = list(cases)  # (an iterator would be spent by the check below)
+    known = ", ".join(by_name)
     for c in cases:  # a name of the caller's own shape (CUSTOM_CASE)
-        if isinstance(c, str) and c not in by_name and (custom := custom_case(c)) is not None:
+        if isinstance(c, str) and c not in by_name and (custom := custom_case(c, "cases")) is not None:
             by_name[c] = custom
     unknown = [c for c in cases if isinstance(c, str) and c not in by_name]
     if unknown:
-        raise ValueError(f"cases: unknown case {', '.join(map(repr, unknown))} (known: {', '.join(by_name)})")
+        raise ValueError(f"cases: unknown case {', '.join(map(repr, unknown))} (known: {known}, "
+                         f"or a case of your own: {CUSTOM_CASE_FORM})")
     cases = [by_name[c] if isinstance(c, str) else c for c in cases]
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise ValueError(f"repeats: expected an int in [1, {MAX_REPEATS}], got {repeats!r}")

@@ -262,12 +262,13 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     q_aligned = q.data.ptr % 16 == 0
     # the wgmma kernels' bulk copies need 16-byte aligned scale rows of whole blocks
     aligned = key_scale.data.ptr % 16 == 0
-    # (a grouped call of no more rows than sequences shares no key tiles: its rows go as
+    # (a grouped call of no more rows than sequences, geometry.pairs_preferred false, has
+    # at most a few rows that share a sequence, not worth the pair kernel: its rows go as
     # the per-token call's would)
     use_ws = fast_kernel == "ws" or (
         fast_kernel == "auto" and aligned and q_aligned
         and (cu_seqlens is None or not geometry.pairs_preferred(prob.T, cu_seqlens.shape[0] - 1))
-        and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E, prob.max_len))
+        and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E, max_len=prob.max_len))
     use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single", "pairs") or (
         fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E) and aligned)
     if use_wgmma:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "fp32_smem_bytes", "mma_smem_bytes", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "SPLIT_MAX_ROWS_PER_SEQ", "ws_supported", "ws_preferred", "WS_MAX_WORK", "WS_MIN_ROW_ENTRIES", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_WORK", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "RANK_ALL_PAIRS_WORK", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -37,31 +37,36 @@ def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
     return rows * _rank_group_ctas(top_k) <= 2 * RANK_CTAS_PER_SM * (dev or H200).sm_count
 
 
-#: runs of one row, or of rows x top_k at most this, rank by comparing every pair of a
-#: row's candidates (kernels/select_fast.cu: topk_rank_kernel<256, true>), the SMs' worth
-#: of CTAs shared out. Measured on an H100 (whole calls, graph, docs/performance.md v104;
-#: all-pairs against fine bins): at k = 1,024 over 262,144 entries 1 row 25.0 against 26.1
-#: us, 2 rows level (37.3 / 37.0), 3 rows 47.2 / 46.7, 4 rows 59.7 / 56.6 (65,536 entries:
-#: 27.5 / 26.0), 5 to 8 rows 10-20% slower all-pairs; at k = 512 over 32,768 entries 3 rows
-#: 15.6 / 16.2, 4 rows 18.2 / 18.6, over 65,536 entries 6 rows 32.3 / 31.6, 8 rows 38.1 /
-#: 36.7; at k = 256 8 rows 24.7 / 25.1, 16 rows 37.4 / 36.8; at k = 2,048 1 row level (26.7 /
-#: 26.8), 2 rows 41.2 / 37.9. A row's compares grow as its candidates squared (~1.5 x top_k
-#: of them), and its CTAs fall as 1 / rows.
+#: runs of one row, or of at most RANK_ALL_PAIRS_ROWS rows with rows x top_k at most
+#: RANK_ALL_PAIRS_WORK, rank by comparing every pair of a row's candidates
+#: (kernels/select_fast.cu: topk_rank_kernel<256, true>), the SMs' worth of CTAs shared out.
+#: Measured on an H100 (whole calls, graph, docs/performance.md v104; all-pairs against fine
+#: bins, us): at k = 1,024 over 262,144 entries 1 row 25.0 / 26.1, 2 rows level (37.3 /
+#: 37.0), 3 rows 47.2 / 46.7, 4 rows 59.7 / 56.6 (65,536 entries: 27.5 / 26.0), 5 to 8 rows
+#: 10-23% slower all-pairs; at k = 512 over 32,768 entries 3 rows 15.6 / 16.2, 4 rows 18.2 /
+#: 18.6, over 65,536 entries 6 rows 32.3 / 31.6, 8 rows 38.1 / 36.7; at k = 256 8 rows 24.7
+#: / 25.1, 16 rows 37.4 / 36.8; at k = 2,048 1 row level (26.7 / 26.8), 2 rows 41.2 / 37.9.
+#: A row's compares grow as its candidates squared (~1.5 x top_k of them at these k) and its
+#: CTAs fall as 1 / rows. Many rows at a small k were not timed: there a row's candidates are
+#: set by the width of the k-th key's histogram bin rather than by k, so the rows bound
+#: stays (8 rows at k = 256, 1.4% faster all-pairs, keep the bins).
+RANK_ALL_PAIRS_ROWS = 4
 RANK_ALL_PAIRS_WORK = 2048
 
 
 def rank_all_pairs(rows: int, top_k: int) -> bool:
     """Whether a ranked run compares every pair of a row's candidates (cnt^2 compares a row,
     spread over every SM; no shared-memory layout by key bins first) rather than ranking
-    within fine key bins (G = rank_ctas_per_row CTAs a row): for runs of one row or of few
-    rows and a small top_k (rows x top_k <= RANK_ALL_PAIRS_WORK), where the bins' three
+    within fine key bins (G = rank_ctas_per_row CTAs a row): for one row, or for up to
+    RANK_ALL_PAIRS_ROWS rows with rows x top_k <= RANK_ALL_PAIRS_WORK, where the bins' three
     barrier-separated phases are the row's critical path and most of the GPU would idle.
     Batch 1 (decode-latency, ~1,500 candidates a row): see docs/performance.md v25."""
-    return rows == 1 or rows * top_k <= RANK_ALL_PAIRS_WORK
+    return rows == 1 or (rows <= RANK_ALL_PAIRS_ROWS and rows * top_k <= RANK_ALL_PAIRS_WORK)
 
 
 def rank_all_pairs_ctas_per_row(rows: int, dev: "Device | None" = None) -> int:
-    """CTAs per row of the all-pairs rank: one a SM over the run."""
+    """CTAs per row of the all-pairs rank: the SMs shared out among the run's rows (one
+    CTA a row where there are more rows than SMs)."""
     return max(1, (dev or H200).sm_count // max(1, rows))
 
 
@@ -505,26 +510,27 @@ def ws_supported(H: int, D: int, dev: Device = H200, E: int = 64) -> bool:
 
 
 #: the warp-specialised kernel takes calls of several rows up to this many (row, entry)
-#: pairs (T x max_len) ...
+#: pairs (T x max_len, max_len the table's capacity L * E) ...
 WS_MAX_WORK = 1 << 18
-#: ... where rows hold at least this many entries (max_len)
+#: ... where the table holds at least this many entries a row (max_len)
 WS_MIN_ROW_ENTRIES = 4096
 
 
-def ws_preferred(T: int, H: int, D: int, dev: Device = H200, E: int = 64, max_len: int = 0) -> bool:
+def ws_preferred(T: int, H: int, D: int, dev: Device = H200, E: int = 64, *, max_len: int = 0) -> bool:
     """Whether ``fast_kernel='auto'`` takes the warp-specialised kernel rather than the
     single-warpgroup one (``score_wgmma_kernel``): for a single row, where its two CTAs per
     SM spread one row's tiles over fewer, longer CTAs than the single-warpgroup kernel's
     three (decode-latency scoring, H200: 0.028-0.029 vs 0.032-0.033 ms), and for a few long
-    rows (T x max_len <= WS_MAX_WORK, max_len >= WS_MIN_ROW_ENTRIES), where it stages each
-    query itself (no staging kernel before it) and the call is mostly its fixed costs.
-    Measured on an H100 (whole calls, graph, docs/performance.md v104): 2 rows of 32,768
-    entries 0.0158 vs 0.0201 ms, 16 of 8,192 0.0199 vs 0.0240, 2 of 65,536 0.0184 vs 0.0221,
-    8 of 32,768 0.0260 vs 0.0275, 2 of 131,072 0.0259 vs 0.0283, 64 of 4,096 level; past
-    the bound 2 of 262,144 0.0385 vs 0.0371, 64 of 8,192 0.0447 vs 0.0420; on short rows
-    slower at any count (1,024 rows of 256 entries 0.0656 vs 0.0539, 128 of 1,024 0.0241 vs
-    0.0231). With many rows the single-warpgroup kernel is ahead (decode-1M 0.643 vs 0.798
-    ms)."""
+    rows (T x max_len <= WS_MAX_WORK, max_len >= WS_MIN_ROW_ENTRIES; max_len is the table's
+    capacity L * E, 0 where unknown: one row only), where it stages each query itself (no
+    staging kernel before it) and the call is mostly its fixed costs. Measured on an H100
+    (whole calls, graph, against the wgmma kernel forced; docs/performance.md v104): 2 rows
+    of 32,768 entries 0.0158 vs 0.0186 ms, 16 of 8,192 0.0199 vs 0.0228, 2 of 65,536 0.0184
+    vs 0.0209, 8 of 32,768 0.0260 vs 0.0276, 2 of 131,072 0.0259 vs 0.0271, 64 of 4,096
+    level; past the bound level at 3 x 2^17, then 2 of 262,144 0.0385 vs 0.0369, 64 of 8,192
+    0.0447 vs 0.0419; on rows of 2,048 entries or fewer slower (128 of 2,048 0.0293 vs
+    0.0283, 1,024 rows of 256 entries 0.0656 vs 0.0543). With many rows the single-warpgroup
+    kernel is well ahead (64 rows of 262,144: 0.666 vs 0.798 ms)."""
     if not ws_supported(H, D, dev, E):
         return False
     return T == 1 or (max_len >= WS_MIN_ROW_ENTRIES and T * max_len <= WS_MAX_WORK)

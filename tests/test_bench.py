@@ -188,12 +188,17 @@ def test_cases_of_ones_own_shape():
     np.testing.assert_array_equal(small["cu_seqlens"], [0, 3, 6, 9, 12])
     # a name of the form with numbers out of range says which
     for name, why in [("decode-0x10", "B >= 1"), ("mtp1-4x100", "Q >= 2"), ("decode-4x99999999", "N <="),
-                      ("decode-4096x4194304", "B x Q x N"), ("decode-4x100-k5000", "K <= 4096"),
+                      ("decode-4096x4194304", "B x Q x N"), ("decode-268435456x1", "B x Q <= 65536"),
+                      ("mtp65536-4096x1", "B x Q <="), ("decode-4x100-k5000", "K <= 4096"),
                       ("decode-4x100-E0", "1 <= E")]:
         with pytest.raises(ValueError, match=f"--cases: '{name}' needs .*{re.escape(why)}"):
             bench.select_cases(name)
-    # other forms are unknown names, the form named in the message
-    for name in ("decode-4x100-k12-E3x", "prefill-4x100", "decode-4X100", "decode-4x100-E16-k8"):
+        with pytest.raises(ValueError, match=f"--cases: '{name}' needs"):  # whether strict or not
+            bench.select_cases(name, strict=False)
+    # other forms are unknown names, the form named in the message (numbers of ten digits
+    # or more among them, never Python's own int-conversion error)
+    for name in ("decode-4x100-k12-E3x", "prefill-4x100", "decode-4X100", "decode-4x100-E16-k8",
+                 "decode-4x" + "9" * 5000, "decode-1234567890x4"):
         with pytest.raises(ValueError, match=r"unknown case .*a case of your own: KIND-BxN"):
             bench.select_cases(name)
     assert bench.custom_case("decode-1M") is None
@@ -288,8 +293,11 @@ def test_run_takes_a_case_of_ones_own_shape_by_name(fake_device):
     counts = bench.case_layout(bench.custom_case("decode-2x5000-k64-E32"), 100)["counts"]
     assert res["cases"][1]["case"] == "decode-2x5000-k64-E32" and res["cases"][1]["T"] == counts["T"] == 2
     assert res["cases"][1]["L"] == -(-5000 // 32)
-    with pytest.raises(ValueError, match="needs 1 <= K <= 4096"):
+    # through the Python API the errors name run's own argument
+    with pytest.raises(ValueError, match="^cases: 'decode-2x5000-k0' needs 1 <= K <= 4096"):
         bench.run(["decode-2x5000-k0"], ["fast"])
+    with pytest.raises(ValueError, match=r"^cases: unknown case 'nope' .*a case of your own: KIND-BxN"):
+        bench.run(["nope"], ["fast"])
 
 
 def test_run_rows_lines_progress_and_json(fake_device, tmp_path):

@@ -125,8 +125,11 @@ def grouped_problems(draw):
 def test_ragged_calls_match_the_reference_and_the_per_row_path():
     # score_topk_ragged (rows of a sequence in pairs sharing key tiles where the pair kernel
     # applies) against the reference, and bit for bit against the same rows scored one by one
-    # by the single-query kernel of the same arithmetic (the warp-specialised kernel where
-    # the grouped call takes it: a few long rows, one a sequence; geometry.ws_preferred)
+    # from the host's per-token table by the single-query kernel of the same arithmetic. Where
+    # the grouped call takes the warp-specialised kernel (no more rows than sequences, a few
+    # long rows: geometry.ws_preferred), that is the same kernel, so the bits check the grouped
+    # call's own table (expanded on the device) and routing; the dense kernel, which gives the
+    # warp-specialised kernel's bits, checks the arithmetic there where it applies
     import indexer
     from indexer import cuda_ops, validate
 
@@ -152,6 +155,11 @@ def test_ragged_calls_match_the_reference_and_the_per_row_path():
                                                                                k.shape[1]) else "auto")
         np.testing.assert_array_equal(idx.get(), one.get())
         assert sc.get().tobytes() == one_sc.get().tobytes()
+        if grouped_kind == "ws" and cuda_ops.geometry.dense_supported(q.shape[1], q.shape[2], facts, k.shape[1]):
+            dense, dense_sc = cuda_ops.score_topk(*rows, top_k, return_scores=True, _cu_seqlens=dev[6],
+                                                  _fast_kernel="dense")
+            np.testing.assert_array_equal(idx.get(), dense.get())
+            assert sc.get().tobytes() == dense_sc.get().tobytes()
 
     check()
 

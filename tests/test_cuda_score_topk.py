@@ -188,14 +188,13 @@ def test_all_pairs_rank_takes_plateaus_and_overflow_at_batch_1(length):
 
 
 @pytest.mark.parametrize("T,top_k", [(64, 32), (96, 16), (4, 512)])
-def test_all_pairs_rank_of_many_rows_at_a_small_k(T, top_k, monkeypatch):
-    # rows x top_k <= RANK_ALL_PAIRS_WORK rank every pair of a row's candidates with as few
-    # as one CTA a row (132 // T): random rows, rows of a zero plateau (every entry a
-    # candidate, past the rank's 4,096 on the longest) and empty rows; the answer is the
-    # binned rank's, bit for bit, and the reference's
+def test_all_pairs_rank_with_few_ctas_a_row_matches_the_binned_rank(T, top_k, monkeypatch):
+    # the all-pairs rank (forced here past the rows it takes by default, as the rank route
+    # itself) with as few as one CTA a row (the SMs // T): random rows, rows of a zero plateau
+    # (every entry a candidate, past the rank's 4,096 on the longest) and empty rows; the
+    # answer is the binned rank's, bit for bit, and the reference's
     from indexer import cuda_ops, geometry
 
-    assert geometry.rank_all_pairs(T, top_k) and not geometry.row_stream_select(T, top_k)
     cp = arrays.cupy()
     rng = np.random.default_rng(T + top_k)
     lens = rng.integers(0, 5000, size=T)
@@ -210,6 +209,8 @@ def test_all_pairs_rank_of_many_rows_at_a_small_k(T, top_k, monkeypatch):
     args = [cp.asarray(a) for a in p.arrays()]
     out = {}
     try:
+        monkeypatch.setattr(geometry, "row_stream_select", lambda *a: False)
+        monkeypatch.setattr(geometry, "rank_select", lambda *a: True)
         for all_pairs in (True, False):
             monkeypatch.setattr(geometry, "rank_all_pairs", lambda *a, r=all_pairs: r)
             cuda_ops.clear_plans()

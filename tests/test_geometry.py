@@ -188,16 +188,18 @@ def test_select_constants_are_the_kernels():
     assert geometry.RANK_BINS == geometry.ROW_STREAM_THREADS
 
 
-def test_only_the_fewest_rows_rank_every_pair_over_every_sm():
-    # batch 1 (decode-latency) compares all pairs of its ~1,500 candidates on every SM;
-    # decode-1M's runs of 32 rows keep the key-bin layout (cnt^2 a row would cost more)
+def test_only_the_fewest_rows_at_a_small_enough_k_rank_every_pair():
+    # batch 1 (decode-latency) compares all pairs of its ~1,500 candidates on every SM, as do
+    # up to four rows whose rows x top_k stays small (v104); decode-1M's runs of 32 rows keep
+    # the key-bin layout (cnt^2 a row would cost more)
     assert geometry.rank_all_pairs(1, 1024) and geometry.rank_all_pairs(1, 4096)  # one row at any k
     assert geometry.rank_all_pairs(2, 1024) and not geometry.rank_all_pairs(3, 1024)
     assert not geometry.rank_all_pairs(4, 1024)  # four rows ranked faster in fine bins (v104)
-    assert geometry.rank_all_pairs(4, 512) and geometry.rank_all_pairs(8, 256)  # fewer candidates a row
+    assert geometry.rank_all_pairs(4, 512) and geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_ROWS, 1)
     assert not geometry.rank_all_pairs(2, 2048) and not geometry.rank_all_pairs(32, 1024)
-    assert geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_WORK, 1)
-    assert not geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_WORK + 1, 1)
+    # more rows keep the bins at any k (not timed: their candidates follow the histogram's bin width)
+    assert not geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_ROWS + 1, 1)
+    assert not geometry.rank_all_pairs(8, 256)
     assert geometry.rank_all_pairs_ctas_per_row(1) == geometry.H200.sm_count
     assert geometry.rank_all_pairs_ctas_per_row(4) == geometry.H200.sm_count // 4
 
