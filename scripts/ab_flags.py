@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """One-process A/B of indexer.cuda_ops's module settings (the switches kept for tests and
-A/Bs, such as _QUERY_IMAGE or _CLAIMED_SHARES) on benchmark cases:
-the defaults against each variant, graph replays of whole calls alternated round after
-round, with whether each variant's answers are the defaults' bit for bit.
+A/Bs, such as _QUERY_IMAGE or _CLAIMED_SHARES) and of indexer.geometry's rules (as
+geometry.NAME) on benchmark cases, the bench's or of one's own shape
+(decode-4x262144, mtp3-16x65536: indexer.bench.CUSTOM_CASE): the defaults against each
+variant, graph replays of whole calls alternated round after round, with whether each
+variant's answers are the defaults' bit for bit.
 
     python scripts/ab_flags.py --cases decode-1M,decode-E256 --variant _QUERY_IMAGE=False
     python scripts/ab_flags.py --cases decode-1M --variant _CLAIMED_SHARES=False --variant _QUERY_IMAGE=False,_CLAIMED_SHARES=False
+    python scripts/ab_flags.py --cases decode-3x262144,decode-4x262144 --variant geometry.RANK_ALL_PAIRS_WORK=4096
 
 A variant is NAME=VALUE[,NAME=VALUE...], each VALUE a Python literal. Launch plans are
 cleared at every switch (they are cached by call shape). Device only.
@@ -25,15 +28,41 @@ sys.path.insert(0, str(ROOT))
 from indexer import bench  # noqa: E402
 
 
+def _owner(module, name: str):
+    """(object, attribute) that a setting's name reaches from ``module``: NAME, or a dotted
+    path through the module's own attributes (geometry.RANK_ALL_PAIRS_ROWS: indexer.geometry,
+    as indexer.cuda_ops imports it); None where the path or the setting is missing."""
+    *path, attr = name.split(".")
+    owner = module
+    for part in path:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return (owner, attr) if hasattr(owner, attr) else None
+
+
+def get_setting(module, name: str):
+    owner, attr = _owner(module, name)
+    return getattr(owner, attr)
+
+
+def set_setting(module, name: str, value) -> None:
+    owner, attr = _owner(module, name)
+    setattr(owner, attr, value)
+
+
 def parse_variant(spec: str, module) -> dict:
-    """{name: value} of a NAME=VALUE[,NAME=VALUE...] spec; ValueError naming --variant for a
-    name the module does not have or a value that is not a Python literal."""
+    """{name: value} of a NAME=VALUE[,NAME=VALUE...] spec (NAME a setting of the module, or
+    a dotted path to one of a module it holds, e.g. geometry.RANK_ALL_PAIRS_ROWS); ValueError
+    naming --variant for a name the module does not reach or a value that is not a Python
+    literal."""
     out = {}
     for part in spec.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
-        if not sep or not hasattr(module, name):
-            raise ValueError(f"--variant: expected NAME=VALUE with NAME a setting of indexer.cuda_ops, got {part!r}")
+        if not sep or _owner(module, name) is None:
+            raise ValueError(f"--variant: expected NAME=VALUE with NAME a setting of indexer.cuda_ops "
+                             f"(or of a module it holds: geometry.NAME), got {part!r}")
         try:
             out[name] = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError):
@@ -61,7 +90,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"ab_flags.py: {e}", file=sys.stderr)
         return 2
-    defaults = {name: getattr(cuda_ops, name) for v in variants.values() for name in v}
+    defaults = {name: get_setting(cuda_ops, name) for v in variants.values() for name in v}
     for case in cases:
         sets, _ = bench.input_sets(case, cp, 0)
         times, answers = {}, {}
@@ -69,7 +98,7 @@ def main(argv=None) -> int:
             for r in range(args.rounds):
                 for label, settings in variants.items():
                     for name, value in {**defaults, **settings}.items():
-                        setattr(cuda_ops, name, value)
+                        set_setting(cuda_ops, name, value)
                     cuda_ops.clear_plans()
                     ws = Workspace()
 
@@ -83,7 +112,7 @@ def main(argv=None) -> int:
                     times.setdefault(label, []).append(float("nan") if t is None else t)
         finally:
             for name, value in defaults.items():
-                setattr(cuda_ops, name, value)
+                set_setting(cuda_ops, name, value)
             cuda_ops.clear_plans()
         print(f"{case.name}: whole call, graph ms, {args.rounds} rounds")
         for label, ts in times.items():

@@ -1,6 +1,7 @@
 """scripts/ab_flags.py's host side (CPU): the variants it parses, and what it refuses."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 import types
@@ -21,14 +22,27 @@ def test_a_variant_is_the_settings_it_names():
         "_QUERY_IMAGE": False, "_SELECT_SOURCE": "x.cu"}
 
 
+def test_a_variant_may_name_a_rule_of_a_module_cuda_ops_holds():
+    geometry = types.SimpleNamespace(RANK_ALL_PAIRS_ROWS=4)
+    module = types.SimpleNamespace(_QUERY_IMAGE=True, geometry=geometry)
+    assert ab.parse_variant("geometry.RANK_ALL_PAIRS_ROWS=2, _QUERY_IMAGE=False", module) == {
+        "geometry.RANK_ALL_PAIRS_ROWS": 2, "_QUERY_IMAGE": False}
+    assert ab.get_setting(module, "geometry.RANK_ALL_PAIRS_ROWS") == 4
+    ab.set_setting(module, "geometry.RANK_ALL_PAIRS_ROWS", 2)
+    assert geometry.RANK_ALL_PAIRS_ROWS == 2
+    for spec in ("geometry.NO_SUCH=1", "no_such.RANK_ALL_PAIRS_ROWS=1", "geometry.RANK_ALL_PAIRS_ROWS.x=1"):
+        with pytest.raises(ValueError, match="--variant: expected NAME=VALUE .*geometry.NAME"):
+            ab.parse_variant(spec, module)
+
+
 @pytest.mark.parametrize("spec, message", [
-    ("_NO_SUCH=1", "NAME a setting of indexer.cuda_ops, got '_NO_SUCH=1'"),
+    ("_NO_SUCH=1", "NAME a setting of indexer.cuda_ops (or of a module it holds: geometry.NAME), got '_NO_SUCH=1'"),
     ("_QUERY_IMAGE", "got '_QUERY_IMAGE'"),
     ("_QUERY_IMAGE=no", "_QUERY_IMAGE's value 'no' is not a Python literal"),
 ])
 def test_a_bad_variant_is_refused_by_name(spec, message):
     module = types.SimpleNamespace(_QUERY_IMAGE=True)
-    with pytest.raises(ValueError, match="--variant: .*" + message.replace("(", r"\(")):
+    with pytest.raises(ValueError, match="--variant: .*" + re.escape(message)):
         ab.parse_variant(spec, module)
 
 
