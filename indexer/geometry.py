@@ -481,7 +481,10 @@ def pairs_preferred(T: int, n_seq: int) -> bool:
     more rows than sequences. One row a sequence (decode through ``score_topk_ragged``)
     shares nothing, and there the single-query kernel is the faster (H100, 64 rows of 65,536
     entries: 0.178 against 0.214 ms for every row alone in the pair kernel's split form,
-    docs/performance.md v103)."""
+    docs/performance.md v103). Decided from the shapes alone, as the offsets may be on the
+    device: empty sequences count, so a batch padded with many empty ones (more sequences
+    than rows) takes the single-query kernels even where some of its sequences hold
+    several rows (the answers are the same contract's; only the sharing is lost)."""
     return T > n_seq
 
 
