@@ -42,6 +42,7 @@ __all__ = [
     "GPUUnavailable",
     "select_cases",
     "custom_case",
+    "case_named",
     "CUSTOM_CASE",
     "select_paths",
     "header",
@@ -153,6 +154,12 @@ def custom_case(name: str, arg: str = "--cases") -> Case | None:
     return Case(name, what, seqs, queries, top_k, E=E, kind="mtp" if q is not None else kind, entries=entries)
 
 
+def case_named(name: str, arg: str = "--cases") -> Case | None:
+    """The table's case of that name, else the case a name of CUSTOM_CASE's form describes
+    (``custom_case``, which raises ValueError naming ``arg``), else None."""
+    return next((c for c in CASES if c.name == name), None) or custom_case(name, arg)
+
+
 def select_cases(spec: str, strict: bool = True) -> list[Case]:
     """The cases named in ``spec`` (a comma list, or 'all'): the table's in its order, then
     any of CUSTOM_CASE's form in the order given.
@@ -165,12 +172,7 @@ def select_cases(spec: str, strict: bool = True) -> list[Case]:
         raise TypeError(f"--cases: expected a comma list of case names or 'all', got {type(spec).__name__}")
     known = [c.name for c in CASES]
     names = known if spec == "all" else spec.split(",")
-    custom = {}
-    for n in names:
-        if n not in known and n not in custom:
-            case = custom_case(n)
-            if case is not None:
-                custom[n] = case
+    custom = {n: case for n in dict.fromkeys(names) if n not in known and (case := custom_case(n)) is not None}
     unknown = [n for n in names if n not in known and n not in custom]
     if strict and unknown:
         raise ValueError(f"--cases: unknown case {', '.join(repr(n) for n in unknown)} "
@@ -647,17 +649,11 @@ def run(cases, paths, repeats: int = 20, json_path=None, progress=None, echo=Non
     without CuPy and a CUDA GPU.
     """
     echo = echo or _print_line
-    by_name = {c.name: c for c in CASES}
-    cases = list(cases)  # (an iterator would be spent by the check below)
-    known = ", ".join(by_name)
-    for c in cases:  # a name of the caller's own shape (CUSTOM_CASE)
-        if isinstance(c, str) and c not in by_name and (custom := custom_case(c, "cases")) is not None:
-            by_name[c] = custom
-    unknown = [c for c in cases if isinstance(c, str) and c not in by_name]
+    cases = [case_named(c, "cases") or c if isinstance(c, str) else c for c in cases]
+    unknown = [c for c in cases if isinstance(c, str)]
     if unknown:
-        raise ValueError(f"cases: unknown case {', '.join(map(repr, unknown))} (known: {known}, "
-                         f"or a case of your own: {CUSTOM_CASE_FORM})")
-    cases = [by_name[c] if isinstance(c, str) else c for c in cases]
+        raise ValueError(f"cases: unknown case {', '.join(map(repr, unknown))} (known: "
+                         f"{', '.join(c.name for c in CASES)}, or a case of your own: {CUSTOM_CASE_FORM})")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise ValueError(f"repeats: expected an int in [1, {MAX_REPEATS}], got {repeats!r}")
     if json_path is not None:
