@@ -358,8 +358,10 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
                        else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0)
     query_bytes = (heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
                    + (geometry.wgmma_query_image_bytes(prob.D) if p.wgmma_image else 0))
-    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer)
-    p.row_select = row_select = select == "rows" or (select == "auto" and ld <= geometry.ROW_SELECT_MAX_LEN)
+    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer),
+    # where there are enough of them to fill the SMs (geometry.row_select_preferred)
+    p.row_select = row_select = select == "rows" or (select == "auto"
+                                                     and geometry.row_select_preferred(prob.T, ld, dev))
     p.rows = rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
                                             max_rows=(geometry.MAX_PAIR_ROWS if kind == "pairs"
                                                       else geometry.DENSE_MAX_ROWS if kind == "dense"

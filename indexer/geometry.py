@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "fp32_smem_bytes", "mma_smem_bytes", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "SPLIT_MAX_ROWS_PER_SEQ", "ws_supported", "ws_preferred", "WS_MAX_WORK", "WS_MIN_ROW_ENTRIES", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "RANK_ALL_PAIRS_WORK", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "ROW_SELECT_LONG_ROWS_PER_SM", "row_select_preferred", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "RANK_ALL_PAIRS_WORK", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -47,10 +47,13 @@ def rank_select(rows: int, top_k: int, dev: "Device | None" = None) -> bool:
 #: 18.6, over 65,536 entries 6 rows 32.3 / 31.6, 8 rows 38.1 / 36.7; at k = 256 8 rows 24.7
 #: / 25.1, 16 rows 37.4 / 36.8; at k = 2,048 1 row level (26.7 / 26.8), 2 rows 41.2 / 37.9.
 #: A row's compares grow as its candidates squared (~1.5 x top_k of them at these k) and its
-#: CTAs fall as 1 / rows. Many rows at a small k were not timed: there a row's candidates are
-#: set by the width of the k-th key's histogram bin rather than by k, so the rows bound
-#: stays (8 rows at k = 256, 1.4% faster all-pairs, keep the bins).
-RANK_ALL_PAIRS_ROWS = 4
+#: CTAs fall as 1 / rows. Up to eight rows at a small k (v105, H100, one process, answers
+#: bit for bit; all-pairs against fine bins, us): 6 rows of 262,144 at k = 128 71.4 / 72.2,
+#: 8 rows of 65,536 at k = 128 35.6 / 36.4, 8 rows of 262,144 at k = 64 92.1 / 92.5, at k =
+#: 256 level (92.5 / 92.6); 16 rows of 262,144 at k = 64 169.8 / 170.6. More than eight rows
+#: at rows x top_k <= 2,048 (a row's candidates there set by the width of the k-th key's
+#: histogram bin rather than by k) are barely timed, so the rows bound stays.
+RANK_ALL_PAIRS_ROWS = 8
 RANK_ALL_PAIRS_WORK = 2048
 
 
@@ -592,9 +595,9 @@ def sampled_threshold_fits(top_k: int, ld: int) -> bool:
     return top_k <= SAMPLED_MAX_K and ld <= SAMPLED_MAX_LEN
 
 
-#: rows up to this many entries (workspace row length) are selected by one CTA per row
+#: rows up to this many entries (workspace row length) may be selected by one CTA per row
 #: straight from their scores (kernels/select_fast.cu: topk_row_kernel), not by the
-#: multi-CTA histogram/filter/sort passes
+#: multi-CTA histogram/filter/sort passes (row_select_preferred says where they are)
 ROW_SELECT_MAX_LEN = 4096
 #: rows up to this many entries, with top_k <= SHORT_ROW_SELECT_MAX_K, take the 128-thread row
 #: select (16 entries a thread; eight CTAs a SM: more rows in flight, fewer warps a barrier)
@@ -603,6 +606,30 @@ SHORT_ROW_SELECT_MAX_K = 1024
 #: ... of which k <= this takes an instance holding half the winners' slots (prefill-8K's
 #: k = 512: its select 90.6 -> 87.8 us, v34)
 SHORT_ROW_SELECT_HALF_K = 512
+
+
+#: rows of more than SHORT_ROW_SELECT_MAX_LEN entries take the row select where there are
+#: more than this many of them an SM (row_select_preferred)
+ROW_SELECT_LONG_ROWS_PER_SM = 0.5
+
+
+def row_select_preferred(T: int, ld: int, dev: "Device | None" = None) -> bool:
+    """Whether ``select='auto'`` selects a call's T rows of ``ld`` entries (workspace row
+    length) by one CTA a row (topk_row_kernel) rather than by the multi-CTA passes: rows of
+    up to SHORT_ROW_SELECT_MAX_LEN entries always, rows of up to ROW_SELECT_MAX_LEN where
+    there are more of them than half the SMs (ROW_SELECT_LONG_ROWS_PER_SM). Fewer such rows
+    leave most SMs idle while each row's one CTA of 256 threads works through its 16
+    entries a thread, where the multi-CTA passes spread a row over many CTAs. Measured on an
+    H100 (whole calls, graph, one process, answers bit for bit; docs/performance.md v105),
+    rows of 4,096 entries, one CTA a row against the multi-CTA passes, us: at k = 512 1 row
+    15.7 / 11.8, 4 rows 16.4 / 12.8, 16 rows 18.4 / 15.3, 32 rows 22.9 / 21.1, 64 rows 30.0
+    / 29.3, 128 rows level (42.3 / 42.2), 256 rows 66.2 / 69.5; at k = 1,024 16 rows 24.7 /
+    16.6, 64 rows 36.4 / 33.2, 128 rows 48.1 / 56.9, 256 rows 73.0 / 83.0; the exact path at
+    k = 1,024 1 row 35.2 / 27.2, 16 rows 81.4 / 74.8, 64 rows level (266.7 / 265.1). Rows
+    of 512-2,048 entries are faster by one CTA a row at every count from 4 to 256 (by 5-21%;
+    one row level)."""
+    return ld <= SHORT_ROW_SELECT_MAX_LEN or (ld <= ROW_SELECT_MAX_LEN
+                                              and T > ROW_SELECT_LONG_ROWS_PER_SM * (dev or H200).sm_count)
 
 
 def row_select_kernel(ld: int, top_k: int, max_top_k: int) -> tuple[str, int]:

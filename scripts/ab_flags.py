@@ -9,6 +9,7 @@ variant's answers are the defaults' bit for bit.
     python scripts/ab_flags.py --cases decode-1M,decode-E256 --variant _QUERY_IMAGE=False
     python scripts/ab_flags.py --cases decode-1M --variant _CLAIMED_SHARES=False --variant _QUERY_IMAGE=False,_CLAIMED_SHARES=False
     python scripts/ab_flags.py --cases decode-3x262144,decode-4x262144 --variant geometry.RANK_ALL_PAIRS_WORK=4096
+    python scripts/ab_flags.py --cases decode-16x4096 --variant geometry.ROW_SELECT_MAX_LEN=0 --precision exact
 
 A variant is NAME=VALUE[,NAME=VALUE...], each VALUE a Python literal. Launch plans are
 cleared at every switch (they are cached by call shape). Device only.
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", required=True, help="NAME=VALUE[,NAME=VALUE...]")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=20, help="graph replays a timing")
+    ap.add_argument("--precision", choices=("fast", "exact"), default="fast", help="the path timed")
     args = ap.parse_args(argv)
     try:
         cases = bench.select_cases(args.cases)
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
 
                     def call(x, ws=ws, scores=False):
                         return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws,
-                                               return_scores=scores)
+                                               return_scores=scores, precision=args.precision)
 
                     if r == 0:
                         answers[label] = [a.get() for a in call(sets[0], scores=True)]
@@ -114,7 +116,7 @@ def main(argv=None) -> int:
             for name, value in defaults.items():
                 set_setting(cuda_ops, name, value)
             cuda_ops.clear_plans()
-        print(f"{case.name}: whole call, graph ms, {args.rounds} rounds")
+        print(f"{case.name}: whole call ({args.precision}), graph ms, {args.rounds} rounds")
         for label, ts in times.items():
             same = "" if label == "defaults" else (
                 "  answers bit for bit" if all(a.tobytes() == b.tobytes()

@@ -190,16 +190,17 @@ def test_select_constants_are_the_kernels():
 
 def test_only_the_fewest_rows_at_a_small_enough_k_rank_every_pair():
     # batch 1 (decode-latency) compares all pairs of its ~1,500 candidates on every SM, as do
-    # up to four rows whose rows x top_k stays small (v104); decode-1M's runs of 32 rows keep
+    # up to eight rows whose rows x top_k stays small (v104, v105); decode-1M's runs of 32 rows keep
     # the key-bin layout (cnt^2 a row would cost more)
     assert geometry.rank_all_pairs(1, 1024) and geometry.rank_all_pairs(1, 4096)  # one row at any k
     assert geometry.rank_all_pairs(2, 1024) and not geometry.rank_all_pairs(3, 1024)
     assert not geometry.rank_all_pairs(4, 1024)  # four rows ranked faster in fine bins (v104)
     assert geometry.rank_all_pairs(4, 512) and geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_ROWS, 1)
+    assert geometry.rank_all_pairs(8, 256) and not geometry.rank_all_pairs(8, 512)  # eight rows at a small k (v105)
     assert not geometry.rank_all_pairs(2, 2048) and not geometry.rank_all_pairs(32, 1024)
     # more rows keep the bins at any k (not timed: their candidates follow the histogram's bin width)
     assert not geometry.rank_all_pairs(geometry.RANK_ALL_PAIRS_ROWS + 1, 1)
-    assert not geometry.rank_all_pairs(8, 256)
+    assert not geometry.rank_all_pairs(16, 128)
     assert geometry.rank_all_pairs_ctas_per_row(1) == geometry.H200.sm_count
     assert geometry.rank_all_pairs_ctas_per_row(4) == geometry.H200.sm_count // 4
 
@@ -382,3 +383,16 @@ def test_pair_calls_split_off_their_lone_rows_where_many_are_expected(T, n_seq, 
                                            (1, 1, False), (8192, 1, True)])
 def test_grouped_calls_take_the_pair_kernel_where_rows_outnumber_sequences(T, n_seq, pairs):
     assert geometry.pairs_preferred(T, n_seq) is pairs
+
+
+def test_rows_past_the_short_row_bound_take_one_cta_a_row_only_where_they_fill_the_sms():
+    # rows of up to 2,048 entries are always selected a CTA a row; rows of up to 4,096 only
+    # where there are more of them than half the SMs (fewer leave most SMs idle: v105)
+    dev = geometry.H200
+    half = int(geometry.ROW_SELECT_LONG_ROWS_PER_SM * dev.sm_count)
+    for T in (1, 4, half, half + 1, 1000):
+        assert geometry.row_select_preferred(T, 128, dev) and geometry.row_select_preferred(T, 2048, dev)
+        assert geometry.row_select_preferred(T, 2176, dev) == (T > half)
+        assert geometry.row_select_preferred(T, 4096, dev) == (T > half)
+        assert not geometry.row_select_preferred(T, 4224, dev)  # past ROW_SELECT_MAX_LEN: the multi-CTA passes
+    assert half == 66 and geometry.row_select_preferred(67, 4096, dev) and not geometry.row_select_preferred(66, 4096, dev)
