@@ -392,18 +392,20 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
                                  and geometry.sampled_threshold_fits(prob.top_k, ld))
 
     def takes_sample(nr):  # whether a run of nr rows takes the sampled threshold
-        return sampled_ok and (select == "sampled" or not geometry.rank_select(nr, prob.top_k, dev))
+        return sampled_ok and (select == "sampled" or not (geometry.rank_select(nr, prob.top_k, dev)
+                                                           or geometry.sampled_streams(nr, prob.top_k, ld, dev)))
 
-    # no histograms where every run takes the sample (the last run, the smallest, decides:
-    # rank_select holds for fewer rows where it holds for more)
+    # no histograms where every run takes the sample: the runs are of two sizes at most, a
+    # full one and the last (rank_select holds for fewer rows, sampled_streams for more)
     last_run = prob.T - rows * ((prob.T - 1) // rows)
+    every_run_sampled = takes_sample(last_run) and takes_sample(min(rows, prob.T))
     # the dense kernel's rows handed to the row select as the CTAs holding them end: a count
     # a row, zero at rest, in the workspace's zeroed part (the row kernel clears each row's); with
     # no workspace at rest the select waits for the whole scoring kernel instead (a fill
     # would cost what the early start gains), and so do rows too long for the registers
     # (their passes read through the read-only path)
     p.row_ready = row_ready = kind == "dense" and row_select and ld <= geometry.ROW_SELECT_MAX_LEN
-    p.hist_bytes = (rows * 4 if row_ready else 0 if row_select or takes_sample(last_run)
+    p.hist_bytes = (rows * 4 if row_ready else 0 if row_select or every_run_sampled
                     else rows * bins * 4)
     # each run of rows: its bounds, and (multi-CTA select) whether it takes the sampled
     # threshold, streams its rows (a CTA a row, no candidate buffer) or ranks its candidates

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "fp32_smem_bytes", "mma_smem_bytes", "score_mma_launch", "score_wgmma_launch",
            "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "SPLIT_MAX_ROWS_PER_SEQ", "ws_supported", "ws_preferred", "WS_MAX_WORK", "WS_MIN_ROW_ENTRIES", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
-           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "ROW_SELECT_LONG_ROWS_PER_SM", "row_select_preferred", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "RANK_ALL_PAIRS_WORK", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
+           "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "ROW_SELECT_LONG_ROWS_PER_SM", "row_select_preferred", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "SAMPLED_STREAM_MAX_LEN", "sampled_streams", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "RANK_ALL_PAIRS_WORK", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
 TILE_ENTRIES = 128
@@ -587,6 +587,21 @@ def select_fast_chunks(ld: int, per_thread: int = 16) -> int:
 #: room, k up to SAMPLED_MAX_K over rows up to SAMPLED_MAX_LEN entries
 SAMPLED_MAX_K = 2048
 SAMPLED_MAX_LEN = 1 << 19
+
+
+#: runs whose scoring kernel counts no histogram (keys-stationary) and whose rows would stream
+#: their select (row_stream_select) take a histogram pass and the streamed select rather than
+#: the sampled threshold where their rows hold up to this many entries (sampled_streams)
+SAMPLED_STREAM_MAX_LEN = 1 << 16
+
+
+def sampled_streams(rows: int, top_k: int, ld: int, dev: "Device | None" = None) -> bool:
+    """Whether a run of ``rows`` rows of ``ld`` entries that would take the sampled threshold
+    (its scoring kernel counts no histogram) takes a histogram pass and the streamed select
+    instead (one pass over the scores and a CTA a row streaming them, against a sample
+    kernel, the filter's pass, the candidates' round trip and a CTA a row sorting them):
+    for rows of up to SAMPLED_STREAM_MAX_LEN entries, where row_stream_select would stream."""
+    return ld <= SAMPLED_STREAM_MAX_LEN and row_stream_select(rows, top_k, dev)
 
 
 def sampled_threshold_fits(top_k: int, ld: int) -> bool:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One-process A/B of indexer.cuda_ops's module settings (the switches kept for tests and
-A/Bs, such as _QUERY_IMAGE or _CLAIMED_SHARES) and of indexer.geometry's rules (as
-geometry.NAME) on benchmark cases, the bench's or of one's own shape
+A/Bs, such as _QUERY_IMAGE or _CLAIMED_SHARES), of indexer.geometry's rules (as
+geometry.NAME) and of the call's own choices (as call.KEYWORD: cuda_ops.score_topk's
+_fast_kernel, _select) on benchmark cases, the bench's or of one's own shape
 (decode-4x262144, mtp3-16x65536: indexer.bench.CUSTOM_CASE): the defaults against each
 variant, graph replays of whole calls alternated round after round, with whether each
 variant's answers are the defaults' bit for bit.
@@ -10,6 +11,7 @@ variant's answers are the defaults' bit for bit.
     python scripts/ab_flags.py --cases decode-1M --variant _CLAIMED_SHARES=False --variant _QUERY_IMAGE=False,_CLAIMED_SHARES=False
     python scripts/ab_flags.py --cases decode-3x262144,decode-4x262144 --variant geometry.RANK_ALL_PAIRS_WORK=4096
     python scripts/ab_flags.py --cases decode-16x4096 --variant geometry.ROW_SELECT_MAX_LEN=0 --precision exact
+    python scripts/ab_flags.py --cases decode-1x2048 --variant "call._fast_kernel='wgmma'"
 
 A variant is NAME=VALUE[,NAME=VALUE...], each VALUE a Python literal. Launch plans are
 cleared at every switch (they are cached by call shape). Device only.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import statistics
 import sys
 from pathlib import Path
@@ -52,18 +55,28 @@ def set_setting(module, name: str, value) -> None:
     setattr(owner, attr, value)
 
 
+def is_call_keyword(module, name: str) -> bool:
+    """Whether ``name`` is call.KEYWORD with KEYWORD a keyword of ``module.score_topk`` (a
+    choice the call itself takes, such as _fast_kernel or _select, rather than a setting)."""
+    fn = getattr(module, "score_topk", None)
+    return (name.startswith("call.") and fn is not None
+            and name[5:] in inspect.signature(fn).parameters and name[5:] not in ("q", "w", "top_k"))
+
+
 def parse_variant(spec: str, module) -> dict:
     """{name: value} of a NAME=VALUE[,NAME=VALUE...] spec (NAME a setting of the module, or
-    a dotted path to one of a module it holds, e.g. geometry.RANK_ALL_PAIRS_ROWS); ValueError
-    naming --variant for a name the module does not reach or a value that is not a Python
-    literal."""
+    a dotted path to one of a module it holds, e.g. geometry.RANK_ALL_PAIRS_ROWS, or
+    call.KEYWORD, a keyword the variant's calls pass to ``module.score_topk``, e.g.
+    call._fast_kernel='wgmma'); ValueError naming --variant for a name the module does not
+    reach or a value that is not a Python literal."""
     out = {}
     for part in spec.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
-        if not sep or _owner(module, name) is None:
+        if not sep or (_owner(module, name) is None and not is_call_keyword(module, name)):
             raise ValueError(f"--variant: expected NAME=VALUE with NAME a setting of indexer.cuda_ops "
-                             f"(or of a module it holds: geometry.NAME), got {part!r}")
+                             f"(or of a module it holds: geometry.NAME) or call.KEYWORD of its score_topk, "
+                             f"got {part!r}")
         try:
             out[name] = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError):
@@ -92,21 +105,26 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"ab_flags.py: {e}", file=sys.stderr)
         return 2
-    defaults = {name: get_setting(cuda_ops, name) for v in variants.values() for name in v}
+    defaults = {name: get_setting(cuda_ops, name) for v in variants.values() for name in v
+                if not is_call_keyword(cuda_ops, name)}
     for case in cases:
         sets, _ = bench.input_sets(case, cp, 0)
         times, answers = {}, {}
         try:
             for r in range(args.rounds):
                 for label, settings in variants.items():
+                    keywords = {}
                     for name, value in {**defaults, **settings}.items():
-                        set_setting(cuda_ops, name, value)
+                        if is_call_keyword(cuda_ops, name):
+                            keywords[name[5:]] = value
+                        else:
+                            set_setting(cuda_ops, name, value)
                     cuda_ops.clear_plans()
                     ws = Workspace()
 
-                    def call(x, ws=ws, scores=False):
+                    def call(x, ws=ws, scores=False, keywords=keywords):
                         return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws,
-                                               return_scores=scores, precision=args.precision)
+                                               return_scores=scores, precision=args.precision, **keywords)
 
                     if r == 0:
                         answers[label] = [a.get() for a in call(sets[0], scores=True)]

@@ -36,7 +36,8 @@ def test_a_variant_may_name_a_rule_of_a_module_cuda_ops_holds():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("_NO_SUCH=1", "NAME a setting of indexer.cuda_ops (or of a module it holds: geometry.NAME), got '_NO_SUCH=1'"),
+    ("_NO_SUCH=1", "NAME a setting of indexer.cuda_ops (or of a module it holds: geometry.NAME) or call.KEYWORD "
+                   "of its score_topk, got '_NO_SUCH=1'"),
     ("_QUERY_IMAGE", "got '_QUERY_IMAGE'"),
     ("_QUERY_IMAGE=no", "_QUERY_IMAGE's value 'no' is not a Python literal"),
 ])
@@ -50,3 +51,16 @@ def test_an_unknown_case_is_refused_before_any_gpu_work():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_flags.py"), "--cases", "no-such-case",
                            "--variant", "_QUERY_IMAGE=False"], capture_output=True, text=True)
     assert done.returncode == 2 and "ab_flags.py:" in done.stderr and "no-such-case" in done.stderr
+
+
+def test_a_variant_may_name_a_keyword_of_the_call():
+    def score_topk(q, w, top_k, *, precision="fast", _fast_kernel="auto", _select="auto"):
+        return None
+
+    module = types.SimpleNamespace(_QUERY_IMAGE=True, score_topk=score_topk)
+    assert ab.parse_variant("call._fast_kernel='wgmma', _QUERY_IMAGE=False", module) == {
+        "call._fast_kernel": "wgmma", "_QUERY_IMAGE": False}
+    assert ab.is_call_keyword(module, "call._select") and not ab.is_call_keyword(module, "_select")
+    for spec in ("call._no_such='x'", "call.top_k=3", "call.q=1"):
+        with pytest.raises(ValueError, match="--variant: expected NAME=VALUE .*call.KEYWORD"):
+            ab.parse_variant(spec, module)

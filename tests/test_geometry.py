@@ -396,3 +396,13 @@ def test_rows_past_the_short_row_bound_take_one_cta_a_row_only_where_they_fill_t
         assert geometry.row_select_preferred(T, 4096, dev) == (T > half)
         assert not geometry.row_select_preferred(T, 4224, dev)  # past ROW_SELECT_MAX_LEN: the multi-CTA passes
     assert half == 66 and geometry.row_select_preferred(67, 4096, dev) and not geometry.row_select_preferred(66, 4096, dev)
+
+
+def test_keys_stationary_runs_stream_their_select_only_over_short_enough_rows():
+    dev = geometry.H200
+    many = dev.sm_count  # an SM's worth of rows: row_stream_select streams them
+    assert geometry.row_stream_select(many, 512, dev)
+    assert geometry.sampled_streams(many, 512, geometry.SAMPLED_STREAM_MAX_LEN, dev)
+    assert not geometry.sampled_streams(many, 512, geometry.SAMPLED_STREAM_MAX_LEN + 128, dev)  # long rows: sampled
+    assert not geometry.sampled_streams(8, 512, 16384, dev)  # too few rows to stream (they rank)
+    assert not geometry.sampled_streams(many, 2048, 16384, dev)  # k past what a streaming CTA holds
