@@ -235,8 +235,9 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     rows at a time multiplied against it; see geometry.dense_preferred) or 'mma' (mma.sync:
     other shapes and GPUs). ``fast_kernel`` ('auto', 'mma', 'wgmma', 'wgmma-single', 'pairs',
     'ws', 'ks', 'dense') forces a choice, for tests and benchmarks ('wgmma' takes the pair
-    kernel for rows of sequences, as 'auto' does where no grouped kernel is preferred and
-    there are more rows than sequences: geometry.pairs_preferred);
+    kernel for rows of sequences where there are more rows than sequences,
+    geometry.pairs_preferred, as 'auto' does where no grouped kernel is preferred and the
+    call has work enough for it, geometry.pairs_pay);
     raises ValueError for another name, or an array whose alignment or layout the forced
     kernel cannot take."""
     if fast_kernel not in _FAST_KERNELS:
@@ -262,12 +263,22 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     q_aligned = q.data.ptr % 16 == 0
     # the wgmma kernels' bulk copies need 16-byte aligned scale rows of whole blocks
     aligned = key_scale.data.ptr % 16 == 0
-    # (a grouped call of no more rows than sequences, geometry.pairs_preferred false, has
-    # at most a few rows that share a sequence, not worth the pair kernel: its rows go as
-    # the per-token call's would)
+    # A grouped call's own kernels, where 'auto' takes them: the dense kernel, else the
+    # keys-stationary one, else rows of a sequence in pairs. A grouped call of no more rows
+    # than sequences (geometry.pairs_preferred false) has at most a few rows that share a
+    # sequence, not worth the pair kernel, and one of too little work (geometry.pairs_pay
+    # false: few requests of a few rows each) is faster without its fixed costs: their rows
+    # go as the per-token call's would.
+    auto = fast_kernel == "auto"
+    n_seq = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0
+    dense = (auto and cu_seqlens is not None and q_aligned
+             and geometry.dense_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E, n_seq))
+    ks = (auto and cu_seqlens is not None and not dense
+          and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E, n_seq))
+    pairs = (cu_seqlens is not None and geometry.pairs_preferred(prob.T, n_seq)
+             and (not auto or geometry.pairs_pay(prob.T, prob.max_len, n_seq)))
     use_ws = fast_kernel == "ws" or (
-        fast_kernel == "auto" and aligned and q_aligned
-        and (cu_seqlens is None or not geometry.pairs_preferred(prob.T, cu_seqlens.shape[0] - 1))
+        auto and aligned and q_aligned and not (dense or ks or pairs)
         and geometry.ws_preferred(prob.T, prob.H, prob.D, dev, prob.E, max_len=prob.max_len))
     use_wgmma = use_ws or fast_kernel in ("wgmma", "wgmma-single", "pairs") or (
         fast_kernel == "auto" and geometry.wgmma_supported(prob.H, prob.D, dev, prob.E) and aligned)
@@ -286,14 +297,11 @@ def _scoring_kernel(precision, prob, dev, q, key_scale, fast_kernel, cu_seqlens)
     # rows of one sequence in pairs: each key tile decoded once for two queries; the pair
     # kernel takes runs of at most MAX_PAIR_ROWS rows (prefill's thousands of short
     # rows run as several such runs rather than one per-row launch without sharing)
-    if (fast_kernel == "auto" and cu_seqlens is not None and q_aligned
-            and geometry.dense_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E, cu_seqlens.shape[0] - 1)):
+    if dense:
         return "dense"  # many rows of a sequence over few keys: the keys decoded once, a GEMM over them
-    if (fast_kernel == "auto" and cu_seqlens is not None
-            and geometry.ks_preferred(prob.T, prob.H, prob.D, prob.max_len, dev, prob.E, cu_seqlens.shape[0] - 1)):
+    if ks:
         return "ks"  # chunks of sequences over longer pools: each key group decoded once for a sequence's rows
-    if (cu_seqlens is not None and fast_kernel != "wgmma-single" and q_aligned
-            and geometry.pairs_preferred(prob.T, cu_seqlens.shape[0] - 1)):
+    if pairs and fast_kernel != "wgmma-single" and q_aligned:
         return "pairs"
     return "wgmma"
 

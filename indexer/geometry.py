@@ -8,7 +8,7 @@ import functools
 from dataclasses import dataclass
 
 __all__ = ["Device", "H200", "ScoreLaunch", "score_fp32_launch", "fp32_smem_bytes", "mma_smem_bytes", "score_mma_launch", "score_wgmma_launch",
-           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "pairs_split", "SPLIT_MAX_ROWS_PER_SEQ", "ws_supported", "ws_preferred", "WS_MAX_WORK", "WS_MIN_ROW_ENTRIES", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
+           "wgmma_supported", "wgmma_smem_bytes", "wgmma_query_image_bytes", "wgmma_pairs_smem_bytes", "score_wgmma_pairs_launch", "pairs_preferred", "PAIRS_MIN_WORK", "PAIRS_SPLIT_MIN_WORK", "pairs_pay", "pairs_split", "SPLIT_MAX_ROWS_PER_SEQ", "ws_supported", "ws_preferred", "WS_MAX_WORK", "WS_MIN_ROW_ENTRIES", "ws_smem_bytes", "score_ws_launch", "ks_supported", "ks_preferred", "ks_smem_bytes", "score_ks_launch", "dense_supported", "dense_preferred", "dense_smem_bytes", "dense_units", "dense_image_bytes", "score_dense_launch", "DENSE_MAX_ROWS", "DENSE_MAX_SEQS", "DENSE_UNIT_BYTES", "DENSE_MAX_IMAGE_BYTES", "DENSE_MIN_WORK", "KS_GROUP", "KS_QUERY_BYTES", "KS_MIN_ROWS", "KS_MIN_LEN", "KS_MAX_SEQS", "select_fast_chunks", "select_fast_per_thread", "MAX_BALANCED_ROWS", "MAX_PAIR_ROWS",
            "workspace_rows", "workspace_row_bytes", "DEFAULT_WORKSPACE_BYTES", "DEFAULT_RAGGED_WORKSPACE_BYTES", "ROW_SELECT_MAX_LEN", "ROW_SELECT_LONG_ROWS_PER_SM", "row_select_preferred", "SAMPLED_MAX_K", "SAMPLED_MAX_LEN", "SAMPLED_STREAM_MAX_LEN", "sampled_streams", "sampled_threshold_fits", "SHORT_ROW_SELECT_MAX_LEN", "SHORT_ROW_SELECT_MAX_K", "SHORT_ROW_SELECT_HALF_K", "row_select_kernel", "TILE_ENTRIES", "CANDIDATE_CAP", "RANK_MAX", "RANK_GROUP", "RANK_ALL_PAIRS_ROWS", "RANK_ALL_PAIRS_WORK", "rank_all_pairs", "rank_all_pairs_ctas_per_row", "rank_ctas_per_row", "rank_select", "ROW_STREAM_THREADS", "ROW_STREAM_SMEM", "row_stream_select", "SELECT_CHUNK", "HIST_BINS"]
 
 #: entries per score tile (kernels/score_fp32.cu: kTileEntries)
@@ -489,6 +489,36 @@ def pairs_preferred(T: int, n_seq: int) -> bool:
     than rows) takes the single-query kernels even where some of its sequences hold
     several rows (the answers are the same contract's; only the sharing is lost)."""
     return T > n_seq
+
+
+#: grouped calls of fewer (row, entry) pairs than this (T x max_len, max_len the table's
+#: capacity) score their rows alone under fast_kernel='auto' (pairs_pay) ...
+PAIRS_MIN_WORK = 1 << 20
+#: ... and calls that split off their lone rows (pairs_split) below this many
+PAIRS_SPLIT_MIN_WORK = 1 << 22
+
+
+def pairs_pay(T: int, max_len: int, n_seq: int) -> bool:
+    """Whether a grouped call of T rows in ``n_seq`` sequences whose rows outnumber its
+    sequences (pairs_preferred) has work enough for the pair kernel under
+    ``fast_kernel='auto'``: at least PAIRS_MIN_WORK (row, entry) pairs (T x max_len, max_len
+    the table's capacity L * E), or PAIRS_SPLIT_MIN_WORK where the call would split off its
+    lone rows into a second launch (pairs_split). Below it the pair kernel's fixed costs
+    (its staging kernel; the second launch's start and the first's tail) outweigh the key
+    decodes it shares, and the rows go alone as a per-token call's would (the
+    warp-specialised kernel for a few long rows, geometry.ws_preferred, else the
+    single-query wgmma kernel). Measured on an H100 (whole calls, graph, one process;
+    docs/performance.md v105), pairs against the rows alone, us: 1 request of 2 rows over
+    262,144 entries 39.5 / 35.8, of 3 rows 53.7 / 45.6; 1 of 2 rows over 65,536 27.4 /
+    18.4; 2 of 2 rows 31.3 / 25.4; 4 of 2 rows 40.2 / 37.0; 4 of 2 rows over 16,384 27.7 /
+    18.6; at 2^20 level (2 of 2 rows over 262,144 55.8 / 55.9, 8 of 2 over 65,536 58.0 /
+    58.3, 1 of 4 over 262,144 55.1 / 55.3); past it the pairs ahead (16 of 2 rows over
+    65,536 90.0 / 97.7, 4 of 4 over 131,072 87.5 / 94.7). Split calls: 2 of 3 rows over 262,144 87.9 / 73.7, 2 of 3 over
+    65,536 47.1 / 31.5, 8 of 3 89.8 / 76.1, 4 of 5 79.0 / 66.4, 20 of 3 (2^21.9) 173.2 /
+    166.1; from 2^22 about level (32 of 3 over 65,536 252.9 / 249.7, 64 of 3 over 32,768
+    263.9 / 263.6, 16 of 5 211.9 / 214.4), past 2^23 the pairs ahead (64 of 3 over 65,536,
+    the bench's mtp-3: 477.1 / 485.6)."""
+    return T * max_len >= (PAIRS_SPLIT_MIN_WORK if pairs_split(T, n_seq) else PAIRS_MIN_WORK)
 
 
 def pairs_split(T: int, n_seq: int) -> bool:

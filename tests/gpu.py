@@ -1,9 +1,11 @@
 """What the GPU tests share: the skip rule (they run where CuPy sees a CUDA device the kernels
 run on, else skip), problem pairs for refilling captured inputs, a plateau of tied scores, calls from several threads, the
-NumPy answer for one score row of the select kernels' direct tests, and an input and an
-``out=`` array laid out in one buffer (the CPU tests of ``out=`` take it too)."""
+NumPy answer for one score row of the select kernels' direct tests, an input and an
+``out=`` array laid out in one buffer (the CPU tests of ``out=`` take it too), and a
+geometry rule changed for a block of calls."""
 
 import concurrent.futures
+import contextlib
 
 import numpy as np
 import pytest
@@ -73,6 +75,32 @@ def check_rows(p: testing.Problem, idx, sc, rows, tol=testing.TOL_FAST):
     sub = testing.Problem(p.q[rows], p.w[rows], p.keys_fp4, p.key_scale, p.key_gscale,
                           np.ascontiguousarray(p.block_table[rows]), p.valid_lens[rows], p.top_k)
     testing.check_topk(sub, idx[rows], None if sc is None else sc[rows], tol=tol)
+
+
+@contextlib.contextmanager
+def geometry_rules(**rules):
+    """``indexer.geometry``'s NAME = value for each rule given, inside the block, the cached
+    launch plans cleared on entering and on leaving it (plans are cached by call shape, not
+    by rule), so that the block's calls, and only they, follow the changed rules."""
+    from indexer import cuda_ops, geometry
+
+    old = {name: getattr(geometry, name) for name in rules}
+    for name, value in rules.items():
+        setattr(geometry, name, value)
+    cuda_ops.clear_plans()
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(geometry, name, value)
+        cuda_ops.clear_plans()
+
+
+def pairs_at_any_work():
+    """The pair kernel's work bounds at 0 (geometry.pairs_pay): a grouped call whose rows
+    outnumber its sequences takes it under 'auto' however little its work, as calls of more
+    work do."""
+    return geometry_rules(PAIRS_MIN_WORK=0, PAIRS_SPLIT_MIN_WORK=0)
 
 
 def side_stream():

@@ -124,8 +124,9 @@ def grouped_problems(draw):
 
 def test_ragged_calls_match_the_reference_and_the_per_row_path():
     # score_topk_ragged (rows of a sequence in pairs sharing key tiles where the pair kernel
-    # applies) against the reference, and bit for bit against the same rows scored one by one
-    # from the host's per-token table by the single-query kernel of the same arithmetic. Where
+    # applies, and forced on every draw it takes) against the reference, and bit for bit
+    # against the same rows scored one by one from the host's per-token table by the
+    # single-query kernel of the same arithmetic. Where
     # the grouped call takes the warp-specialised kernel (no more rows than sequences, a few
     # long rows: geometry.ws_preferred), that is the same kernel, so the bits check the grouped
     # call's own table (expanded on the device) and routing; the dense kernel, which gives the
@@ -149,12 +150,22 @@ def test_ragged_calls_match_the_reference_and_the_per_row_path():
         facts = cuda_ops.device_facts(cp.cuda.Device().id)
         grouped_kind = cuda_ops._scoring_kernel("fast", validate.check_score_topk(*rows, top_k), facts, rows[0],
                                                 rows[3], "auto", dev[6])
+        wgmma = cuda_ops.geometry.wgmma_supported(q.shape[1], q.shape[2], facts, k.shape[1])
         one, one_sc = cuda_ops.score_topk(*rows, top_k, return_scores=True, _cu_seqlens=dev[6],
                                           _fast_kernel="ws" if grouped_kind == "ws" else "wgmma-single"
-                                          if cuda_ops.geometry.wgmma_supported(q.shape[1], q.shape[2], facts,
-                                                                               k.shape[1]) else "auto")
+                                          if wgmma else "auto")
         np.testing.assert_array_equal(idx.get(), one.get())
         assert sc.get().tobytes() == one_sc.get().tobytes()
+        if wgmma:
+            # the pair kernel forced ('wgmma': pairs wherever rows outnumber sequences, at any
+            # work; auto pairs them only past geometry.PAIRS_MIN_WORK), bit for bit the
+            # single-query kernel's answers
+            single = (one, one_sc) if grouped_kind != "ws" else cuda_ops.score_topk(
+                *rows, top_k, return_scores=True, _cu_seqlens=dev[6], _fast_kernel="wgmma-single")
+            paired, paired_sc = cuda_ops.score_topk(*rows, top_k, return_scores=True, _cu_seqlens=dev[6],
+                                                    _fast_kernel="wgmma")
+            np.testing.assert_array_equal(paired.get(), single[0].get())
+            assert paired_sc.get().tobytes() == single[1].get().tobytes()
         if grouped_kind == "ws" and cuda_ops.geometry.dense_supported(q.shape[1], q.shape[2], facts, k.shape[1]):
             dense, dense_sc = cuda_ops.score_topk(*rows, top_k, return_scores=True, _cu_seqlens=dev[6],
                                                   _fast_kernel="dense")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from indexer import arrays, testing
-from tests.gpu import check_grouped_kernel_limits, requires_gpu
+from tests.gpu import check_grouped_kernel_limits, pairs_at_any_work, requires_gpu
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -122,8 +122,13 @@ def test_auto_takes_it_for_many_long_rows_of_one_sequence():
     prob = validate.check_score_topk(*dev, 64)
     facts = cuda_ops.device_facts(cp.cuda.Device().id)
     assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", cp.asarray(cu)) == "ks"
-    pairs = cp.asarray(np.arange(0, rows + 1, 2, dtype=np.int32))  # two rows a sequence: the pair kernel
-    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", pairs) == "pairs"
+    # two rows a sequence: too little work for the pair kernel here (geometry.pairs_pay), the
+    # single-query kernel; the pair kernel where the work bound allows it
+    pairs = cp.asarray(np.arange(0, rows + 1, 2, dtype=np.int32))
+    assert not geometry.pairs_pay(rows, prob.max_len, rows // 2)
+    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", pairs) == "wgmma"
+    with pairs_at_any_work():
+        assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", pairs) == "pairs"
     (auto_idx, auto_sc), (one_idx, one_sc) = _both(args, 64, kernel="auto")
     np.testing.assert_array_equal(auto_idx, one_idx)
     assert auto_sc.tobytes() == one_sc.tobytes()

@@ -2,12 +2,14 @@
 inputs of the prepared shapes, with CuPy arrays and PyTorch tensors, grouped calls, out=,
 stream=, CUDA graphs, and every argument unlike the prepared ones refused by name."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import in_one_buffer, requires_gpu, side_stream
+from tests.gpu import in_one_buffer, pairs_at_any_work, requires_gpu, side_stream
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -54,7 +56,15 @@ def test_calls_equal_score_topk_on_fresh_inputs(shape, precision):
         testing.check_topk(p, got[0].get(), got[1].get(), tol=TOL[precision])
 
 
-def test_grouped_calls_equal_score_topk_ragged():
+@pytest.mark.parametrize("any_work", [False, True])
+def test_grouped_calls_equal_score_topk_ragged(any_work):
+    # with the pair kernel's work bound at 0, these few rows take the pair kernel, as calls
+    # of more work do; with it as it is, they go alone
+    with pairs_at_any_work() if any_work else contextlib.nullcontext():
+        _grouped_calls_equal_score_topk_ragged()
+
+
+def _grouped_calls_equal_score_topk_ragged():
     rng = np.random.default_rng(7)
     # two draft tokens a request (the pair kernel), a request without queries
     args = grouped_problem(rng, [2, 2, 0, 2], H=64, D=128, E=64, seq_entries=[3000, 700, 64, 1500], top_k=128)

@@ -1,12 +1,14 @@
 """score_topk_ragged on the GPU against the per-token reference: causal prefill rows,
 multi-token decode groups, empty groups and groups of one."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
 import indexer
 from indexer import arrays, testing
-from tests.gpu import requires_gpu
+from tests.gpu import pairs_at_any_work, requires_gpu
 from tests.test_ragged import as_problem, grouped_problem
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -166,30 +168,35 @@ def test_row_pairs_share_key_tiles_and_match_single_rows(monkeypatch, counts, en
     testing.check_topk(as_problem(*args, top_k), pairs[0].get(), pairs[1].get(), tol=TOL["fast"])
 
 
-@pytest.mark.parametrize("counts,kind", [([1] * 6, "ws"), ([1, 0, 2, 1], "ws"), ([1, 1], "wgmma"),
-                                         ([1, 2, 1], "pairs"), ([3, 3, 3], "pairs")])
-def test_grouped_calls_take_the_pair_kernel_only_where_rows_outnumber_sequences(counts, kind):
+@pytest.mark.parametrize("counts,any_work,kind", [([1] * 6, False, "ws"), ([1, 0, 2, 1], False, "ws"),
+                                                  ([1, 1], False, "wgmma"), ([1, 2, 1], False, "ws"),
+                                                  ([3, 3, 3], False, "ws"), ([1, 2, 1], True, "pairs"),
+                                                  ([3, 3, 3], True, "pairs"), ([1] * 6, True, "ws")])
+def test_grouped_calls_take_the_pair_kernel_only_where_rows_outnumber_sequences(counts, any_work, kind):
     # one row a sequence (decode through the grouped call) shares nothing: a single-query
     # kernel (geometry.pairs_preferred), here the warp-specialised one, as for the per-token
     # call of these few rows of up to 5,000 entries (geometry.ws_preferred: T x max_len <=
     # WS_MAX_WORK, max_len >= WS_MIN_ROW_ENTRIES), the wgmma kernel for rows of up to 3,000
-    # (below WS_MIN_ROW_ENTRIES); the answers the reference's either way
+    # (below WS_MIN_ROW_ENTRIES); so do rows that outnumber their sequences in a call of too
+    # little work for the pair kernel (geometry.pairs_pay), and with its work bounds at 0
+    # they take the pair kernel; the answers the reference's either way
     from indexer import cuda_ops, geometry, validate
 
     cp = arrays.cupy()
     if not geometry.wgmma_supported(64, 128, cuda_ops.device_facts(cp.cuda.Device().id)):
         pytest.skip("the pair kernel is the Hopper wgmma path")
-    rng = np.random.default_rng(len(counts) + sum(counts))
-    args = grouped_problem(rng, counts, H=64, D=128, E=64, seq_entries=[3000, 700, 5000, 64][: len(counts)]
-                           + [900] * max(0, len(counts) - 4), top_k=48)
-    q, w, k, s, g, table, cu, lens = args
-    per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
-    dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
-    prob = validate.check_score_topk(*dev, 48)
-    facts = cuda_ops.device_facts(cp.cuda.Device().id)
-    assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", cp.asarray(cu)) == kind
-    idx, sc = indexer.score_topk_ragged(*(cp.asarray(a) for a in args), 48, return_scores=True)
-    testing.check_topk(as_problem(*args, 48), idx.get(), sc.get(), tol=TOL["fast"])
+    with pairs_at_any_work() if any_work else contextlib.nullcontext():
+        rng = np.random.default_rng(len(counts) + sum(counts))
+        args = grouped_problem(rng, counts, H=64, D=128, E=64, seq_entries=[3000, 700, 5000, 64][: len(counts)]
+                               + [900] * max(0, len(counts) - 4), top_k=48)
+        q, w, k, s, g, table, cu, lens = args
+        per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
+        dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
+        prob = validate.check_score_topk(*dev, 48)
+        facts = cuda_ops.device_facts(cp.cuda.Device().id)
+        assert cuda_ops._scoring_kernel("fast", prob, facts, dev[0], dev[3], "auto", cp.asarray(cu)) == kind
+        idx, sc = indexer.score_topk_ragged(*(cp.asarray(a) for a in args), 48, return_scores=True)
+        testing.check_topk(as_problem(*args, 48), idx.get(), sc.get(), tol=TOL["fast"])
 
 
 @pytest.mark.parametrize("E", [2, 8, 16, 256])

@@ -406,3 +406,16 @@ def test_keys_stationary_runs_stream_their_select_only_over_short_enough_rows():
     assert not geometry.sampled_streams(many, 512, geometry.SAMPLED_STREAM_MAX_LEN + 128, dev)  # long rows: sampled
     assert not geometry.sampled_streams(8, 512, 16384, dev)  # too few rows to stream (they rank)
     assert not geometry.sampled_streams(many, 2048, 16384, dev)  # k past what a streaming CTA holds
+
+
+def test_grouped_calls_of_little_work_score_their_rows_alone():
+    # few requests of a few rows each: the pair kernel's fixed costs outweigh the decodes it
+    # shares below PAIRS_MIN_WORK (row, entry) pairs (v105)
+    assert geometry.PAIRS_MIN_WORK == 1 << 20 and geometry.PAIRS_SPLIT_MIN_WORK == 1 << 22
+    assert not geometry.pairs_pay(2, 262_144, 1) and not geometry.pairs_pay(4, 65_536, 2)  # mtp-2 at batch 1-2
+    assert geometry.pairs_pay(4, 262_144, 2) and geometry.pairs_pay(128, 65_536, 64)  # mtp-2 at batch 2; the bench's
+    assert geometry.pairs_pay(8192, 2048, 1)  # prefill-8K's rows (the dense kernel's, or pairs where it does not apply)
+    # calls that split off their lone rows (three rows a request) pay a second launch
+    assert geometry.pairs_split(24, 8) and not geometry.pairs_pay(24, 65_536, 8)  # 2^20.6 pairs
+    assert geometry.pairs_split(96, 32) and geometry.pairs_pay(96, 65_536, 32)  # 2^22.6
+    assert geometry.pairs_pay(192, 65_536, 64)  # the bench's mtp-3
