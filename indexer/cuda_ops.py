@@ -366,8 +366,9 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
                        else 8 * geometry.mma_head_blocks(prob.H) if kind == "mma" else 0)
     query_bytes = (heads * (prob.D + 8) * 2 + heads * 4 + (geometry.KS_QUERY_BYTES if kind == "ks" else 0)
                    + (geometry.wgmma_query_image_bytes(prob.D) if p.wgmma_image else 0))
-    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer),
-    # where there are enough of them to fill the SMs (geometry.row_select_preferred)
+    # short rows: one CTA per row selects straight from the scores (no histogram, no buffer):
+    # rows of up to 2,048 entries always, rows of up to 4,096 where there are enough of them
+    # to fill the SMs (geometry.row_select_preferred)
     p.row_select = row_select = select == "rows" or (select == "auto"
                                                      and geometry.row_select_preferred(prob.T, ld, dev))
     p.rows = rows = geometry.workspace_rows(prob.T, ld, workspace_budget, query_bytes, row_select,
@@ -394,7 +395,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
     # Runs whose scoring kernel counts no histogram (keys-stationary) take each row's
     # candidate threshold from a sample of its scores (topk_sample_kernel: 32 KB a row read)
     # instead of a histogram pass over all of them, where its ~2k candidates fit the buffer;
-    # runs that rank their candidates (few rows) keep the histogram.
+    # runs that rank their candidates (few rows) keep the histogram pass, and so do runs of
+    # an SM's worth of short rows, which stream their select (geometry.sampled_streams).
     p.sampled_ok = sampled_ok = (not row_select and not counts_keys
                                  and (select == "sampled" or (select == "auto" and kind == "ks"))
                                  and geometry.sampled_threshold_fits(prob.top_k, ld))

@@ -487,7 +487,9 @@ def pairs_preferred(T: int, n_seq: int) -> bool:
     docs/performance.md v103). Decided from the shapes alone, as the offsets may be on the
     device: empty sequences count, so a batch padded with many empty ones (more sequences
     than rows) takes the single-query kernels even where some of its sequences hold
-    several rows (the answers are the same contract's; only the sharing is lost)."""
+    several rows (the answers are the same contract's; only the sharing is lost). Under
+    ``fast_kernel='auto'`` the call must also have work enough for the pair kernel
+    (pairs_pay); a forced ``'wgmma'`` pairs by this rule alone."""
     return T > n_seq
 
 
@@ -673,8 +675,8 @@ def row_select_preferred(T: int, ld: int, dev: "Device | None" = None) -> bool:
     k = 1,024 1 row 35.2 / 27.2, 16 rows 81.4 / 74.8, 64 rows level (266.7 / 265.1). Rows
     of 512-2,048 entries are faster by one CTA a row at every count from 4 to 256 (by 5-21%;
     one row level)."""
-    return ld <= SHORT_ROW_SELECT_MAX_LEN or (ld <= ROW_SELECT_MAX_LEN
-                                              and T > ROW_SELECT_LONG_ROWS_PER_SM * (dev or H200).sm_count)
+    return ld <= ROW_SELECT_MAX_LEN and (ld <= SHORT_ROW_SELECT_MAX_LEN
+                                         or T > ROW_SELECT_LONG_ROWS_PER_SM * (dev or H200).sm_count)
 
 
 def row_select_kernel(ld: int, top_k: int, max_top_k: int) -> tuple[str, int]:

@@ -55,12 +55,19 @@ def set_setting(module, name: str, value) -> None:
     setattr(owner, attr, value)
 
 
+#: keywords the timed calls pass themselves (bench.call_case and this script's call)
+_CALL_OWN = ("precision", "validate", "workspace", "return_scores", "_cu_seqlens")
+
+
 def is_call_keyword(module, name: str) -> bool:
-    """Whether ``name`` is call.KEYWORD with KEYWORD a keyword of ``module.score_topk`` (a
-    choice the call itself takes, such as _fast_kernel or _select, rather than a setting)."""
+    """Whether ``name`` is call.KEYWORD with KEYWORD a keyword-only parameter of
+    ``module.score_topk`` that the timed calls do not pass themselves (a choice the call
+    takes, such as _fast_kernel or _select, rather than a setting)."""
     fn = getattr(module, "score_topk", None)
-    return (name.startswith("call.") and fn is not None
-            and name[5:] in inspect.signature(fn).parameters and name[5:] not in ("q", "w", "top_k"))
+    if not name.startswith("call.") or fn is None or name[5:] in _CALL_OWN:
+        return False
+    param = inspect.signature(fn).parameters.get(name[5:])
+    return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def parse_variant(spec: str, module) -> dict:

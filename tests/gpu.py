@@ -80,8 +80,10 @@ def check_rows(p: testing.Problem, idx, sc, rows, tol=testing.TOL_FAST):
 @contextlib.contextmanager
 def geometry_rules(**rules):
     """``indexer.geometry``'s NAME = value for each rule given, inside the block, the cached
-    launch plans cleared on entering and on leaving it (plans are cached by call shape, not
-    by rule), so that the block's calls, and only they, follow the changed rules."""
+    launch plans of ``indexer.cuda_ops`` cleared on entering and on leaving it (plans are
+    cached by call shape, not by rule), so that the block's calls follow the changed rules.
+    A ``PreparedCall`` made before the block (or the PyTorch operators' cached ones,
+    ``torch_ops._PREPARED``) keeps the plan it holds."""
     from indexer import cuda_ops, geometry
 
     old = {name: getattr(geometry, name) for name in rules}

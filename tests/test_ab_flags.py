@@ -61,6 +61,6 @@ def test_a_variant_may_name_a_keyword_of_the_call():
     assert ab.parse_variant("call._fast_kernel='wgmma', _QUERY_IMAGE=False", module) == {
         "call._fast_kernel": "wgmma", "_QUERY_IMAGE": False}
     assert ab.is_call_keyword(module, "call._select") and not ab.is_call_keyword(module, "_select")
-    for spec in ("call._no_such='x'", "call.top_k=3", "call.q=1"):
+    for spec in ("call._no_such='x'", "call.top_k=3", "call.q=1", "call.precision='exact'"):
         with pytest.raises(ValueError, match="--variant: expected NAME=VALUE .*call.KEYWORD"):
             ab.parse_variant(spec, module)

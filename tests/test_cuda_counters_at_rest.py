@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import indexer
-from indexer import arrays, testing
+from indexer import arrays, geometry, testing
 from tests.gpu import pair_of_problems, requires_gpu, side_stream
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
@@ -24,10 +24,12 @@ def on_device(p):
 def shapes(rng):
     """One problem per select route of the multi-CTA select."""
     batch1 = testing.random_problem(rng, T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)  # all pairs
-    few = testing.random_problem(rng, T=6, H=64, D=128, E=64, lens=[9000, 0, 5000, 4097, 7000, 100], top_k=300)
+    # few rows past rows x k = 2,048 (geometry.rank_all_pairs): ranked in fine key bins
+    few = testing.random_problem(rng, T=6, H=64, D=128, E=64, lens=[9000, 0, 5000, 4097, 7000, 100], top_k=400)
     overflow = testing.zero_plateau(testing.random_problem(rng, T=5, H=8, D=64, E=64,
-                                                           lens=[20_000, 9_000, 6_000, 3_000, 300], top_k=100),
-                                    rng)  # fallback, sort, ranks of ties
+                                                           lens=[20_000, 9_000, 6_000, 3_000, 300], top_k=500),
+                                    rng)  # fallback, sort, ranks of ties (in fine key bins)
+    assert not geometry.rank_all_pairs(6, 400) and not geometry.rank_all_pairs(5, 500)
     many = testing.random_problem(rng, T=200, H=16, D=64, E=64, lens=rng.integers(4097, 6000, size=200),
                                   top_k=2048)  # 200 rows x 16 rank CTAs: one CTA a row sorts instead
     streamed = testing.random_problem(rng, T=140, H=16, D=64, E=64, lens=rng.integers(0, 9000, size=140),
@@ -130,7 +132,7 @@ def test_graphs_of_two_shapes_on_one_workspace_replay_in_any_order():
     cp = arrays.cupy()
     rng = np.random.default_rng(74)
     pa, pa2 = pair_of_problems(75, T=1, H=64, D=128, E=64, lens=[30_000], top_k=1024)
-    pb, pb2 = pair_of_problems(76, T=6, H=64, D=128, E=64, lens=[9000, 0, 5000, 4097, 7000, 100], top_k=300)
+    pb, pb2 = pair_of_problems(76, T=6, H=64, D=128, E=64, lens=[9000, 0, 5000, 4097, 7000, 100], top_k=400)  # binned rank
     ws = indexer.Workspace()
     stream = side_stream()
     graphs = {}

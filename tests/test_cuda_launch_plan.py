@@ -151,14 +151,14 @@ def test_run_views_are_typed_aligned_and_disjoint_parts_of_one_allocation():
     cu = cp.asarray(np.array([0, 3, 8], dtype=np.int32))
     calls = [(one, {}), (mixed, {}), (mixed, {"precision": "exact"}), (short, {}),
              (seq, {"_cu_seqlens": cu}), (seq, {"_cu_seqlens": cu, "_fast_kernel": "ks", "_select": "sampled"}),
-             (seq, {"_cu_seqlens": cu, "_fast_kernel": "dense"})]
+             (seq, {"_cu_seqlens": cu, "_fast_kernel": "dense"}), (seq, {"_cu_seqlens": cu, "_fast_kernel": "pairs"})]
     for p, kw in calls:
         args = [cp.asarray(a) for a in p.arrays()]
         got = cuda_ops.score_topk(*args, p.top_k, return_scores=True, **kw)
         testing.check_topk(p, got[0].get(), got[1].get(),
                            tol=testing.TOL_EXACT if kw.get("precision") == "exact" else testing.TOL_FAST)
     plans = list(cuda_ops._PLANS.values())
-    assert {pl.kind for pl in plans} >= {"ws", "fp32", "ks", "dense"}
+    assert {pl.kind for pl in plans} >= {"ws", "fp32", "ks", "dense", "pairs"}
     assert any(pl.row_select for pl in plans) and any(pl.sampled_ok for pl in plans)
     names = ("scores", "hist", "count", "cand", "tau", "q16", "w_scaled", "qimg", "kimg")
     dtypes = {"scores": np.float32, "hist": np.uint32, "count": np.uint32, "cand": np.uint64, "tau": np.uint32,

@@ -61,16 +61,18 @@ def test_grouped_calls_equal_score_topk_ragged(any_work):
     # with the pair kernel's work bound at 0, these few rows take the pair kernel, as calls
     # of more work do; with it as it is, they go alone
     with pairs_at_any_work() if any_work else contextlib.nullcontext():
-        _grouped_calls_equal_score_topk_ragged()
+        _grouped_calls_equal_score_topk_ragged(any_work)
 
 
-def _grouped_calls_equal_score_topk_ragged():
+def _grouped_calls_equal_score_topk_ragged(any_work):
     rng = np.random.default_rng(7)
-    # two draft tokens a request (the pair kernel), a request without queries
+    # two draft tokens a request, a request without queries
     args = grouped_problem(rng, [2, 2, 0, 2], H=64, D=128, E=64, seq_entries=[3000, 700, 64, 1500], top_k=128)
     q, w, k, s, g, table, cu, lens = on_device(args)
     step = indexer.prepare(q, w, k, s, g, table, lens, 128, cu_seqlens_q=cu, physical=True)
     got = step(q, w, k, s, g, table, lens, cu_seqlens_q=cu)
+    # six rows of up to 3,000 entries: the single-query kernel, or the pair kernel at any work
+    assert step._plan.kind == ("pairs" if any_work else "wgmma")
     same(got, indexer.score_topk_ragged(q, w, k, s, g, table, cu, lens, 128, physical=True))
     testing.check_topk(as_problem(*args, 128), got.get(), tol=testing.TOL_FAST, physical=True)  # and right
     # new queries and lengths in the same shapes

@@ -188,22 +188,25 @@ def test_sampled_runs_take_no_histograms_and_leave_the_workspace_at_rest():
 
 
 def test_keys_stationary_runs_of_an_sms_worth_of_short_rows_stream_their_select():
-    # a run of the keys-stationary kernel whose rows would stream (row_stream_select) and
-    # hold up to SAMPLED_STREAM_MAX_LEN entries takes a histogram pass and the streamed
-    # select rather than the sampled threshold (v105): the same answers bit for bit as the
-    # sampled threshold forced, and the reference's; the workspace left at rest
+    # a run of the keys-stationary kernel whose rows would stream (row_stream_select), too
+    # many to rank (rank_select: they took the sampled threshold before) and of up to
+    # SAMPLED_STREAM_MAX_LEN entries takes a histogram pass and the streamed select rather
+    # than the sampled threshold (v105): the same answers bit for bit as the sampled
+    # threshold forced, and the reference's; the workspace left at rest
     from indexer import Workspace, cuda_ops, geometry
 
     cp = arrays.cupy()
     dev_facts = cuda_ops.device_facts(cp.cuda.Device().id)
-    if not geometry.ks_supported(64, 128, dev_facts):
+    if not geometry.ks_supported(8, 128, dev_facts):
         pytest.skip("the keys-stationary kernel is a Hopper wgmma kernel")
-    seqs, per_seq, entries, top_k = 4, 32, 9000, 256
+    seqs, per_seq, entries, top_k = 6, 32, 5000, 1024
     T = seqs * per_seq
-    assert geometry.row_stream_select(T, top_k, dev_facts) and geometry.ks_preferred(
-        T, 64, 128, entries, dev_facts, 64, seqs)
+    ld = geometry.tiles_per_row(entries) * geometry.TILE_ENTRIES
+    if not (geometry.ks_preferred(T, 8, 128, entries, dev_facts, 64, seqs) and geometry.sampled_streams(
+            T, top_k, ld, dev_facts) and not geometry.rank_select(T, top_k, dev_facts)):
+        pytest.skip(f"{T} rows of {entries} entries reach another route on {dev_facts.sm_count} SMs")
     rng = np.random.default_rng(105)
-    args = grouped_problem(rng, [per_seq] * seqs, H=64, D=128, E=64, seq_entries=[entries] * seqs, top_k=top_k)
+    args = grouped_problem(rng, [per_seq] * seqs, H=8, D=128, E=64, seq_entries=[entries] * seqs, top_k=top_k)
     lens = args[-1].copy()
     lens[0], lens[1], lens[2] = 0, entries, top_k // 2  # an empty row, a full one, one short of k
     args = args[:-1] + (lens,)
@@ -211,17 +214,17 @@ def test_keys_stationary_runs_of_an_sms_worth_of_short_rows_stream_their_select(
     per_token = np.ascontiguousarray(np.repeat(table, np.diff(cu), axis=0))
     dev = [cp.asarray(a) for a in (q, w, k, s, g, per_token, lens)]
     ws = Workspace()
-    cuda_ops.clear_plans()
-    got = {}
+    got, plans = {}, {}
     for select in ("auto", "sampled"):
+        cuda_ops.clear_plans()  # the call's plan alone in the cache
         res = cuda_ops.score_topk(*dev, top_k, return_scores=True, workspace=ws, _cu_seqlens=cp.asarray(cu),
                                   _select=select)
         got[select] = [x.get() for x in res]
-    plans = list(cuda_ops._PLANS.values())
-    assert {pl.kind for pl in plans} == {"ks"}
-    # (run: r0, r1, rows, sampled, streamed, ranked, ...)
-    assert any(run[4] and not run[3] for pl in plans for run in pl.runs), "no streamed run"
-    assert any(run[3] for pl in plans for run in pl.runs), "no sampled run"
+        plans[select] = list(cuda_ops._PLANS.values())
+    # (a run: r0, r1, rows, sampled, streamed, ranked, ...)
+    assert [pl.kind for pl in plans["auto"]] == ["ks"] and [pl.kind for pl in plans["sampled"]] == ["ks"]
+    assert all(run[4] and not run[3] for run in plans["auto"][0].runs), "the auto call's runs do not stream"
+    assert all(run[3] for run in plans["sampled"][0].runs), "the forced call's runs do not take the sample"
     np.testing.assert_array_equal(got["auto"][0], got["sampled"][0])
     assert got["auto"][1].tobytes() == got["sampled"][1].tobytes()
     testing.check_topk(as_problem(*args, top_k), *got["auto"], tol=testing.TOL_FAST)

@@ -285,8 +285,9 @@ def test_runs_of_rows_under_a_small_workspace_budget_give_the_same_bits(precisio
 @pytest.mark.parametrize("precision", ["fast", "exact"])
 @pytest.mark.parametrize("kind", testing.ADVERSARIAL_KINDS + ("random", "random-3k", "random-k2000", "long"))
 def test_both_selects_give_the_same_answer(kind, precision):
-    # one CTA per row (short rows, the default up to ROW_SELECT_MAX_LEN entries: 128 threads
-    # up to 2,048 entries and k <= 1,024, else 256) and the multi-CTA passes (long rows) see
+    # one CTA per row (short rows, the default up to 2,048 entries, and up to ROW_SELECT_MAX_LEN
+    # where there are many rows: 128 threads up to 2,048 entries and k <= 1,024, else 256;
+    # forced here) and the multi-CTA passes (long rows) see
     # the same scores: identical indices and scores, both meeting the reference's contract,
     # on adversarial rows too
     from indexer import cuda_ops

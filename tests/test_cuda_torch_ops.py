@@ -74,11 +74,16 @@ def test_operator_gives_the_public_calls_bits(precision, physical):
 
 
 def test_ragged_operator_gives_the_grouped_calls_bits():
+    from indexer import cuda_ops
+
+    # 48 rows over up to 25,000 entries: past geometry.PAIRS_MIN_WORK, the pair kernel
     arrays = grouped_problem(np.random.default_rng(91), [40, 1, 0, 7], H=64, D=128, E=64,
-                             seq_entries=[2500, 300, 100, 1800], top_k=300, ratio=1)
+                             seq_entries=[25_000, 300, 100, 1800], top_k=300, ratio=1)
     x = [torch.from_numpy(a).cuda() for a in arrays]
+    cuda_ops.clear_plans()
     got = iops.score_topk_ragged(*x, 300, physical=True)
     assert_same(got, indexer.score_topk_ragged(*x, 300, physical=True, return_scores=True))
+    assert {pl.kind for pl in cuda_ops._PLANS.values()} == {"pairs"}
 
 
 def test_compiled_model_keeps_the_operator_in_one_graph():
@@ -145,7 +150,7 @@ def test_out_forms_give_the_public_calls_bits_in_the_callers_tensors():
     only = torch.zeros((5, 256), dtype=torch.int32, device="cuda")
     iops.score_topk(*x, 256, physical=True, out=only)
     assert torch.equal(only, want[0])
-    arrays = grouped_problem(np.random.default_rng(97), [30, 0, 9], H=64, D=128, E=64, seq_entries=[2000, 50, 900],
+    arrays = grouped_problem(np.random.default_rng(97), [30, 0, 9], H=64, D=128, E=64, seq_entries=[30_000, 50, 900],
                              top_k=128, ratio=1)
     g = [torch.from_numpy(a).cuda() for a in arrays]
     grouped = (torch.empty((39, 128), dtype=torch.int32, device="cuda"), torch.empty((39, 128), device="cuda"))
@@ -255,7 +260,7 @@ def test_repeated_signatures_run_through_a_prepared_call_with_the_public_bits():
     graph, captured = capture(lambda: iops.score_topk(*static, 128, out=out))
     assert_replays_follow(graph, static, (sources[1], sources[0]), out, 128)
 
-    arrays = grouped_problem(np.random.default_rng(100), [30, 0, 9], H=64, D=128, E=64, seq_entries=[2000, 50, 900],
+    arrays = grouped_problem(np.random.default_rng(100), [30, 0, 9], H=64, D=128, E=64, seq_entries=[30_000, 50, 900],
                              top_k=128, ratio=1)
     g = [torch.from_numpy(x).cuda() for x in arrays]
     want = indexer.score_topk_ragged(*g, 128, return_scores=True)
