@@ -112,24 +112,24 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"ab_flags.py: {e}", file=sys.stderr)
         return 2
-    defaults = {name: get_setting(cuda_ops, name) for v in variants.values() for name in v
-                if not is_call_keyword(cuda_ops, name)}
+    # each variant's module settings and its call keywords (call.KEYWORD), apart once
+    keywords = {label: {n[5:]: v for n, v in settings.items() if is_call_keyword(cuda_ops, n)}
+                for label, settings in variants.items()}
+    variants = {label: {n: v for n, v in settings.items() if not is_call_keyword(cuda_ops, n)}
+                for label, settings in variants.items()}
+    defaults = {name: get_setting(cuda_ops, name) for v in variants.values() for name in v}
     for case in cases:
         sets, _ = bench.input_sets(case, cp, 0)
         times, answers = {}, {}
         try:
             for r in range(args.rounds):
                 for label, settings in variants.items():
-                    keywords = {}
                     for name, value in {**defaults, **settings}.items():
-                        if is_call_keyword(cuda_ops, name):
-                            keywords[name[5:]] = value
-                        else:
-                            set_setting(cuda_ops, name, value)
+                        set_setting(cuda_ops, name, value)
                     cuda_ops.clear_plans()
                     ws = Workspace()
 
-                    def call(x, ws=ws, scores=False, keywords=keywords):
+                    def call(x, ws=ws, scores=False, keywords=keywords[label]):
                         return bench.call_case(cuda_ops, x, case.top_k, validate=False, workspace=ws,
                                                return_scores=scores, precision=args.precision, **keywords)
 
