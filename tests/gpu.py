@@ -6,6 +6,7 @@ geometry rule changed for a block of calls."""
 
 import concurrent.futures
 import contextlib
+import sys
 
 import numpy as np
 import pytest
@@ -80,22 +81,30 @@ def check_rows(p: testing.Problem, idx, sc, rows, tol=testing.TOL_FAST):
 @contextlib.contextmanager
 def geometry_rules(**rules):
     """``indexer.geometry``'s NAME = value for each rule given, inside the block, the cached
-    launch plans of ``indexer.cuda_ops`` cleared on entering and on leaving it (plans are
-    cached by call shape, not by rule), so that the block's calls follow the changed rules.
-    A ``PreparedCall`` made before the block (or the PyTorch operators' cached ones,
-    ``torch_ops._PREPARED``) keeps the plan it holds."""
+    launch plans cleared on entering and on leaving it (plans are cached by call shape, not
+    by rule), so that the block's calls follow the changed rules: ``indexer.cuda_ops``'
+    plans, and the PyTorch operators' prepared calls (``torch_ops._PREPARED``, where that
+    module is loaded). A ``PreparedCall`` the test made itself before the block keeps the
+    plan it holds."""
     from indexer import cuda_ops, geometry
+
+    def clear():
+        cuda_ops.clear_plans()
+        ops = sys.modules.get("indexer.torch_ops")
+        if ops is not None:
+            ops._PREPARED.clear()
+            ops._SIGHTED.clear()
 
     old = {name: getattr(geometry, name) for name in rules}
     for name, value in rules.items():
         setattr(geometry, name, value)
-    cuda_ops.clear_plans()
+    clear()
     try:
         yield
     finally:
         for name, value in old.items():
             setattr(geometry, name, value)
-        cuda_ops.clear_plans()
+        clear()
 
 
 def pairs_at_any_work():
