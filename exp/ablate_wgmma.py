@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Where the single-query kernel's tile loop spends its time, in place: copies of
+kernels/score_wgmma.cu with one part of `score_segment`'s loop taken out or cut down,
+written to a folder as whole sources for `scripts/ab_kernels.py --against FILE`, which
+times each against the working tree's in one process (graph replays, rounds alternated).
+
+    python exp/ablate_wgmma.py --out /tmp/ablate            # writes the variants, no GPU
+    python exp/ablate_wgmma.py --out /tmp/ablate --run decode-1M,decode-128K
+
+The variants' answers are wrong by design (ab_kernels prints ANSWERS DIFFER); only their
+times mean anything. Every part kept still feeds something stored or counted, so that
+ptxas drops nothing else:
+
+  no_store       the score's store behind a test no score passes (a NaN bit pattern no
+                 arithmetic makes)
+  no_count       the histogram's shared atomic behind the same test
+  no_store_count both: the loop without any of the select's work
+  fma_only       each head's ReLU left out: w * x, one FP32-pipe instruction a (head, entry)
+                 where the kept form takes two (x + |x|, then the FMA)
+  relu_alu       ReLU as max.NaN (ALU pipe) then the FMA: the form before v64
+  half_heads     the epilogue over half the heads (32 of 64): half its FP32 work
+  no_epilogue    the head sums replaced by an XOR of the accumulators' bits (ALU pipe,
+                 ~11 three-input logic ops a sub-tile): the epilogue's FP32 work gone
+  no_decode      the FP4 decode replaced by one AND a fragment register (the codes and
+                 scales still read from the stage)
+  mma_loop       no_decode + no_epilogue + no_store_count: the ring, the MMAs and the loop
+  no_mma         the MMAs left out: each accumulator a fragment register's bits (the
+                 decode, the epilogue and the select's work kept: the CUDA-core stream alone)
+  l2_keys, no_mma_l2, mma_loop_l2
+                 main, no_mma and mma_loop with every block id taken modulo 64, so that the
+                 keys come from 64 blocks that stay in L2 (the key stream off HBM; every
+                 kernel that reads keys through BulkRing, here the single-query one timed)
+
+The variants are written with their headers inlined (the L2 ones change BulkRing's block
+ids, in wgmma_common.cuh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "kernels" / "score_wgmma.cu"
+
+# the single-query kernel's segment: substitutions apply between these two markers only
+_BEGIN = "__device__ __forceinline__ void score_segment("
+_END = "// Two schedules, one kernel:"
+
+_NEVER = "__float_as_uint(score) == 0x7f800001u"  # a signalling-NaN pattern arithmetic never makes
+_STORE = "store_global(out + s, score);"
+_COUNT = "atomicAdd(&hist_s[s < n && score == score ? raw_bin_of_plus_zero(score) : (u32)kHistBins], 1u);"
+_SUM0 = "weighted_head_sum_mine_of<true>(acc[0], weights, c)"
+_SUM1 = "weighted_head_sum_mine_of<true>(acc[1], weights, c)"
+_DECODE = "decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);"
+_MMA = "mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);"
+# BulkRing::block_of's load (wgmma_common.cuh), inlined
+_BLOCK = "const int b = bt[s >> e_shift];\n        return (b >= 0 && b < P) ? b : -1;"
+_L2 = ("L2", _BLOCK, "const int b = bt[s >> e_shift] & 63;\n        return (b >= 0 && b < P) ? b : -1;")
+
+# helpers put before the segment: each variant's stand-in for a part
+_HELPERS = r"""
+// ---- ablation stand-ins (exp/ablate_wgmma.py) ----
+template <int kForm, typename Weights>  // 0: w * x; 1: max.NaN then FMA; 2: half the heads
+__device__ __forceinline__ float ablate_sum(const float (&d)[32], Weights weights, int c) {
+    float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
+    auto r = [](float x) { return kForm == 1 ? relu_nan(x) : kForm == 2 ? twice_relu_nan(x) : x; };
+    constexpr int kJ = kForm == 2 ? score_wgmma::kHeads / 16 : score_wgmma::kHeads / 8;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) {
+        const float2 wv = weights(j);
+        lo0 = fmaf(wv.x, r(d[4 * j]), lo0);
+        lo1 = fmaf(wv.y, r(d[4 * j + 1]), lo1);
+        hi0 = fmaf(wv.x, r(d[4 * j + 2]), hi0);
+        hi1 = fmaf(wv.y, r(d[4 * j + 3]), hi1);
+    }
+    const bool odd = c & 1;
+    float mine = odd ? hi0 + hi1 : lo0 + lo1;
+    mine += __shfl_xor_sync(FULL_MASK, odd ? lo0 + lo1 : hi0 + hi1, 1);
+    mine += __shfl_xor_sync(FULL_MASK, mine, 2);
+    return mine;
+}
+
+__device__ __forceinline__ float ablate_xor(const float (&d)[32]) {
+    u32 x = 0u;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x ^= __float_as_uint(d[i]);
+    return __uint_as_float(x & 0x3fffffffu);  // finite, so the count's bin stays in range
+}
+
+template <int kDim>
+__device__ __forceinline__ void ablate_decode(const unsigned char* st, int r0, int c, u32 (&a)[kDim / 16][4]) {
+    constexpr int kWords = kDim / 32;
+    u32 raw0[kWords], sc0[kWords], raw1[kWords], sc1[kWords];
+    read_stage_row<kDim>(st, r0, c, raw0, sc0);
+    read_stage_row<kDim>(st, r0 + 8, c, raw1, sc1);
+#pragma unroll
+    for (int wd = 0; wd < kWords; ++wd) {
+        a[2 * wd][0] = raw0[wd] & 0x37773777u; a[2 * wd][1] = raw1[wd] & 0x37773777u;
+        a[2 * wd][2] = (raw0[wd] >> 4) & 0x37773777u; a[2 * wd][3] = (raw1[wd] >> 4) & 0x37773777u;
+        a[2 * wd + 1][0] = sc0[wd] & 0x37773777u; a[2 * wd + 1][1] = sc1[wd] & 0x37773777u;
+        a[2 * wd + 1][2] = (sc0[wd] >> 4) & 0x37773777u; a[2 * wd + 1][3] = (sc1[wd] >> 4) & 0x37773777u;
+    }
+}
+template <int kDim>
+__device__ __forceinline__ void ablate_mma(float (&acc)[32], const u32 (&a)[kDim / 16][4]) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = __uint_as_float(a[i / 4][i % 4] & 0xbfffffffu);  // finite
+}
+// ---- end of stand-ins ----
+
+"""
+
+_NO_STORE = [(_STORE, f"if ({_NEVER}) {_STORE}")]
+_NO_COUNT = [(_COUNT, f"if ({_NEVER}) {_COUNT}")]
+_NO_EPILOGUE = [(_SUM0, "ablate_xor(acc[0])"), (_SUM1, "ablate_xor(acc[1])")]
+_NO_DECODE = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);")]
+
+VARIANTS = {
+    "no_store": _NO_STORE,
+    "no_count": _NO_COUNT,
+    "no_store_count": _NO_STORE + _NO_COUNT,
+    "fma_only": [(_SUM0, "ablate_sum<0>(acc[0], weights, c)"), (_SUM1, "ablate_sum<0>(acc[1], weights, c)")],
+    "relu_alu": [(_SUM0, "ablate_sum<1>(acc[0], weights, c)"), (_SUM1, "ablate_sum<1>(acc[1], weights, c)")],
+    "half_heads": [(_SUM0, "ablate_sum<2>(acc[0], weights, c)"), (_SUM1, "ablate_sum<2>(acc[1], weights, c)")],
+    "no_epilogue": _NO_EPILOGUE,
+    "no_decode": _NO_DECODE,
+    "no_mma": [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);")],
+    "mma_loop": _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT,
+    "l2_keys": [_L2],
+    "no_mma_l2": [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);"), _L2],
+    "mma_loop_l2": _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT + [_L2],
+}
+
+
+def variant_text(text: str, subs) -> str:
+    """``text`` (score_wgmma.cu) with each (old, new) of ``subs`` applied once inside the
+    single-query segment, and the stand-ins put before it. Raises ValueError where an old
+    string is not found there exactly once (the kernel changed: mend the strings above)."""
+    for sub in subs:  # whole-text substitutions (the inlined headers)
+        if sub[0] == "L2":
+            if text.count(sub[1]) != 1:
+                raise ValueError(f"{sub[1]!r} found {text.count(sub[1])} times (expected once)")
+            text = text.replace(sub[1], sub[2])
+    subs = [sub for sub in subs if sub[0] != "L2"]
+    begin, end = text.index(_BEGIN), text.index(_END)
+    begin = text.rindex("template <int kDim, bool kStagedRows>", 0, begin)
+    segment = text[begin:end]
+    for old, new in subs:
+        if segment.count(old) != 1:
+            raise ValueError(f"{old!r} found {segment.count(old)} times in score_segment (expected once)")
+        segment = segment.replace(old, new)
+    return text[:begin] + _HELPERS + segment + text[end:]
+
+
+def write_variants(out: Path, names=None) -> list[Path]:
+    sys.path.insert(0, str(ROOT))
+    from indexer import _jit  # noqa: PLC0415
+
+    text = _jit._inline(SOURCE, {SOURCE})
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names or VARIANTS:
+        path = out / f"score_wgmma_{name}.cu"
+        path.write_text(variant_text(text, VARIANTS[name]))
+        paths.append(path)
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for the variants' sources")
+    ap.add_argument("--variants", help=f"comma-separated subset of: {', '.join(VARIANTS)}")
+    ap.add_argument("--run", help="comma-separated bench cases to time them on (needs a GPU)")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    names = args.variants.split(",") if args.variants else None
+    if names and (bad := [n for n in names if n not in VARIANTS]):
+        ap.error(f"--variants: unknown {bad}")
+    paths = write_variants(Path(args.out), names)
+    for p in paths:
+        print(p)
+    if args.run:
+        for case in args.run.split(","):
+            cmd = [sys.executable, str(ROOT / "scripts" / "ab_kernels.py"), "--source", "score_wgmma.cu",
+                   "--case", case, "--rounds", str(args.rounds)]
+            for p in paths:
+                cmd += ["--against", str(p)]
+            sys.stdout.flush()
+            subprocess.run(cmd, check=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
