@@ -26,6 +26,8 @@ ptxas drops nothing else:
   mma_loop       no_decode + no_epilogue + no_store_count: the ring, the MMAs and the loop
   no_mma         the MMAs left out: each accumulator a fragment register's bits (the
                  decode, the epilogue and the select's work kept: the CUDA-core stream alone)
+  pair_no_mma, pair_mma_loop, pair_l2_keys, pair_no_mma_l2, pair_mma_loop_l2
+                 the same in the pair kernel (score_pair_segment: mtp-2, prefill-8K)
   l2_keys, no_mma_l2, mma_loop_l2
                  main, no_mma and mma_loop with every block id taken modulo 64, so that the
                  keys come from 64 blocks that stay in L2 (the key stream off HBM; every
@@ -45,9 +47,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "kernels" / "score_wgmma.cu"
 
-# the single-query kernel's segment: substitutions apply between these two markers only
-_BEGIN = "__device__ __forceinline__ void score_segment("
-_END = "// Two schedules, one kernel:"
+# each kernel's segment (template line, function name, the text after it): a variant's
+# substitutions apply inside one of them only
+SEGMENTS = {
+    "single": ("template <int kDim, bool kStagedRows>", "__device__ __forceinline__ void score_segment(",
+               "// Two schedules, one kernel:"),
+    "pair": ("template <int kDim, bool kStagedQueries, int kForm, class QT>",
+             "__device__ __forceinline__ void score_pair_segment(",
+             "// grid (G,), 128 threads: CTA i takes a share of all pairs' tiles"),
+}
 
 _NEVER = "__float_as_uint(score) == 0x7f800001u"  # a signalling-NaN pattern arithmetic never makes
 _STORE = "store_global(out + s, score);"
@@ -109,6 +117,14 @@ __device__ __forceinline__ void ablate_mma(float (&acc)[32], const u32 (&a)[kDim
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = __uint_as_float(a[i / 4][i % 4] & 0xbfffffffu);  // finite
 }
+
+// the pair kernel's k-step ks of an m64nN MMA (N = 8 x the accumulators' count): its eighth
+// of the accumulators from the fragment's bits
+template <int kAcc>
+__device__ __forceinline__ void ablate_mma_pair(float (&acc)[kAcc], const u32 (&a)[4], int ks) {
+#pragma unroll
+    for (int i = 0; i < kAcc / 8; ++i) acc[ks * (kAcc / 8) + i] = __uint_as_float(a[i % 4] & 0xbfffffffu);
+}
 // ---- end of stand-ins ----
 
 """
@@ -117,6 +133,20 @@ _NO_STORE = [(_STORE, f"if ({_NEVER}) {_STORE}")]
 _NO_COUNT = [(_COUNT, f"if ({_NEVER}) {_COUNT}")]
 _NO_EPILOGUE = [(_SUM0, "ablate_xor(acc[0])"), (_SUM1, "ablate_xor(acc[1])")]
 _NO_DECODE = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);")]
+
+_P_MMA = [("wgmma_m64n64k16(acc, a_frag[u][ks], desc, ks > 0);", "ablate_mma_pair(acc, a_frag[u][ks], ks);"),
+          ("wgmma_m64n128k16(acc, a_frag[u][ks], desc, ks > 0);", "ablate_mma_pair(acc, a_frag[u][ks], ks);")]
+_P_LOOP = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);"),
+           ("weighted_head_sum_mine(half(0), w0, c)", "ablate_xor(half(0))"),
+           ("weighted_head_sum_mine(half(1), w1, c)", "ablate_xor(half(1))"),
+           ("my_out[s] = score;", f"if ({_NEVER}) my_out[s] = score;"),
+           ("if (count_keys && s < my_n && score == score)", f"if (count_keys && s < my_n && {_NEVER})")]
+
+#: variants of the pair kernel (score_pair_segment): the same stand-ins
+PAIR_VARIANTS = {
+    "pair_no_mma": _P_MMA,
+    "pair_mma_loop": _P_LOOP,
+}
 
 VARIANTS = {
     "no_store": _NO_STORE,
@@ -132,27 +162,35 @@ VARIANTS = {
     "l2_keys": [_L2],
     "no_mma_l2": [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);"), _L2],
     "mma_loop_l2": _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT + [_L2],
+    "pair_l2_keys": [_L2],
+    "pair_no_mma_l2": _P_MMA + [_L2],
+    "pair_mma_loop_l2": _P_LOOP + [_L2],
+    **PAIR_VARIANTS,
 }
 
 
-def variant_text(text: str, subs) -> str:
-    """``text`` (score_wgmma.cu) with each (old, new) of ``subs`` applied once inside the
-    single-query segment, and the stand-ins put before it. Raises ValueError where an old
-    string is not found there exactly once (the kernel changed: mend the strings above)."""
+def variant_text(text: str, subs, kernel: str = "single") -> str:
+    """``text`` (score_wgmma.cu, headers inlined) with each (old, new) of ``subs`` applied
+    once inside ``kernel``'s segment (SEGMENTS; ("L2", old, new) once in the whole text),
+    and the stand-ins put before the single-query segment. Raises ValueError where an old
+    string is not found exactly once (the kernel changed: mend the strings above)."""
     for sub in subs:  # whole-text substitutions (the inlined headers)
         if sub[0] == "L2":
             if text.count(sub[1]) != 1:
                 raise ValueError(f"{sub[1]!r} found {text.count(sub[1])} times (expected once)")
             text = text.replace(sub[1], sub[2])
     subs = [sub for sub in subs if sub[0] != "L2"]
-    begin, end = text.index(_BEGIN), text.index(_END)
-    begin = text.rindex("template <int kDim, bool kStagedRows>", 0, begin)
+    template, name, after = SEGMENTS[kernel]
+    begin = text.rindex(template, 0, text.index(name))
+    end = text.index(after, begin)
     segment = text[begin:end]
     for old, new in subs:
         if segment.count(old) != 1:
-            raise ValueError(f"{old!r} found {segment.count(old)} times in score_segment (expected once)")
+            raise ValueError(f"{old!r} found {segment.count(old)} times in {name} (expected once)")
         segment = segment.replace(old, new)
-    return text[:begin] + _HELPERS + segment + text[end:]
+    text = text[:begin] + segment + text[end:]
+    first = text.rindex(SEGMENTS["single"][0], 0, text.index(SEGMENTS["single"][1]))
+    return text[:first] + _HELPERS + text[first:]
 
 
 def write_variants(out: Path, names=None) -> list[Path]:
@@ -164,7 +202,7 @@ def write_variants(out: Path, names=None) -> list[Path]:
     paths = []
     for name in names or VARIANTS:
         path = out / f"score_wgmma_{name}.cu"
-        path.write_text(variant_text(text, VARIANTS[name]))
+        path.write_text(variant_text(text, VARIANTS[name], "pair" if name.startswith("pair") else "single"))
         paths.append(path)
     return paths
 
