@@ -7,8 +7,10 @@ times each against the working tree's in one process (graph replays, rounds alte
     python exp/ablate_wgmma.py --out /tmp/ablate            # writes the variants, no GPU
     python exp/ablate_wgmma.py --out /tmp/ablate --run decode-1M,decode-128K
 
-The variants' answers are wrong by design (ab_kernels prints ANSWERS DIFFER); only their
-times mean anything. Every part kept still feeds something stored or counted, so that
+The variants' answers are wrong by design (ab_kernels prints ANSWERS DIFFER, or "bit for
+bit" where a variant that stores nothing leaves main's scores in the reused memory); only
+their scoring-alone times mean anything (a variant without its stores leaves the select
+whatever the workspace held: its whole-call times are noise). Every part kept still feeds something stored or counted, so that
 ptxas drops nothing else:
 
   no_store       the score's store behind a test no score passes (a NaN bit pattern no
@@ -21,7 +23,7 @@ ptxas drops nothing else:
   half_heads     the epilogue over half the heads (32 of 64): half its FP32 work
   no_epilogue    the head sums replaced by an XOR of the accumulators' bits (ALU pipe,
                  ~11 three-input logic ops a sub-tile): the epilogue's FP32 work gone
-  no_decode      the FP4 decode replaced by one AND a fragment register (the codes and
+  no_decode      the FP4 decode replaced by an AND (and a shift) a fragment register (the codes and
                  scales still read from the stage)
   mma_loop       no_decode + no_epilogue + no_store_count: the ring, the MMAs and the loop
   no_mma         the MMAs left out: each accumulator a fragment register's bits (the
