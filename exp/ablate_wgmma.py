@@ -28,6 +28,11 @@ ptxas drops nothing else:
   mma_loop       no_decode + no_epilogue + no_store_count: the ring, the MMAs and the loop
   no_mma         the MMAs left out: each accumulator a fragment register's bits (the
                  decode, the epilogue and the select's work kept: the CUDA-core stream alone)
+  mma_first      not an ablation: a candidate change (answers bit for bit). A __syncwarp()
+                 after sub-tile 0's MMAs, so that ptxas issues all eight of them before
+                 sub-tile 1's decode; it issues three, then the decode, then thirteen back to
+                 back (docs/performance.md v107). Same instructions (+1 NOP), registers, spills
+  pair_mma_first the same after the pair kernel's mma(0)
   pair_no_mma, pair_mma_loop, pair_l2_keys, pair_no_mma_l2, pair_mma_loop_l2
                  the same in the pair kernel (score_pair_segment: mtp-2, prefill-8K)
   l2_keys, no_mma_l2, mma_loop_l2
@@ -146,6 +151,8 @@ _P_LOOP = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a
 
 #: variants of the pair kernel (score_pair_segment): the same stand-ins
 PAIR_VARIANTS = {
+    "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
+                        "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
     "pair_no_mma": _P_MMA,
     "pair_mma_loop": _P_LOOP,
 }
@@ -161,6 +168,8 @@ VARIANTS = {
     "no_decode": _NO_DECODE,
     "no_mma": [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);")],
     "mma_loop": _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT,
+    "mma_first": [("            mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);\n",
+                   "            mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);\n            if (u == 0) __syncwarp();\n")],
     "l2_keys": [_L2],
     "no_mma_l2": [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);"), _L2],
     "mma_loop_l2": _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT + [_L2],
