@@ -149,14 +149,10 @@ _P_LOOP = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a
            ("my_out[s] = score;", f"if ({_NEVER}) my_out[s] = score;"),
            ("if (count_keys && s < my_n && score == score)", f"if (count_keys && s < my_n && {_NEVER})")]
 
-#: variants of the pair kernel (score_pair_segment): the same stand-ins
-PAIR_VARIANTS = {
-    "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
-                        "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
-    "pair_no_mma": _P_MMA,
-    "pair_mma_loop": _P_LOOP,
-}
+_NO_MMA = [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);")]
+_MMA_LOOP = _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT
 
+#: name: substitutions; names starting "pair" apply to the pair kernel's segment
 VARIANTS = {
     "no_store": _NO_STORE,
     "no_count": _NO_COUNT,
@@ -166,17 +162,19 @@ VARIANTS = {
     "half_heads": [(_SUM0, "ablate_sum<2>(acc[0], weights, c)"), (_SUM1, "ablate_sum<2>(acc[1], weights, c)")],
     "no_epilogue": _NO_EPILOGUE,
     "no_decode": _NO_DECODE,
-    "no_mma": [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);")],
-    "mma_loop": _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT,
-    "mma_first": [("            mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);\n",
-                   "            mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);\n            if (u == 0) __syncwarp();\n")],
+    "no_mma": _NO_MMA,
+    "mma_loop": _MMA_LOOP,
+    "mma_first": [(f"            {_MMA}\n", f"            {_MMA}\n            if (u == 0) __syncwarp();\n")],
     "l2_keys": [_L2],
-    "no_mma_l2": [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);"), _L2],
-    "mma_loop_l2": _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT + [_L2],
+    "no_mma_l2": _NO_MMA + [_L2],
+    "mma_loop_l2": _MMA_LOOP + [_L2],
+    "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
+                        "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
+    "pair_no_mma": _P_MMA,
+    "pair_mma_loop": _P_LOOP,
     "pair_l2_keys": [_L2],
     "pair_no_mma_l2": _P_MMA + [_L2],
     "pair_mma_loop_l2": _P_LOOP + [_L2],
-    **PAIR_VARIANTS,
 }
 
 
