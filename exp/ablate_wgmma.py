@@ -40,6 +40,15 @@ ptxas drops nothing else:
                  keys come from 64 blocks that stay in L2 (the key stream off HBM; every
                  kernel that reads keys through BulkRing, here the single-query one timed)
 
+  no_barrier     main without the stage barrier a tile (keys.end_reads): a warp may refill a
+                 stage another still reads (answers may differ): what the barrier costs at most
+  mma_loop_l2_no_barrier
+                 the same in mma_loop_l2
+  no_copy, no_mma_no_copy, mma_loop_no_copy, mma_loop_no_copy_no_barrier
+                 every block id loaded, then taken as -1: no key copy is issued, each stage's
+                 barrier completes on its runs' arrivals alone, the stages keep what they held
+                 (the copies' and their waits' share, where the _l2 forms leave L2's)
+
 The variants are written with their headers inlined (the L2 ones change BulkRing's block
 ids, in wgmma_common.cuh).
 """
@@ -73,7 +82,11 @@ _DECODE = "decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u])
 _MMA = "mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);"
 # BulkRing::block_of's load (wgmma_common.cuh), inlined
 _BLOCK = "const int b = bt[s >> e_shift];\n        return (b >= 0 && b < P) ? b : -1;"
-_L2 = ("L2", _BLOCK, "const int b = bt[s >> e_shift] & 63;\n        return (b >= 0 && b < P) ? b : -1;")
+# ("whole", old, new): a substitution in the whole text (the inlined headers), not a segment
+_L2 = ("whole", _BLOCK, "const int b = bt[s >> e_shift] & 63;\n        return (b >= 0 && b < P) ? b : -1;")
+# every block id loaded, then taken as -1 (no valid id is below -2^30): no copy is issued,
+# each run's stage barrier completes on its arrival alone, the stages keep what they held
+_NO_COPY = ("whole", _BLOCK, "const int b = bt[s >> e_shift];\n        return b < -(1 << 30) ? b : -1;")
 
 # helpers put before the segment: each variant's stand-in for a part
 _HELPERS = r"""
@@ -151,6 +164,7 @@ _P_LOOP = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a
 
 _NO_MMA = [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);")]
 _MMA_LOOP = _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT
+_NO_BARRIER = [("        keys.end_reads();\n", "")]
 
 #: name: substitutions; names starting "pair" apply to the pair kernel's segment
 VARIANTS = {
@@ -168,6 +182,12 @@ VARIANTS = {
     "l2_keys": [_L2],
     "no_mma_l2": _NO_MMA + [_L2],
     "mma_loop_l2": _MMA_LOOP + [_L2],
+    "no_barrier": _NO_BARRIER,
+    "mma_loop_l2_no_barrier": _MMA_LOOP + [_L2] + _NO_BARRIER,
+    "no_copy": [_NO_COPY],
+    "no_mma_no_copy": _NO_MMA + [_NO_COPY],
+    "mma_loop_no_copy": _MMA_LOOP + [_NO_COPY],
+    "mma_loop_no_copy_no_barrier": _MMA_LOOP + [_NO_COPY] + _NO_BARRIER,
     "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
                         "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
     "pair_no_mma": _P_MMA,
@@ -180,15 +200,15 @@ VARIANTS = {
 
 def variant_text(text: str, subs, kernel: str = "single") -> str:
     """``text`` (score_wgmma.cu, headers inlined) with each (old, new) of ``subs`` applied
-    once inside ``kernel``'s segment (SEGMENTS; ("L2", old, new) once in the whole text),
+    once inside ``kernel``'s segment (SEGMENTS; ("whole", old, new) once in the whole text),
     and the stand-ins put before the single-query segment. Raises ValueError where an old
     string is not found exactly once (the kernel changed: mend the strings above)."""
     for sub in subs:  # whole-text substitutions (the inlined headers)
-        if sub[0] == "L2":
+        if sub[0] == "whole":
             if text.count(sub[1]) != 1:
                 raise ValueError(f"{sub[1]!r} found {text.count(sub[1])} times (expected once)")
             text = text.replace(sub[1], sub[2])
-    subs = [sub for sub in subs if sub[0] != "L2"]
+    subs = [sub for sub in subs if sub[0] != "whole"]
     template, name, after = SEGMENTS[kernel]
     begin = text.rindex(template, 0, text.index(name))
     end = text.index(after, begin)
