@@ -48,6 +48,16 @@ ptxas drops nothing else:
                  every block id loaded, then taken as -1: no key copy is issued, each stage's
                  barrier completes on its runs' arrivals alone, the stages keep what they held
                  (the copies' and their waits' share, where the _l2 forms leave L2's)
+  no_copy_zeroed, no_copy_hashed, mma_loop_no_copy_zeroed, mma_loop_no_copy_hashed
+                 the no_copy forms with the stages written at each segment's start: zeros, or a
+                 fixed hash (every nibble at most 7): what the stages' contents do to the time
+  l2_ahead, pair_l2_ahead
+                 not an ablation: a candidate. Each refill also asks L2 for the next tile's
+                 runs (cp.async.bulk.prefetch.L2), so that its copies, issued an iteration
+                 later, find the keys in L2 (the ring is 4 tiles deep, no deeper at 3 CTAs an SM)
+  filled_once, no_mma_filled_once, mma_loop_filled_once
+                 a segment's first tiles copied, its later refills arrivals only: each stage
+                 keeps a real tile's keys (no_copy's stages hold whatever was there before)
 
 The variants are written with their headers inlined (the L2 ones change BulkRing's block
 ids, in wgmma_common.cuh).
@@ -165,6 +175,48 @@ _P_LOOP = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a
 _NO_MMA = [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);")]
 _MMA_LOOP = _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT
 _NO_BARRIER = [("        keys.end_reads();\n", "")]
+# the tile loop's refills as arrivals only (BulkRing::refill_after_mma, inlined): a segment's
+# first tiles are copied, then each stage keeps its first tile's keys for the rest
+# tile it + kS's runs asked of L2 in iteration it, one iteration before their copies
+# (BulkRing::refill_after_mma and a prefetch_runs beside issue_runs, inlined)
+_PREFETCH_RUNS = r"""    __device__ void prefetch_runs(int j, int tid, int b) {
+        const int rows = 1 << row_shift;
+        const u32 code_bytes = rows * kCodeBytes, scale_bytes = rows * kScaleBytes;
+        const int tile_start = (first_tile + j) * score_wgmma::kTile;
+        const int warp = __shfl_sync(~0u, tid >> 5, 0);
+        const bool leader = elect_one();
+        auto one_run = [&](int i) {
+            const int bi = __shfl_sync(~0u, b, i);
+            const int r = ((warp - rot) & 3) + 4 * i;
+            if (leader && r < copies && bi >= 0) {
+                const long long ent = (long long)bi * E + ((tile_start + (r << row_shift)) & (E - 1));
+                bulk_prefetch_l2(keys_fp4 + ent * kCodeBytes, code_bytes);
+                bulk_prefetch_l2(key_scale + ent * kScaleBytes, scale_bytes);
+            }
+        };
+        one_run(0);
+        for (int i = 1; 4 * i < copies; ++i) one_run(i);
+    }
+"""
+_ISSUE = "    __device__ void issue(int j, int tid, int b, float g) { issue_runs<true, true>(j, tid, b, g); }\n"
+_L2_AHEAD = [("whole", _ISSUE, _PREFETCH_RUNS + _ISSUE),
+             ("whole", "        b_next = b_next2;\n        g_next = scale_of(b_next);\n",
+              "        b_next = b_next2;\n        if (it + kS < num_tiles) prefetch_runs(it + kS, tid, b_next);\n"
+              "        g_next = scale_of(b_next);\n")]
+# the ring's stages written at each segment's start (with _NO_COPY: nothing else writes
+# them): zeros, or a fixed hash of each word, every nibble at most 7 (finite codes and
+# scales), so that the MMAs' operands are known
+def _fill_stages(word: str):
+    return [("    keys.store_start_scales(tid, g_first);\n",
+             "    for (int i = tid; i < BulkRing<kDim>::kS * BulkRing<kDim>::kStageBytes / 4; i += kThreads)\n"
+             f"        reinterpret_cast<u32*>(keys.ring)[i] = {word};\n"
+             "    keys.store_start_scales(tid, g_first);\n")]
+
+
+_ZEROED = _fill_stages("0u")
+_HASHED = _fill_stages("((u32)i * 2654435761u ^ ((u32)i >> 7) * 40503u) & 0x77777777u")
+_FILLED_ONCE = ("whole", "if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);",
+                "if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, -1, g_next);")
 
 #: name: substitutions; names starting "pair" apply to the pair kernel's segment
 VARIANTS = {
@@ -188,6 +240,15 @@ VARIANTS = {
     "no_mma_no_copy": _NO_MMA + [_NO_COPY],
     "mma_loop_no_copy": _MMA_LOOP + [_NO_COPY],
     "mma_loop_no_copy_no_barrier": _MMA_LOOP + [_NO_COPY] + _NO_BARRIER,
+    "filled_once": [_FILLED_ONCE],
+    "no_mma_filled_once": _NO_MMA + [_FILLED_ONCE],
+    "mma_loop_filled_once": _MMA_LOOP + [_FILLED_ONCE],
+    "l2_ahead": _L2_AHEAD,
+    "pair_l2_ahead": _L2_AHEAD,
+    "no_copy_zeroed": [_NO_COPY] + _ZEROED,
+    "no_copy_hashed": [_NO_COPY] + _HASHED,
+    "mma_loop_no_copy_zeroed": _MMA_LOOP + [_NO_COPY] + _ZEROED,
+    "mma_loop_no_copy_hashed": _MMA_LOOP + [_NO_COPY] + _HASHED,
     "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
                         "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
     "pair_no_mma": _P_MMA,

@@ -240,8 +240,6 @@ def test_repeated_signatures_run_through_a_prepared_call_with_the_public_bits():
     import gc
     import weakref
 
-    iops._PREPARED.clear()
-    iops._SIGHTED.clear()
     a, b = pair_of_problems(99, T=3, H=64, D=128, E=64, lens=[5000, 0, 900], top_k=128)
     sources = [tensors(a), tensors(b)]
     static = [t.clone() for t in sources[0]]
@@ -305,8 +303,6 @@ def test_no_prepared_call_is_made_inside_a_callers_capture():
     """A signature's second call inside the caller's torch.cuda.graph capture makes no
     PreparedCall (its construction would run inside the capture); the captured graph replays
     the public call's answers, and the next eager call makes it."""
-    iops._PREPARED.clear()
-    iops._SIGHTED.clear()
     a, b = pair_of_problems(101, T=2, H=64, D=128, E=64, lens=[3000, 700], top_k=64)
     x, new = tensors(a), tensors(b)
     graph, out = capture(lambda: iops.score_topk(*x, 64))  # its warm-up call is the first
