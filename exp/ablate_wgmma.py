@@ -51,6 +51,14 @@ ptxas drops nothing else:
   no_copy_zeroed, no_copy_hashed, mma_loop_no_copy_zeroed, mma_loop_no_copy_hashed
                  the no_copy forms with the stages written at each segment's start: zeros, or a
                  fixed hash (every nibble at most 7): what the stages' contents do to the time
+  const_gscale, filled_once_const_gscale, mma_loop_filled_once_const_gscale, pair_const_gscale
+                 every block's global scale taken as 1 (no key_gscale load): what the
+                 refill's global-scale load, which waits on the block id's, costs
+  gscale_ahead, pair_gscale_ahead
+                 not an ablation: a candidate. BulkRing's block ids and global scales
+                 prefetched a tile deeper (a tile's global scale loaded two iterations before
+                 its store, its block id three), so that the dependent global-scale load has
+                 two tile times to land, not one
   l2_ahead, pair_l2_ahead
                  not an ablation: a candidate. Each refill also asks L2 for the next tile's
                  runs (cp.async.bulk.prefetch.L2), so that its copies, issued an iteration
@@ -215,6 +223,30 @@ def _fill_stages(word: str):
 
 _ZEROED = _fill_stages("0u")
 _HASHED = _fill_stages("((u32)i * 2654435761u ^ ((u32)i >> 7) * 40503u) & 0x77777777u")
+# every run's global scale 1 (no load of key_gscale; -1 blocks still NaN): what the refill's
+# dependent global-scale load (issued an iteration before its store) costs
+_SCALE_OF = "    __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }\n"
+_NEXT = "\n    // Issue tile j (segment-relative) into its stage"  # BulkRing's, not fast_common.cuh's
+_CONST_GSCALE = ("whole", _SCALE_OF + _NEXT, _SCALE_OF.replace("key_gscale[b]", "1.0f") + _NEXT)
+# a candidate: each tile's global scale loaded two iterations before its store, not one
+# (its block id three before, not two): BulkRing's prefetch one tile deeper
+_GSCALE_AHEAD = [
+    ("whole", "    int b_next2, b_next;  // prefetched block ids (tiles it + kS, it + kS - 1 ... see advance)\n    float g_next;\n",
+     "    int b_next3, b_next2, b_next;  // prefetched block ids (tiles it + kS + 1, it + kS, it + kS - 1)\n"
+     "    float g_next2, g_next;\n"),
+    ("whole", "        b_next = issuer(tid) ? block_of(kS - 1, tid) : -1;\n        b_next2 = issuer(tid) ? block_of(kS, tid) : -1;\n"
+              "        g_next = scale_of(b_next);\n",
+     "        b_next = issuer(tid) ? block_of(kS - 1, tid) : -1;\n        b_next2 = issuer(tid) ? block_of(kS, tid) : -1;\n"
+     "        b_next3 = issuer(tid) ? block_of(kS + 1, tid) : -1;\n"
+     "        g_next = scale_of(b_next);\n        g_next2 = scale_of(b_next2);\n"),
+    ("whole", "        b_next2 = issuer(tid) ? block_of(kS, tid) : -1;\n    }\n",
+     "        b_next2 = issuer(tid) ? block_of(kS, tid) : -1;\n        b_next3 = issuer(tid) ? block_of(kS + 1, tid) : -1;\n    }\n"),
+    ("whole", "g_first[j] = scale_of(b_first[j]);\n        g_next = scale_of(b_next);\n",
+     "g_first[j] = scale_of(b_first[j]);\n        g_next = scale_of(b_next);\n        g_next2 = scale_of(b_next2);\n"),
+    ("whole", "        b_next = b_next2;\n        g_next = scale_of(b_next);\n        b_next2 = issuer(tid) ? block_of(it + kS + 1, tid) : -1;\n",
+     "        b_next = b_next2;\n        g_next = g_next2;\n        b_next2 = b_next3;\n        g_next2 = scale_of(b_next2);\n"
+     "        b_next3 = issuer(tid) ? block_of(it + kS + 2, tid) : -1;\n"),
+]
 _FILLED_ONCE = ("whole", "if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);",
                 "if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, -1, g_next);")
 
@@ -249,6 +281,12 @@ VARIANTS = {
     "no_copy_hashed": [_NO_COPY] + _HASHED,
     "mma_loop_no_copy_zeroed": _MMA_LOOP + [_NO_COPY] + _ZEROED,
     "mma_loop_no_copy_hashed": _MMA_LOOP + [_NO_COPY] + _HASHED,
+    "const_gscale": [_CONST_GSCALE],
+    "filled_once_const_gscale": [_FILLED_ONCE, _CONST_GSCALE],
+    "mma_loop_filled_once_const_gscale": _MMA_LOOP + [_FILLED_ONCE, _CONST_GSCALE],
+    "pair_const_gscale": [_CONST_GSCALE],
+    "gscale_ahead": _GSCALE_AHEAD,
+    "pair_gscale_ahead": _GSCALE_AHEAD,
     "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
                         "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
     "pair_no_mma": _P_MMA,
