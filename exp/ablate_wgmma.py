@@ -59,6 +59,9 @@ ptxas drops nothing else:
                  prefetched a tile deeper (a tile's global scale loaded two iterations before
                  its store, its block id three), so that the dependent global-scale load has
                  two tile times to land, not one
+  gscale_select  not an ablation: a candidate. BulkRing::scale_of's load unconditional (block 0's
+                 for b < 0; P >= 1 on every call) and then a select: the refill's branch region
+                 around the load gone (census: BRA, BSSY, BSYNC -1 each; VIMNMX, FSEL +1; IMAD -1)
   l2_ahead, pair_l2_ahead
                  not an ablation: a candidate. Each refill also asks L2 for the next tile's
                  runs (cp.async.bulk.prefetch.L2), so that its copies, issued an iteration
@@ -247,6 +250,13 @@ _GSCALE_AHEAD = [
      "        b_next = b_next2;\n        g_next = g_next2;\n        b_next2 = b_next3;\n        g_next2 = scale_of(b_next2);\n"
      "        b_next3 = issuer(tid) ? block_of(it + kS + 2, tid) : -1;\n"),
 ]
+# a candidate: the global scale loaded unconditionally (block 0's for b < 0: P >= 1, as the
+# shape checks ensure) and then selected, so that no branch region surrounds the load in
+# the refill (`b >= 0 ? key_gscale[b] : NaN` compiles to BSSY, a branch, the load, BSYNC)
+_GSCALE_SELECT = ("whole", _SCALE_OF + _NEXT,
+                  "    __device__ float scale_of(int b) const {\n"
+                  "        const float g = key_gscale[b >= 0 ? b : 0];\n"
+                  "        return b >= 0 ? g : __int_as_float(0x7fc00000);\n    }\n" + _NEXT)
 _FILLED_ONCE = ("whole", "if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);",
                 "if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, -1, g_next);")
 
@@ -287,6 +297,7 @@ VARIANTS = {
     "pair_const_gscale": [_CONST_GSCALE],
     "gscale_ahead": _GSCALE_AHEAD,
     "pair_gscale_ahead": _GSCALE_AHEAD,
+    "gscale_select": [_GSCALE_SELECT],
     "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
                         "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
     "pair_no_mma": _P_MMA,
