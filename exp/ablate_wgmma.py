@@ -31,7 +31,8 @@ ptxas drops nothing else:
   mma_first      not an ablation: a candidate change (answers bit for bit). A __syncwarp()
                  after sub-tile 0's MMAs, so that ptxas issues all eight of them before
                  sub-tile 1's decode; it issues three, then the decode, then thirteen back to
-                 back (docs/performance.md v107). Same instructions (+1 NOP), registers, spills
+                 back (docs/performance.md v107). Same instructions (+1 NOP), registers, spills.
+                 v108: slower (+0.7% decode-1M; the pair form +3.3% mtp-2), dropped
   pair_mma_first the same after the pair kernel's mma(0)
   pair_no_mma, pair_mma_loop, pair_l2_keys, pair_no_mma_l2, pair_mma_loop_l2
                  the same in the pair kernel (score_pair_segment: mtp-2, prefill-8K)
@@ -47,7 +48,8 @@ ptxas drops nothing else:
   no_copy, no_mma_no_copy, mma_loop_no_copy, mma_loop_no_copy_no_barrier
                  every block id loaded, then taken as -1: no key copy is issued, each stage's
                  barrier completes on its runs' arrivals alone, the stages keep what they held
-                 (the copies' and their waits' share, where the _l2 forms leave L2's)
+                 (the copies' and their waits' share, where the _l2 forms leave L2's); the
+                 global-scale load is skipped too (scale_of(-1)): v108 found that ~2.5%
   no_copy_zeroed, no_copy_hashed, mma_loop_no_copy_zeroed, mma_loop_no_copy_hashed
                  the no_copy forms with the stages written at each segment's start: zeros, or a
                  fixed hash (every nibble at most 7): what the stages' contents do to the time
@@ -58,14 +60,16 @@ ptxas drops nothing else:
                  not an ablation: a candidate. BulkRing's block ids and global scales
                  prefetched a tile deeper (a tile's global scale loaded two iterations before
                  its store, its block id three), so that the dependent global-scale load has
-                 two tile times to land, not one
+                 two tile times to land, not one. v108: +0.6..+2.2% (a spill), dropped
   gscale_select  not an ablation: a candidate. BulkRing::scale_of's load unconditional (block 0's
                  for b < 0; P >= 1 on every call) and then a select: the refill's branch region
-                 around the load gone (census: BRA, BSSY, BSYNC -1 each; VIMNMX, FSEL +1; IMAD -1)
+                 around the load gone (census: BRA, BSSY, BSYNC -1 each; VIMNMX, FSEL +1; IMAD -1).
+                 Not yet run (v108's item 0)
   l2_ahead, pair_l2_ahead
                  not an ablation: a candidate. Each refill also asks L2 for the next tile's
                  runs (cp.async.bulk.prefetch.L2), so that its copies, issued an iteration
-                 later, find the keys in L2 (the ring is 4 tiles deep, no deeper at 3 CTAs an SM)
+                 later, find the keys in L2 (the ring is 4 tiles deep, no deeper at 3 CTAs an SM).
+                 v108: +2.4..+7.4%, dropped
   filled_once, no_mma_filled_once, mma_loop_filled_once
                  a segment's first tiles copied, its later refills arrivals only: each stage
                  keeps a real tile's keys (no_copy's stages hold whatever was there before)
