@@ -10,8 +10,8 @@ times each against the working tree's in one process (graph replays, rounds alte
 The variants' answers are wrong by design (ab_kernels prints ANSWERS DIFFER, or "bit for
 bit" where a variant that stores nothing leaves main's scores in the reused memory); only
 their scoring-alone times mean anything (a variant without its stores leaves the select
-whatever the workspace held: its whole-call times are noise). Every part kept still feeds something stored or counted, so that
-ptxas drops nothing else:
+whatever the workspace held: its whole-call times are noise). Every part kept still feeds
+something stored or counted, so that ptxas drops nothing else:
 
   no_store       the score's store behind a test no score passes (a NaN bit pattern no
                  arithmetic makes)
@@ -23,8 +23,8 @@ ptxas drops nothing else:
   half_heads     the epilogue over half the heads (32 of 64): half its FP32 work
   no_epilogue    the head sums replaced by an XOR of the accumulators' bits (ALU pipe,
                  ~11 three-input logic ops a sub-tile): the epilogue's FP32 work gone
-  no_decode      the FP4 decode replaced by an AND (and a shift) a fragment register (the codes and
-                 scales still read from the stage)
+  no_decode      the FP4 decode replaced by an AND (and a shift) a fragment register (the
+                 codes and scales still read from the stage)
   mma_loop       no_decode + no_epilogue + no_store_count: the ring, the MMAs and the loop
   no_mma         the MMAs left out: each accumulator a fragment register's bits (the
                  decode, the epilogue and the select's work kept: the CUDA-core stream alone)
@@ -34,7 +34,7 @@ ptxas drops nothing else:
                  back (docs/performance.md v107). Same instructions (+1 NOP), registers, spills.
                  v108: slower (+0.7% decode-1M; the pair form +3.3% mtp-2), dropped
   pair_mma_first the same after the pair kernel's mma(0)
-  pair_no_mma, pair_mma_loop, pair_l2_keys, pair_no_mma_l2, pair_mma_loop_l2
+  pair_no_mma, pair_mma_loop, pair_no_mma_l2, pair_mma_loop_l2
                  the same in the pair kernel (score_pair_segment: mtp-2, prefill-8K)
   l2_keys, no_mma_l2, mma_loop_l2
                  main, no_mma and mma_loop with every block id taken modulo 64, so that the
@@ -53,10 +53,10 @@ ptxas drops nothing else:
   no_copy_zeroed, no_copy_hashed, mma_loop_no_copy_zeroed, mma_loop_no_copy_hashed
                  the no_copy forms with the stages written at each segment's start: zeros, or a
                  fixed hash (every nibble at most 7): what the stages' contents do to the time
-  const_gscale, filled_once_const_gscale, mma_loop_filled_once_const_gscale, pair_const_gscale
+  const_gscale, filled_once_const_gscale, mma_loop_filled_once_const_gscale
                  every block's global scale taken as 1 (no key_gscale load): what the
                  refill's global-scale load, which waits on the block id's, costs
-  gscale_ahead, pair_gscale_ahead
+  gscale_ahead
                  not an ablation: a candidate. BulkRing's block ids and global scales
                  prefetched a tile deeper (a tile's global scale loaded two iterations before
                  its store, its block id three), so that the dependent global-scale load has
@@ -65,7 +65,7 @@ ptxas drops nothing else:
                  for b < 0; P >= 1 on every call) and then a select: the refill's branch region
                  around the load gone (census: BRA, BSSY, BSYNC -1 each; VIMNMX, FSEL +1; IMAD -1).
                  Not yet run (v108's item 0)
-  l2_ahead, pair_l2_ahead
+  l2_ahead
                  not an ablation: a candidate. Each refill also asks L2 for the next tile's
                  runs (cp.async.bulk.prefetch.L2), so that its copies, issued an iteration
                  later, find the keys in L2 (the ring is 4 tiles deep, no deeper at 3 CTAs an SM).
@@ -75,7 +75,10 @@ ptxas drops nothing else:
                  keeps a real tile's keys (no_copy's stages hold whatever was there before)
 
 The variants are written with their headers inlined (the L2 ones change BulkRing's block
-ids, in wgmma_common.cuh).
+ids, in wgmma_common.cuh). A variant made only of such whole-text changes to BulkRing
+(l2_keys, no_copy, filled_once, const_gscale, gscale_ahead, gscale_select, l2_ahead) changes
+both kernels alike: timed on mtp-2 it measures the pair kernel (v108's "pair_l2_keys" was
+l2_keys so timed).
 """
 
 from __future__ import annotations
@@ -290,7 +293,6 @@ VARIANTS = {
     "no_mma_filled_once": _NO_MMA + [_FILLED_ONCE],
     "mma_loop_filled_once": _MMA_LOOP + [_FILLED_ONCE],
     "l2_ahead": _L2_AHEAD,
-    "pair_l2_ahead": _L2_AHEAD,
     "no_copy_zeroed": [_NO_COPY] + _ZEROED,
     "no_copy_hashed": [_NO_COPY] + _HASHED,
     "mma_loop_no_copy_zeroed": _MMA_LOOP + [_NO_COPY] + _ZEROED,
@@ -298,15 +300,12 @@ VARIANTS = {
     "const_gscale": [_CONST_GSCALE],
     "filled_once_const_gscale": [_FILLED_ONCE, _CONST_GSCALE],
     "mma_loop_filled_once_const_gscale": _MMA_LOOP + [_FILLED_ONCE, _CONST_GSCALE],
-    "pair_const_gscale": [_CONST_GSCALE],
     "gscale_ahead": _GSCALE_AHEAD,
-    "pair_gscale_ahead": _GSCALE_AHEAD,
     "gscale_select": [_GSCALE_SELECT],
     "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
                         "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
     "pair_no_mma": _P_MMA,
     "pair_mma_loop": _P_LOOP,
-    "pair_l2_keys": [_L2],
     "pair_no_mma_l2": _P_MMA + [_L2],
     "pair_mma_loop_l2": _P_LOOP + [_L2],
 }
