@@ -64,7 +64,9 @@ something stored or counted, so that ptxas drops nothing else:
   gscale_select  not an ablation: a candidate. BulkRing::scale_of's load unconditional (block 0's
                  for b < 0; P >= 1 on every call) and then a select: the refill's branch region
                  around the load gone (census: BRA, BSSY, BSYNC -1 each; VIMNMX, FSEL +1; IMAD -1).
-                 Not yet run (v108's item 0)
+                 v109: level alone (-0.2..+0.5%); beside v109's branchless block id the pair
+                 kernel's form (kScaleSelect, kept: mtp-2 -0.8%), in the single-query kernel a
+                 spill in the tile loop, +0.4..+0.9% (this variant puts it there)
   l2_ahead
                  not an ablation: a candidate. Each refill also asks L2 for the next tile's
                  runs (cp.async.bulk.prefetch.L2), so that its copies, issued an iteration
@@ -104,17 +106,23 @@ SEGMENTS = {
 _NEVER = "__float_as_uint(score) == 0x7f800001u"  # a signalling-NaN pattern arithmetic never makes
 _STORE = "store_global(out + s, score);"
 _COUNT = "atomicAdd(&hist_s[s < n && score == score ? raw_bin_of_plus_zero(score) : (u32)kHistBins], 1u);"
-_SUM0 = "weighted_head_sum_mine_of<true>(acc[0], weights, c)"
-_SUM1 = "weighted_head_sum_mine_of<true>(acc[1], weights, c)"
+_SUM0 = "weighted_head_sum_mine_of<kFmaReluGroups>(acc[0], weights, c)"
+_SUM1 = "weighted_head_sum_mine_of<kFmaReluGroups>(acc[1], weights, c)"
 _DECODE = "decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);"
 _MMA = "mma_sub_tile<kDim>(acc[u], a_frag[u], desc_q);"
 # BulkRing::block_of's load (wgmma_common.cuh), inlined
 _BLOCK = "const int b = bt[s >> e_shift];\n        return (b >= 0 && b < P) ? b : -1;"
+# ... and BulkRing::issuer_block_of's, the tile loop's refill's (v109)
+_ISSUER_BLOCK = "const int b = bt[mine ? s >> e_shift : 0];\n        return (mine && b >= 0 && b < P) ? b : -1;"
 # ("whole", old, new): a substitution in the whole text (the inlined headers), not a segment
-_L2 = ("whole", _BLOCK, "const int b = bt[s >> e_shift] & 63;\n        return (b >= 0 && b < P) ? b : -1;")
+_L2 = [("whole", _BLOCK, "const int b = bt[s >> e_shift] & 63;\n        return (b >= 0 && b < P) ? b : -1;"),
+       ("whole", _ISSUER_BLOCK,
+        "const int b = bt[mine ? s >> e_shift : 0] & 63;\n        return (mine && b >= 0 && b < P) ? b : -1;")]
 # every block id loaded, then taken as -1 (no valid id is below -2^30): no copy is issued,
 # each run's stage barrier completes on its arrival alone, the stages keep what they held
-_NO_COPY = ("whole", _BLOCK, "const int b = bt[s >> e_shift];\n        return b < -(1 << 30) ? b : -1;")
+_NO_COPY = [("whole", _BLOCK, "const int b = bt[s >> e_shift];\n        return b < -(1 << 30) ? b : -1;"),
+            ("whole", _ISSUER_BLOCK,
+             "const int b = bt[mine ? s >> e_shift : 0];\n        return (mine && b < -(1 << 30)) ? b : -1;")]
 
 # helpers put before the segment: each variant's stand-in for a part
 _HELPERS = r"""
@@ -235,9 +243,11 @@ _ZEROED = _fill_stages("0u")
 _HASHED = _fill_stages("((u32)i * 2654435761u ^ ((u32)i >> 7) * 40503u) & 0x77777777u")
 # every run's global scale 1 (no load of key_gscale; -1 blocks still NaN): what the refill's
 # dependent global-scale load (issued an iteration before its store) costs
-_SCALE_OF = "    __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }\n"
-_NEXT = "\n    // Issue tile j (segment-relative) into its stage"  # BulkRing's, not fast_common.cuh's
-_CONST_GSCALE = ("whole", _SCALE_OF + _NEXT, _SCALE_OF.replace("key_gscale[b]", "1.0f") + _NEXT)
+# (both of BulkRing::scale_of's forms: the single-query kernel's, the pair kernel's)
+_SCALE_OF = "            return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000);\n"
+_SCALE_SELECT = "            const float g = key_gscale[b >= 0 ? b : 0];\n"
+_CONST_GSCALE = [("whole", _SCALE_OF, _SCALE_OF.replace("key_gscale[b]", "1.0f")),
+                 ("whole", _SCALE_SELECT, "            const float g = 1.0f;\n")]
 # a candidate: each tile's global scale loaded two iterations before its store, not one
 # (its block id three before, not two): BulkRing's prefetch one tile deeper
 _GSCALE_AHEAD = [
@@ -253,17 +263,13 @@ _GSCALE_AHEAD = [
      "        b_next2 = issuer(tid) ? block_of(kS, tid) : -1;\n        b_next3 = issuer(tid) ? block_of(kS + 1, tid) : -1;\n    }\n"),
     ("whole", "g_first[j] = scale_of(b_first[j]);\n        g_next = scale_of(b_next);\n",
      "g_first[j] = scale_of(b_first[j]);\n        g_next = scale_of(b_next);\n        g_next2 = scale_of(b_next2);\n"),
-    ("whole", "        b_next = b_next2;\n        g_next = scale_of(b_next);\n        b_next2 = issuer(tid) ? block_of(it + kS + 1, tid) : -1;\n",
+    ("whole", "        b_next = b_next2;\n        g_next = scale_of(b_next);\n        b_next2 = issuer_block_of(it + kS + 1, tid);\n",
      "        b_next = b_next2;\n        g_next = g_next2;\n        b_next2 = b_next3;\n        g_next2 = scale_of(b_next2);\n"
-     "        b_next3 = issuer(tid) ? block_of(it + kS + 2, tid) : -1;\n"),
+     "        b_next3 = issuer_block_of(it + kS + 2, tid);\n"),
 ]
-# a candidate: the global scale loaded unconditionally (block 0's for b < 0: P >= 1, as the
-# shape checks ensure) and then selected, so that no branch region surrounds the load in
-# the refill (`b >= 0 ? key_gscale[b] : NaN` compiles to BSSY, a branch, the load, BSYNC)
-_GSCALE_SELECT = ("whole", _SCALE_OF + _NEXT,
-                  "    __device__ float scale_of(int b) const {\n"
-                  "        const float g = key_gscale[b >= 0 ? b : 0];\n"
-                  "        return b >= 0 ? g : __int_as_float(0x7fc00000);\n    }\n" + _NEXT)
+# the pair kernel's form of the global scale's load in the single-query kernel too: loaded
+# unconditionally (block 0's for b < 0) and then selected (BulkRing's kScaleSelect)
+_GSCALE_SELECT = ("whole", "    BulkRing<kDim> keys;\n", "    BulkRing<kDim, score_wgmma::kStages, true> keys;\n")
 _FILLED_ONCE = ("whole", "if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);",
                 "if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, -1, g_next);")
 
@@ -280,34 +286,34 @@ VARIANTS = {
     "no_mma": _NO_MMA,
     "mma_loop": _MMA_LOOP,
     "mma_first": [(f"            {_MMA}\n", f"            {_MMA}\n            if (u == 0) __syncwarp();\n")],
-    "l2_keys": [_L2],
-    "no_mma_l2": _NO_MMA + [_L2],
-    "mma_loop_l2": _MMA_LOOP + [_L2],
+    "l2_keys": _L2,
+    "no_mma_l2": _NO_MMA + _L2,
+    "mma_loop_l2": _MMA_LOOP + _L2,
     "no_barrier": _NO_BARRIER,
-    "mma_loop_l2_no_barrier": _MMA_LOOP + [_L2] + _NO_BARRIER,
-    "no_copy": [_NO_COPY],
-    "no_mma_no_copy": _NO_MMA + [_NO_COPY],
-    "mma_loop_no_copy": _MMA_LOOP + [_NO_COPY],
-    "mma_loop_no_copy_no_barrier": _MMA_LOOP + [_NO_COPY] + _NO_BARRIER,
+    "mma_loop_l2_no_barrier": _MMA_LOOP + _L2 + _NO_BARRIER,
+    "no_copy": _NO_COPY,
+    "no_mma_no_copy": _NO_MMA + _NO_COPY,
+    "mma_loop_no_copy": _MMA_LOOP + _NO_COPY,
+    "mma_loop_no_copy_no_barrier": _MMA_LOOP + _NO_COPY + _NO_BARRIER,
     "filled_once": [_FILLED_ONCE],
     "no_mma_filled_once": _NO_MMA + [_FILLED_ONCE],
     "mma_loop_filled_once": _MMA_LOOP + [_FILLED_ONCE],
     "l2_ahead": _L2_AHEAD,
-    "no_copy_zeroed": [_NO_COPY] + _ZEROED,
-    "no_copy_hashed": [_NO_COPY] + _HASHED,
-    "mma_loop_no_copy_zeroed": _MMA_LOOP + [_NO_COPY] + _ZEROED,
-    "mma_loop_no_copy_hashed": _MMA_LOOP + [_NO_COPY] + _HASHED,
-    "const_gscale": [_CONST_GSCALE],
-    "filled_once_const_gscale": [_FILLED_ONCE, _CONST_GSCALE],
-    "mma_loop_filled_once_const_gscale": _MMA_LOOP + [_FILLED_ONCE, _CONST_GSCALE],
+    "no_copy_zeroed": _NO_COPY + _ZEROED,
+    "no_copy_hashed": _NO_COPY + _HASHED,
+    "mma_loop_no_copy_zeroed": _MMA_LOOP + _NO_COPY + _ZEROED,
+    "mma_loop_no_copy_hashed": _MMA_LOOP + _NO_COPY + _HASHED,
+    "const_gscale": _CONST_GSCALE,
+    "filled_once_const_gscale": [_FILLED_ONCE] + _CONST_GSCALE,
+    "mma_loop_filled_once_const_gscale": _MMA_LOOP + [_FILLED_ONCE] + _CONST_GSCALE,
     "gscale_ahead": _GSCALE_AHEAD,
     "gscale_select": [_GSCALE_SELECT],
     "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
                         "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
     "pair_no_mma": _P_MMA,
     "pair_mma_loop": _P_LOOP,
-    "pair_no_mma_l2": _P_MMA + [_L2],
-    "pair_mma_loop_l2": _P_LOOP + [_L2],
+    "pair_no_mma_l2": _P_MMA + _L2,
+    "pair_mma_loop_l2": _P_LOOP + _L2,
 }
 
 

@@ -32,8 +32,8 @@ struct WgmmaSmem {
 
 // The query image of score_wgmma_kernel (kStagedRows = false): what its shared memory holds
 // of a query from byte 0, so that one bulk copy a segment brings it: B in the core-matrix
-// layout (WgmmaSmem::kQBytes), then the 64 weights in head order (WgmmaSmem::kW), halved for
-// that kernel's 2 ReLU(x) (kHalved), whole for the pair kernel's epilogue, which copies each
+// layout (WgmmaSmem::kQBytes), then the 64 weights in head order (WgmmaSmem::kW), halved where
+// that kernel takes 2 ReLU(x) (kHalved: score_wgmma::fma_relu_head), whole for the pair kernel's epilogue, which copies each
 // query's image in K chunks of kLbo bytes into its two-query B. prep_query_row's values (the
 // same bits as the staged rows and the kernel's own halving, or as the pair kernel's own
 // staging), written by wgmma_prep_kernel.
@@ -48,7 +48,8 @@ struct PrepToWgmmaImage {
                                 (pr % 4) * 4) = v;
     }
     __device__ __forceinline__ void weight(int t, int h, float v) const {
-        reinterpret_cast<float*>(qimg + (long long)t * kBytes + WgmmaSmem<kDim>::kW)[h] = kHalved ? 0.5f * v : v;
+        const bool halved = kHalved && score_wgmma::fma_relu_head(h);
+        reinterpret_cast<float*>(qimg + (long long)t * kBytes + WgmmaSmem<kDim>::kW)[h] = halved ? 0.5f * v : v;
     }
 };
 
@@ -152,7 +153,7 @@ __device__ __forceinline__ void score_segment(
     keys.store_start_scales(tid, g_first);
     if constexpr (kStagedRows) {
         cp_async_wait<0>();
-        if (tid < kHeads / 4) {  // my four weights halved, for the epilogue's 2 ReLU(x) (weighted_head_partials)
+        if (tid < kHeads / 4 && score_wgmma::fma_relu_head(4 * tid)) {  // my four weights halved where the epilogue takes 2 ReLU(x)
             float4* my_w = reinterpret_cast<float4*>(wsm + 4 * tid);
             const float4 v = *my_w;
             *my_w = make_float4(0.5f * v.x, 0.5f * v.y, 0.5f * v.z, 0.5f * v.w);
@@ -188,9 +189,9 @@ __device__ __forceinline__ void score_segment(
 #pragma unroll
         for (int j = 0; j < 8; ++j) wv[j] = *reinterpret_cast<const float2*>(wsm + 8 * j + 2 * c);
         auto weights = [&](int j) { return wv[j]; };
-        // row r0 + 8 (c & 1); ReLU on the FMA pipe
-        const float mine0 = weighted_head_sum_mine_of<true>(acc[0], weights, c);
-        const float mine1 = weighted_head_sum_mine_of<true>(acc[1], weights, c);
+        // row r0 + 8 (c & 1); half the heads' ReLU on the FMA pipe
+        const float mine0 = weighted_head_sum_mine_of<kFmaReluGroups>(acc[0], weights, c);
+        const float mine1 = weighted_head_sum_mine_of<kFmaReluGroups>(acc[1], weights, c);
         // lanes c and c ^ 2 hold the same sums: lane c = 0 stores row r0 of sub-tile 0, lane
         // 1 its row r0 + 8, lanes 2 and 3 those of sub-tile 1 (one store and one count a lane)
         const bool second = c >= 2;
@@ -466,7 +467,7 @@ __device__ __forceinline__ void score_pair_segment(
     u32* h1 = h0 + score_wgmma_pairs::kPackedWords;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    BulkRing<kDim, kS> keys;
+    BulkRing<kDim, kS, true> keys;
     keys.ring = smem + Smem::kRing;
     keys.meta_gs = reinterpret_cast<float*>(smem + Smem::kMeta);
     keys.bars = reinterpret_cast<u64*>(smem + Smem::kBars);

@@ -22,6 +22,13 @@ constexpr int kMaxBalancedRows = 1024;  // rows the balanced schedule holds in s
 // (score_mma.cu's logic-op decode has values * 2^-14 and scales * 2^6: the products are the
 // same fp16 numbers; the conversion measured 7% faster here)
 constexpr u32 kScaleMul = 0x34003400u;
+// The single-query kernel's epilogue: the head groups (bit j: heads 8j .. 8j + 7) whose ReLU
+// runs on the FMA pipe as 2 ReLU(x) = x + |x|, their weights halved; the other groups take
+// max.NaN on the ALU pipe with whole weights (weighted_head_partials). Half and half keeps
+// the two pipes level (per warp and tile: ALU 217, FMA 222 instructions, where all on the
+// FMA pipe gave 182 and 255; docs/performance.md v109).
+constexpr u32 kFmaReluGroups = 0xAAu;
+__host__ __device__ constexpr bool fma_relu_head(int h) { return (kFmaReluGroups >> (h >> 3)) & 1u; }
 }  // namespace score_wgmma
 
 __device__ __forceinline__ u64 wgmma_desc(const void* smem_ptr, u32 lbo, u32 sbo) {
@@ -143,21 +150,22 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], u64 desc_a, 
 // d; rows r0 and r0 + 8, heads 8j + 2c, +1 in this lane, the quad's four lanes summed).
 // weights(j): the float2 weights of heads 8j + 2c, +1.
 // ... this lane's part alone (its heads 8j + 2c, +1), before the quad's sum: .x row r0, .y r0 + 8.
-// kReluOnFma: the sums run over 2 ReLU(x) (twice_relu_nan, an add on the FMA pipe, where
-// max.NaN takes the ALU pipe) with the weights given halved (w / 2, by the caller): each
-// product (w / 2) * 2 ReLU(x) is w * ReLU(x) exactly where w / 2 is exact, so the sums are
-// the same bits, with no halving on the epilogue's chain (docs/performance.md v69). The single-query kernel
-// takes it (its decode's logic ops and conversions load the ALU pipe: decode-1M scoring
-// -1.6%); the keys-stationary kernel, bound by its epilogue, lost ~4% with it (every
-// instruction of its epilogue then on the FMA pipe), the others gained nothing
-// (docs/performance.md v64).
-template <bool kReluOnFma = false, typename Weights>
+// kFmaGroups: the j (bit j) whose sums run over 2 ReLU(x) (twice_relu_nan, an add on the FMA
+// pipe, where max.NaN takes the ALU pipe) with the weights given halved (w / 2, by the caller):
+// each product (w / 2) * 2 ReLU(x) is w * ReLU(x) exactly where w / 2 is exact, so the sums are
+// the same bits, with no halving on the epilogue's chain (docs/performance.md v69). The
+// single-query kernel takes it for half its heads (score_wgmma::kFmaReluGroups: its decode's
+// logic ops and conversions load the ALU pipe; all heads so: decode-1M scoring -1.6%, v64; half
+// of them a further ~-0.8%, v109); the keys-stationary kernel, bound by its epilogue, lost ~4%
+// with all heads so (every instruction of its epilogue then on the FMA pipe), the others
+// gained nothing (docs/performance.md v64).
+template <u32 kFmaGroups = 0, typename Weights>
 __device__ __forceinline__ float2 weighted_head_partials(const float (&d)[32], Weights weights) {
     // two partial sums per row (even and odd heads) halve the dependent FMA chain
     float lo0 = 0.0f, lo1 = 0.0f, hi0 = 0.0f, hi1 = 0.0f;
-    auto relu = [](float x) { return kReluOnFma ? twice_relu_nan(x) : relu_nan(x); };
 #pragma unroll
     for (int j = 0; j < score_wgmma::kHeads / 8; ++j) {
+        auto relu = [j](float x) { return (kFmaGroups >> j) & 1u ? twice_relu_nan(x) : relu_nan(x); };
         const float2 wv = weights(j);
         lo0 = fmaf(wv.x, relu(d[4 * j]), lo0);
         lo1 = fmaf(wv.y, relu(d[4 * j + 1]), lo1);
@@ -172,9 +180,9 @@ __device__ __forceinline__ float2 weighted_head_partials(const float (&d)[32], W
 // their half sums: two shuffles and two adds where summing both rows in every lane took four
 // and four (docs/performance.md v50), with the same association of the four lanes' parts,
 // (p0 + p1) + (p2 + p3), so the same bits.
-template <bool kReluOnFma = false, typename Weights>
+template <u32 kFmaGroups = 0, typename Weights>
 __device__ __forceinline__ float weighted_head_sum_mine_of(const float (&d)[32], Weights weights, int c) {
-    const float2 part = weighted_head_partials<kReluOnFma>(d, weights);
+    const float2 part = weighted_head_partials<kFmaGroups>(d, weights);
     const bool odd = c & 1;
     float mine = odd ? part.y : part.x;
     mine += __shfl_xor_sync(FULL_MASK, odd ? part.x : part.y, 1);
@@ -183,9 +191,9 @@ __device__ __forceinline__ float weighted_head_sum_mine_of(const float (&d)[32],
 }
 
 // ... with w the 64 weights in shared memory
-template <bool kReluOnFma = false>
+template <u32 kFmaGroups = 0>
 __device__ __forceinline__ float weighted_head_sum_mine(const float (&d)[32], const float* w, int c) {
-    return weighted_head_sum_mine_of<kReluOnFma>(
+    return weighted_head_sum_mine_of<kFmaGroups>(
         d, [&](int j) { return *reinterpret_cast<const float2*>(w + 8 * j + 2 * c); }, c);
 }
 
@@ -371,7 +379,8 @@ __device__ __forceinline__ int issue_rotation() {
 // Arrivals per tile at a BulkRing stage's barrier: one per issuing thread (e_shift = log2 E).
 __device__ __forceinline__ u32 ring_arrivals(int e_shift) { return (u32)(score_wgmma::kTile >> (e_shift < 7 ? e_shift : 7)); }
 
-template <int kDim, int kStagesT = score_wgmma::kStages>
+// kScaleSelect: scale_of's form (the pair kernel's; see there)
+template <int kDim, int kStagesT = score_wgmma::kStages, bool kScaleSelect = false>
 struct BulkRing {
     static constexpr int kCodeBytes = kDim / 2, kScaleBytes = kDim / 16;
     static constexpr int kStageBytes = wgmma_stage_bytes(kDim);
@@ -407,7 +416,28 @@ struct BulkRing {
         const int b = bt[s >> e_shift];
         return (b >= 0 && b < P) ? b : -1;
     }
-    __device__ float scale_of(int b) const { return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000); }
+    // ... the same for every thread, without a branch: -1 where this thread issues no run.
+    // The load is unconditional (the row's first block id where no run: the table has at
+    // least one column on every call), so that the tile loop's refill has no branch region
+    // around it (mtp-2 scoring -1.5%, decode -0.2..-0.6%, performance.md v109).
+    __device__ int issuer_block_of(int j, int tid) const {
+        const int s = (first_tile + j) * score_wgmma::kTile + (run_of(tid) << row_shift);
+        const bool mine = issuer(tid) && j < num_tiles && s < n;
+        const int b = bt[mine ? s >> e_shift : 0];
+        return (mine && b >= 0 && b < P) ? b : -1;
+    }
+    // b's global scale, NaN for no block (-1). kScaleSelect: the load unconditional (block 0's
+    // for b < 0: every call has P >= 1) and then a select, so that the refill has no branch
+    // region around it: the pair kernel's scoring -0.8% (mtp-2); in the single-query kernel
+    // the same form cost a spill in the tile loop and was 0.4-0.9% slower (performance.md v109).
+    __device__ float scale_of(int b) const {
+        if constexpr (kScaleSelect) {
+            const float g = key_gscale[b >= 0 ? b : 0];
+            return b >= 0 ? g : __int_as_float(0x7fc00000);
+        } else {
+            return b >= 0 ? key_gscale[b] : __int_as_float(0x7fc00000);
+        }
+    }
 
     // Issue tile j (segment-relative) into its stage, one arrival a run, and store its runs'
     // global scales; called by every thread, converged. The runs of warp w (w, w + 4, ...)
@@ -521,7 +551,7 @@ struct BulkRing {
         if (it + kS - 1 < num_tiles) issue(it + kS - 1, tid, b_next, g_next);
         b_next = b_next2;
         g_next = scale_of(b_next);
-        b_next2 = issuer(tid) ? block_of(it + kS + 1, tid) : -1;
+        b_next2 = issuer_block_of(it + kS + 1, tid);
     }
     __device__ const unsigned char* stage(int it) const { return ring + (u32)(jbase + it) % kS * kStageBytes; }
     // The global scale of stage row `row` of tile it, in two parts: its byte offset within a
