@@ -210,7 +210,7 @@ _SCORING_SOURCES = {"fp32": "score_fp32.cu", "mma": "score_mma.cu", "wgmma": "sc
 _CLAIMED_SHARES = True
 #: whether the wgmma kernels take each segment's queries as bulk copies of the images
 #: wgmma_prep_kernel writes: the single-query kernel one copy (else 1,024 16-byte copies of
-#: prep_query_kernel's rows, its weights halved in shared memory: score_wgmma_kernel<D,
+#: prep_query_kernel's rows, half its weights halved in shared memory: score_wgmma_kernel<D,
 #: true>), the pair kernel a copy a K chunk and query (else both queries staged from fp32 by
 #: the kernel, one after the other: score_wgmma_pairs_kernel<D, true>); for A/Bs
 _QUERY_IMAGE = True
@@ -473,7 +473,7 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
             p.prep_k = _kernel(_SCORING_SOURCES[kind], _jit.query_instance(f"ks_prep_kernel<{prob.D}>", prob.q_dtype),
                                device_id)
-        if p.wgmma_image:  # the same for the wgmma kernels (weights halved for the single-query one)
+        if p.wgmma_image:  # the same for the wgmma kernels (half the weights halved for the single-query one)
             halved = "true" if kind == "wgmma" else "false"
             prep = (f"wgmma_prep_kernel<{prob.D}{'' if kind == 'wgmma' else ', false'}>" if prob.q_dtype == "float32"
                     else _jit.query_instance(f"wgmma_prep_kernel<{prob.D}, {halved}>", prob.q_dtype))

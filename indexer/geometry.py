@@ -270,7 +270,8 @@ def wgmma_smem_bytes(D: int) -> int:
 def wgmma_query_image_bytes(D: int) -> int:
     """Bytes of one query's image for ``score_wgmma_kernel<D>`` (kernels/score_wgmma.cu:
     PrepToWgmmaImage, written by ``wgmma_prep_kernel<D>``): its B operand in the core-matrix
-    layout, then its 64 halved weights; one bulk copy brings it into shared memory."""
+    layout, then its 64 weights (half of them halved: score_wgmma::fma_relu_head); one bulk
+    copy brings it into shared memory."""
     return (D // 8) * 1024 + 64 * 4
 
 

@@ -32,11 +32,11 @@ struct WgmmaSmem {
 
 // The query image of score_wgmma_kernel (kStagedRows = false): what its shared memory holds
 // of a query from byte 0, so that one bulk copy a segment brings it: B in the core-matrix
-// layout (WgmmaSmem::kQBytes), then the 64 weights in head order (WgmmaSmem::kW), halved where
-// that kernel takes 2 ReLU(x) (kHalved: score_wgmma::fma_relu_head), whole for the pair kernel's epilogue, which copies each
-// query's image in K chunks of kLbo bytes into its two-query B. prep_query_row's values (the
-// same bits as the staged rows and the kernel's own halving, or as the pair kernel's own
-// staging), written by wgmma_prep_kernel.
+// layout (WgmmaSmem::kQBytes), then the 64 weights in head order (WgmmaSmem::kW), halved
+// where that kernel takes 2 ReLU(x) (kHalved: the heads of score_wgmma::fma_relu_head), whole
+// for the pair kernel's epilogue, which copies each query's image in K chunks of kLbo bytes
+// into its two-query B. prep_query_row's values (the same bits as the staged rows and the
+// kernel's own halving, or as the pair kernel's own staging), written by wgmma_prep_kernel.
 template <int kDim, bool kHalved = true>
 struct PrepToWgmmaImage {
     static constexpr int kBytes = WgmmaSmem<kDim>::kW + score_wgmma::kHeads * 4;  // a multiple of 16
@@ -153,7 +153,8 @@ __device__ __forceinline__ void score_segment(
     keys.store_start_scales(tid, g_first);
     if constexpr (kStagedRows) {
         cp_async_wait<0>();
-        if (tid < kHeads / 4 && score_wgmma::fma_relu_head(4 * tid)) {  // my four weights halved where the epilogue takes 2 ReLU(x)
+        // my four weights (one head group's) halved where the epilogue takes 2 ReLU(x)
+        if (tid < kHeads / 4 && score_wgmma::fma_relu_head(4 * tid)) {
             float4* my_w = reinterpret_cast<float4*>(wsm + 4 * tid);
             const float4 v = *my_w;
             *my_w = make_float4(0.5f * v.x, 0.5f * v.y, 0.5f * v.z, 0.5f * v.w);
