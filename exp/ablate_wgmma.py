@@ -18,9 +18,12 @@ something stored or counted, so that ptxas drops nothing else:
   no_count       the histogram's shared atomic behind the same test
   no_store_count both: the loop without any of the select's work
   fma_only       each head's ReLU left out: w * x, one FP32-pipe instruction a (head, entry)
-                 where the kept form takes two (x + |x|, then the FMA)
-  relu_alu       ReLU as max.NaN (ALU pipe) then the FMA: the form before v64
+                 where the kept form takes two (x + |x| or max.NaN, then the FMA)
+  relu_alu       every head's ReLU as max.NaN (ALU pipe) then the FMA: the form before v64
+                 (since v109 the kept form takes it for half the heads, kFmaReluGroups)
   half_heads     the epilogue over half the heads (32 of 64): half its FP32 work
+  (these three stand-ins take the weights as given: since v109 half of them halved, so
+  their answers differ more; their times are what they measure)
   no_epilogue    the head sums replaced by an XOR of the accumulators' bits (ALU pipe,
                  ~11 three-input logic ops a sub-tile): the epilogue's FP32 work gone
   no_decode      the FP4 decode replaced by an AND (and a shift) a fragment register (the
