@@ -156,7 +156,7 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], u64 desc_a, 
 // the same bits, with no halving on the epilogue's chain (docs/performance.md v69). The
 // single-query kernel takes it for half its heads (score_wgmma::kFmaReluGroups: its decode's
 // logic ops and conversions load the ALU pipe; all heads so: decode-1M scoring -1.6%, v64; half
-// of them a further ~-0.8%, v109); the keys-stationary kernel, bound by its epilogue, lost ~4%
+// of them a further -0.2..-1%, v109); the keys-stationary kernel, bound by its epilogue, lost ~4%
 // with all heads so (every instruction of its epilogue then on the FMA pipe), the others
 // gained nothing (docs/performance.md v64).
 template <u32 kFmaGroups = 0, typename Weights>
@@ -409,9 +409,13 @@ struct BulkRing {
     // Does this thread prefetch for a run (its run < copies)?
     __device__ bool issuer(int tid) const { return run_of(tid) < copies; }
 
+    // the row entry my run of tile j of this segment starts at
+    __device__ int run_entry(int j, int tid) const {
+        return (first_tile + j) * score_wgmma::kTile + (run_of(tid) << row_shift);
+    }
     // block id of my run of tile j of this segment, -1 when not visible or out of range
     __device__ int block_of(int j, int tid) const {
-        const int s = (first_tile + j) * score_wgmma::kTile + (run_of(tid) << row_shift);
+        const int s = run_entry(j, tid);
         if (j >= num_tiles || s >= n) return -1;
         const int b = bt[s >> e_shift];
         return (b >= 0 && b < P) ? b : -1;
@@ -419,9 +423,9 @@ struct BulkRing {
     // ... the same for every thread, without a branch: -1 where this thread issues no run.
     // The load is unconditional (the row's first block id where no run: the table has at
     // least one column on every call), so that the tile loop's refill has no branch region
-    // around it (mtp-2 scoring -1.5%, decode -0.2..-0.6%, performance.md v109).
+    // around it (with the pair kernel's scale select, mtp-2 scoring -1.5%; performance.md v109).
     __device__ int issuer_block_of(int j, int tid) const {
-        const int s = (first_tile + j) * score_wgmma::kTile + (run_of(tid) << row_shift);
+        const int s = run_entry(j, tid);
         const bool mine = issuer(tid) && j < num_tiles && s < n;
         const int b = bt[mine ? s >> e_shift : 0];
         return (mine && b >= 0 && b < P) ? b : -1;
