@@ -39,16 +39,6 @@ something stored or counted, so that ptxas drops nothing else:
   pair_mma_first the same after the pair kernel's mma(0)
   pair_no_mma, pair_mma_loop, pair_no_mma_l2, pair_mma_loop_l2
                  the same in the pair kernel (score_pair_segment: mtp-2, prefill-8K)
-  pair_flat_epilogue
-                 not an ablation: a candidate (v109's finding, branch regions out of the tile
-                 loop, carried to the pair kernel's epilogue; answers bit for bit). Every lane
-                 stores (a lone row's lanes 2 and 3 store the sum lanes 0 and 1 store, the same
-                 bits to the same address) and counts (an add of 0 where the count is not
-                 wanted: a lane of a lone row, an entry past the row's length, NaN, no
-                 histogram), so that neither the store nor the count sits in a branch region
-                 (v69 built a spare-word form: ALU +10, not run). Census of the loop against
-                 main: ALU -1, FMA -2, control -8 (BRA -4, BSSY and BSYNC -2 each), uniform -3.
-                 Not yet run
   l2_keys, no_mma_l2, mma_loop_l2
                  main, no_mma and mma_loop with every block id taken modulo 64, so that the
                  keys come from 64 blocks that stay in L2 (the key stream off HBM; every
@@ -194,12 +184,6 @@ __device__ __forceinline__ void ablate_mma_pair(float (&acc)[kAcc], const u32 (&
 #pragma unroll
     for (int i = 0; i < kAcc / 8; ++i) acc[ks * (kAcc / 8) + i] = __uint_as_float(a[i % 4] & 0xbfffffffu);
 }
-// one more entry in a packed histogram (count_raw_bin_packed), or an add of 0 where !counted:
-// every float's word u >> 22 lies in the histogram, NaN's and negatives' too
-__device__ __forceinline__ void count_raw_bin_packed_flat(u32* h, float score, bool counted) {
-    const u32 u = (u32)__float_as_int(score);
-    atomicAdd(&h[u >> 22], counted ? ((u & (1u << 21)) ? 0x10000u : 1u) : 0u);
-}
 // ---- end of stand-ins ----
 
 """
@@ -215,7 +199,8 @@ _P_LOOP = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a
            ("weighted_head_sum_mine(half(0), w0, c)", "ablate_xor(half(0))"),
            ("weighted_head_sum_mine(half(1), w1, c)", "ablate_xor(half(1))"),
            ("my_out[s] = score;", f"if ({_NEVER}) my_out[s] = score;"),
-           ("if (count_keys && s < my_n && score == score)", f"if (count_keys && s < my_n && {_NEVER})")]
+           ("count_raw_bin_packed(my_hist, score, s < my_count_n && score == score);",
+            f"if ({_NEVER}) count_raw_bin_packed(my_hist, score, s < my_count_n && score == score);")]
 
 _NO_MMA = [(_MMA, "ablate_mma<kDim>(acc[u], a_frag[u]);")]
 _MMA_LOOP = _NO_DECODE + _NO_EPILOGUE + _NO_STORE + _NO_COUNT
@@ -329,20 +314,6 @@ VARIANTS = {
     "gscale_select": [_GSCALE_SELECT],
     "pair_mma_first": [("        mma(0);\n        if (second) decode(st, 1);",
                         "        mma(0);\n        __syncwarp();\n        if (second) decode(st, 1);")],
-    "pair_flat_epilogue": [
-        ("    const bool my_live = c < 2 || pair;\n",
-         "    const bool my_live = c < 2 || pair;\n"
-         "    const bool my_second = c >= 2 && pair;  // lanes 2, 3 of a lone row: query 0's sums\n"
-         "    const int my_count_n = my_live && count_keys ? my_n : 0;\n"),
-        ("        if (my_live) {\n"
-         "            const int s = s0 + 8 * (c & 1);\n",
-         "        {\n"
-         "            const int s = s0 + 8 * (c & 1);\n"),
-        ("            const float score = fmaf(c >= 2 ? mine1 : mine0, gs, 0.0f);\n",
-         "            const float score = fmaf(my_second ? mine1 : mine0, gs, 0.0f);\n"),
-        ("            if (count_keys && s < my_n && score == score)  // NaN (key 0) left out\n"
-         "                count_raw_bin_packed(my_hist, score);\n",
-         "            count_raw_bin_packed_flat(my_hist, score, s < my_count_n && score == score);\n")],
     "pair_no_mma": _P_MMA,
     "pair_mma_loop": _P_LOOP,
     "pair_no_mma_l2": _P_MMA + _L2,

@@ -416,13 +416,15 @@ struct WgmmaPairSmem {
     static constexpr int kBytes = kClaim + 16;
 };
 
-// one more entry in a packed histogram of raw bins (raw_bin_of_plus_zero): bin b's count is
-// the 16-bit half (b & 1) of word b / 2. From the score's bits u (b = u >> 21): the word u >>
-// 22, the half by bit 21 (a test and a select, where shifting 1 by (b & 1) * 16 took three
-// ALU instructions and a move)
-__device__ __forceinline__ void count_raw_bin_packed(u32* h, float score) {
+// one more entry in a packed histogram of raw bins (raw_bin_of_plus_zero) where `counted`,
+// else an add of 0 to the same word: bin b's count is the 16-bit half (b & 1) of word b / 2.
+// From the score's bits u (b = u >> 21): the word u >> 22, the half by bit 21 (a test and a
+// select, where shifting 1 by (b & 1) * 16 took three ALU instructions and a move). Every
+// float's word lies in the histogram (NaN's and negatives' too), so that the pair kernel's
+// epilogue counts without a branch region (docs/performance.md v110)
+__device__ __forceinline__ void count_raw_bin_packed(u32* h, float score, bool counted) {
     const u32 u = (u32)__float_as_int(score);
-    atomicAdd(&h[u >> 22], (u & (1u << 21)) ? 0x10000u : 1u);
+    atomicAdd(&h[u >> 22], counted ? ((u & (1u << 21)) ? 0x10000u : 1u) : 0u);
 }
 
 // add a packed histogram of raw bins to the row's 32-bit key-bin one and zero it
@@ -539,7 +541,10 @@ __device__ __forceinline__ void score_pair_segment(
     float* const my_out = c >= 2 ? out1 : out0;
     u32* const my_hist = c >= 2 ? h1 : h0;
     const int my_n = c >= 2 ? nb : na;
-    const bool my_live = c < 2 || pair;
+    // lanes 2, 3 of a lone row store query 0's sums (the bits lanes 0, 1 store, to the same
+    // address) and count nothing: no branch region around the store or the count
+    const bool my_second = c >= 2 && pair;
+    const int my_count_n = (c < 2 || pair) && count_keys ? my_n : 0;  // entries this lane counts
     // weighted head sums of rows r0, r0 + 8 of a finished sub-tile for both queries (gs: the
     // global scale of my row, r0 + 8 (c & 1)): both sums before any store, so that their two
     // dependent FMA chains interleave (docs/performance.md v67; a lone row's second sum reads
@@ -550,14 +555,13 @@ __device__ __forceinline__ void score_pair_segment(
         if constexpr (!kLone) mine1 = weighted_head_sum_mine(half(1), w1, c);
         // lanes c and c ^ 2 hold the same sums: lanes 0 and 1 store query 0's rows r0 and
         // r0 + 8, lanes 2 and 3 query 1's (one store and one count a lane)
-        if (my_live) {
+        {
             const int s = s0 + 8 * (c & 1);
             // an exact -0 folded into +0 (one rounding); a flushed negative product stays -0,
             // counted one bin below +0 (a lower threshold bin at worst: more candidates)
-            const float score = fmaf(c >= 2 ? mine1 : mine0, gs, 0.0f);
+            const float score = fmaf(my_second ? mine1 : mine0, gs, 0.0f);
             my_out[s] = score;
-            if (count_keys && s < my_n && score == score)  // NaN (key 0) left out
-                count_raw_bin_packed(my_hist, score);
+            count_raw_bin_packed(my_hist, score, s < my_count_n && score == score);  // NaN (key 0) not
         }
     };
     auto decode = [&](const unsigned char* st, int u) {
