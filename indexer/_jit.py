@@ -110,7 +110,7 @@ def compile_options(compute_capability: int) -> tuple:
 #: the query's element type by dtype name: the kernels' template argument (kernels/common.cuh)
 QUERY_ELEMENTS = {"float32": "float", "float16": "half_bits", "bfloat16": "bf16_bits", "float8_e4m3fn": "e4m3_bits"}
 #: the template arguments each q-reading kernel takes before its query's element type
-_QUERY_TEMPLATE_ARITY = {"score_fp32_kernel": 1, "prep_query_kernel": 2, "wgmma_prep_kernel": 2,
+_QUERY_TEMPLATE_ARITY = {"score_fp32_kernel": 1, "prep_query_kernel": 2, "wgmma_prep_kernel": 1,
                          "score_wgmma_pairs_kernel": 2, "score_ws_kernel": 1, "ks_prep_kernel": 1,
                          "score_dense_kernel": 1}
 
@@ -149,14 +149,14 @@ def _mma_instances():
 INSTANCES = {
     "score_fp32.cu": _heads_instances(),
     "score_mma.cu": _mma_instances(),
-    # score_wgmma_kernel<d> and score_wgmma_pairs_kernel<d> take wgmma_prep_kernel<d>'s and
-    # <d, false>'s query images; <d, true> prep_query_kernel's rows and the query itself (A/Bs);
-    # the narrower queries' instances write every template argument out
-    "score_wgmma.cu": [f"{k}<{d}{a}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel", "wgmma_prep_kernel",
-                                                                             "score_wgmma_pairs_kernel")
-                       for a in ("", ", true" if k != "wgmma_prep_kernel" else ", false")]
-    + [query_instance(f"{k}<{d}, {a}>", dt) for d in (32, 64, 96, 128) for dt in list(QUERY_ELEMENTS)[1:]
-       for k, a in (("wgmma_prep_kernel", "true"), ("wgmma_prep_kernel", "false"), ("score_wgmma_pairs_kernel", "true"))]
+    # score_wgmma_kernel<d> and score_wgmma_pairs_kernel<d> take wgmma_prep_kernel<d>'s query
+    # images; <d, true> prep_query_kernel's rows and the query itself (A/Bs); the narrower
+    # queries' instances write every template argument out
+    "score_wgmma.cu": [f"{k}<{d}{a}>" for d in (32, 64, 96, 128) for k in ("score_wgmma_kernel", "score_wgmma_pairs_kernel")
+                       for a in ("", ", true")]
+    + _typed([f"wgmma_prep_kernel<{d}>" for d in (32, 64, 96, 128)])
+    + [query_instance(f"score_wgmma_pairs_kernel<{d}, true>", dt) for d in (32, 64, 96, 128)
+       for dt in list(QUERY_ELEMENTS)[1:]]
     # a split pair call's two halves (score_wgmma_pairs::kSharedUnits, kLoneRows), on the images
     + [f"score_wgmma_pairs_kernel<{d}, false, float, {units}>" for d in (32, 64, 96, 128) for units in (1, 2)],
     "score_ws.cu": _typed(["score_ws_kernel<128>"]),

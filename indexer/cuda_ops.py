@@ -473,10 +473,8 @@ def _make_plan(precision, prob, dev, device_id, q, key_scale, workspace_budget, 
         if kind == "ks":  # each query's B operand and weights as one bulk copy brings them
             p.prep_k = _kernel(_SCORING_SOURCES[kind], _jit.query_instance(f"ks_prep_kernel<{prob.D}>", prob.q_dtype),
                                device_id)
-        if p.wgmma_image:  # the same for the wgmma kernels (half the weights halved for the single-query one)
-            halved = "true" if kind == "wgmma" else "false"
-            prep = (f"wgmma_prep_kernel<{prob.D}{'' if kind == 'wgmma' else ', false'}>" if prob.q_dtype == "float32"
-                    else _jit.query_instance(f"wgmma_prep_kernel<{prob.D}, {halved}>", prob.q_dtype))
+        if p.wgmma_image:  # the same for the wgmma kernels (half the weights halved: score_wgmma::fma_relu_head)
+            prep = _jit.query_instance(f"wgmma_prep_kernel<{prob.D}>", prob.q_dtype)
             p.prep_k = _kernel(_SCORING_SOURCES[kind], prep, device_id)
         if heads:  # the query in the K order of the kernel's decode, by a kernel of its own
             p.prep_k = _kernel("score_mma.cu", _jit.query_instance(f"prep_query_kernel<{prob.D}, {heads // 8}>",

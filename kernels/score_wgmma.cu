@@ -33,11 +33,11 @@ struct WgmmaSmem {
 // The query image of score_wgmma_kernel (kStagedRows = false): what its shared memory holds
 // of a query from byte 0, so that one bulk copy a segment brings it: B in the core-matrix
 // layout (WgmmaSmem::kQBytes), then the 64 weights in head order (WgmmaSmem::kW), halved
-// where that kernel takes 2 ReLU(x) (kHalved: the heads of score_wgmma::fma_relu_head), whole
-// for the pair kernel's epilogue, which copies each query's image in K chunks of kLbo bytes
-// into its two-query B. prep_query_row's values (the same bits as the staged rows and the
-// kernel's own halving, or as the pair kernel's own staging), written by wgmma_prep_kernel.
-template <int kDim, bool kHalved = true>
+// where both wgmma kernels' epilogues take 2 ReLU(x) (the heads of score_wgmma::fma_relu_head);
+// the pair kernel copies each query's image in K chunks of kLbo bytes into its two-query B.
+// prep_query_row's values (the same bits as the staged rows and the kernel's own halving, or
+// as the pair kernel's own staging, QueryStaging::store<true>), written by wgmma_prep_kernel.
+template <int kDim>
 struct PrepToWgmmaImage {
     static constexpr int kBytes = WgmmaSmem<kDim>::kW + score_wgmma::kHeads * 4;  // a multiple of 16
     static constexpr int kPairs = kDim / 2;  // no padding slots
@@ -48,22 +48,21 @@ struct PrepToWgmmaImage {
                                 (pr % 4) * 4) = v;
     }
     __device__ __forceinline__ void weight(int t, int h, float v) const {
-        const bool halved = kHalved && score_wgmma::fma_relu_head(h);
-        reinterpret_cast<float*>(qimg + (long long)t * kBytes + WgmmaSmem<kDim>::kW)[h] = halved ? 0.5f * v : v;
+        reinterpret_cast<float*>(qimg + (long long)t * kBytes + WgmmaSmem<kDim>::kW)[h] =
+            score_wgmma::fma_relu_head(h) ? 0.5f * v : v;
     }
 };
 
 // q [T, H, kDim] and w [T, H] float32 -> qimg [T][PrepToWgmmaImage<kDim>::kBytes]: the query
 // staging of prep_query_kernel (the same fp16 values), written as the wgmma kernels' query
-// images (kHalved: score_wgmma_kernel's; else score_wgmma_pairs_kernel's). grid (T, 64 / 16),
-// 256 threads.
-template <int kDim, bool kHalved = true, class QT = float>  // q: float, half_bits, bf16_bits or e4m3_bits (common.cuh)
+// images (score_wgmma_kernel's and score_wgmma_pairs_kernel's). grid (T, 64 / 16), 256 threads.
+template <int kDim, class QT = float>  // q: float, half_bits, bf16_bits or e4m3_bits (common.cuh)
 __global__ void __launch_bounds__(256) wgmma_prep_kernel(const QT* __restrict__ q, const float* __restrict__ w, int H,
                                                          unsigned char* __restrict__ qimg) {
     // the scoring kernel after this one, launched programmatically in graphs, may be placed
     // now: it schedules its tiles and starts its key copies, then waits for this grid
     let_next_grid_start();
-    prep_query_row<kDim, score_wgmma::kHeads / 8>(q, w, H, PrepToWgmmaImage<kDim, kHalved>{qimg});
+    prep_query_row<kDim, score_wgmma::kHeads / 8>(q, w, H, PrepToWgmmaImage<kDim>{qimg});
 }
 
 // Score one segment of one row: tiles first_tile .. first_tile + num_tiles - 1 of row t
@@ -442,7 +441,7 @@ __device__ __forceinline__ void flush_packed_histogram(u32* h, u32* row_hist, in
 // Score tiles first_tile .. first_tile + num_tiles - 1 of rows ta and tb (tb < 0: row ta
 // alone) with the keys of row ta's block table. The queries: kStagedQueries, staged here from
 // the fp32 query (q [T, H, kDim], w [T, H]); else copied from wgmma_prep_kernel's images (q
-// taken as qimg [T][PrepToWgmmaImage<kDim, false>::kBytes], w unused) by bulk copies, a K
+// taken as qimg [T][PrepToWgmmaImage<kDim>::kBytes], w unused) by bulk copies, a K
 // chunk each, on a barrier whose phase `piece` & 1 they complete (piece: the CTA's pieces
 // before this one). kForm: score_wgmma_pairs::kAnyPiece (a pair when tb >= 0, else row ta alone
 // in the pair's m64n128 form), kPairPiece (tb >= 0) or kLonePiece (tb = -1: row ta's own
@@ -491,7 +490,7 @@ __device__ __forceinline__ void score_pair_segment(
         staging.load(q, w, H, ta);  // in flight while the histograms clear and the key copies start
     } else if (warp == 0) {  // both images at once: lane l chunk l % 16 of query l / 16, then the weights
         wait_for_previous_grid();  // the images written (a no-op from the CTA's first piece on)
-        constexpr u32 kImage = PrepToWgmmaImage<kDim, false>::kBytes;
+        constexpr u32 kImage = PrepToWgmmaImage<kDim>::kBytes;
         const u32 qbar = smem_u32(smem + Smem::kQBar);
         // the last piece's reads of B and the weights are behind the barriers at its end; each
         // issuing lane orders them before its copy
@@ -510,10 +509,10 @@ __device__ __forceinline__ void score_pair_segment(
     keys.start(tid);
     TIMELINE_POINT(12, jbase > 0);  // points 14, 12, 13, 10, 11: a piece after the CTA's first (a restart)
     if constexpr (kStagedQueries) {
-        staging.store(qb, w0, Smem::kPairLbo);
+        staging.template store<true>(qb, w0, Smem::kPairLbo);
         if (pair) {  // a lone row: the second query's half of B keeps stale values, never read
             staging.load(q, w, H, tb);
-            staging.store(qb + Smem::kQ1, w1, Smem::kPairLbo);
+            staging.template store<true>(qb + Smem::kQ1, w1, Smem::kPairLbo);
         }
     }
     TIMELINE_POINT(13, jbase > 0);
@@ -550,9 +549,9 @@ __device__ __forceinline__ void score_pair_segment(
     // dependent FMA chains interleave (docs/performance.md v67; a lone row's second sum reads
     // stale accumulators and is dropped; a lone piece's is not computed)
     auto epilogue = [&](int s0, float gs) {
-        const float mine0 = weighted_head_sum_mine(half(0), w0, c);  // row r0 + 8 (c & 1)
+        const float mine0 = weighted_head_sum_mine<kFmaReluGroups>(half(0), w0, c);  // row r0 + 8 (c & 1)
         float mine1 = 0.0f;
-        if constexpr (!kLone) mine1 = weighted_head_sum_mine(half(1), w1, c);
+        if constexpr (!kLone) mine1 = weighted_head_sum_mine<kFmaReluGroups>(half(1), w1, c);
         // lanes c and c ^ 2 hold the same sums: lanes 0 and 1 store query 0's rows r0 and
         // r0 + 8, lanes 2 and 3 query 1's (one store and one count a lane)
         {
@@ -648,7 +647,7 @@ template <int kDim, bool kStagedQueries = false, class QT = float, int kUnits = 
 __global__ void __launch_bounds__(128, 3)
 score_wgmma_pairs_kernel(const QT* __restrict__ q,                // kStagedQueries: [T, H, kDim] (QT: float, half_bits or
                                                                   // bf16_bits), staged here; else the images
-                                                                  // [T][PrepToWgmmaImage<kDim, false>::kBytes] of wgmma_prep_kernel<kDim, false>
+                                                                  // [T][PrepToWgmmaImage<kDim>::kBytes] of wgmma_prep_kernel<kDim>
                          const float* __restrict__ w,             // kStagedQueries: [T, H]; else unused
                          int H,                                   // H <= 64
                          const u8* __restrict__ keys_fp4,         // [P, E, D/2]

@@ -291,7 +291,7 @@ struct QueryStaging {
     // store_head(j, h, sc, r) writes slot j's values (head h, lane r of its group) into B,
     // and the group's lane 0 its weight, w * 2^(8 - e), into wsm[h] (kLaneOrder:
     // wsm[lane_order_weight(h)]).
-    template <bool kLaneOrder = false, typename StoreHead>
+    template <bool kLaneOrder = false, bool kHalved = false, typename StoreHead>
     __device__ __forceinline__ void store_heads(float* wsm, StoreHead store_head) const {
         const int r = lane_in_head();
         float amax[kSlots];
@@ -300,14 +300,19 @@ struct QueryStaging {
         for (int j = 0; j < kSlots; ++j) {
             const int h = head(j), e = query_scale_exponent(amax[j]);
             store_head(j, h, pow2_scale(e), r);
-            if (r == 0) wsm[kLaneOrder ? lane_order_weight(h) : h] = ldexpf(wv[j], 8 - e);  // 0 for heads past H
+            if (r == 0) {  // 0 for heads past H; kHalved: halved where the epilogue takes 2 ReLU(x), as
+                           // PrepToWgmmaImage halves prep_query_row's weight (the same bits)
+                const float wt = ldexpf(wv[j], 8 - e);
+                wsm[kLaneOrder ? lane_order_weight(h) : h] = kHalved && score_wgmma::fma_relu_head(h) ? 0.5f * wt : wt;
+            }
         }
     }
 
     // lbo: bytes between K chunks (kLbo for one query's B; the pair kernel's two-query B,
     // 128 heads wide, has 2 * kLbo)
+    template <bool kHalved = false>
     __device__ __forceinline__ void store(unsigned char* qb, float* wsm, int lbo = score_wgmma::kLbo) const {
-        store_heads(wsm, [&](int j, int h, Pow2Scale sc, int r) {
+        store_heads<false, kHalved>(wsm, [&](int j, int h, Pow2Scale sc, int r) {
             if (r >= kLanes) return;
             unsigned char* row = qb + (2 * r) * lbo + (h / 8) * score_wgmma::kCoreBytes + (h % 8) * 16;
             const float4* x = v[j];

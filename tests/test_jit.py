@@ -99,16 +99,17 @@ def test_source_versions_restore_after_an_error():
 
 
 def test_query_instances_name_the_element_type_last_and_refuse_a_short_name():
-    assert _jit.query_instance("wgmma_prep_kernel<128, false>", "float32") == "wgmma_prep_kernel<128, false>"
-    assert _jit.query_instance("wgmma_prep_kernel<128, false>", "float16") == "wgmma_prep_kernel<128, false, half_bits>"
+    assert _jit.query_instance("score_wgmma_pairs_kernel<128, true>", "float32") == "score_wgmma_pairs_kernel<128, true>"
+    assert (_jit.query_instance("score_wgmma_pairs_kernel<128, true>", "float16")
+            == "score_wgmma_pairs_kernel<128, true, half_bits>")
     assert _jit.query_instance("score_ws_kernel<128>", "bfloat16") == "score_ws_kernel<128, bf16_bits>"
     # a defaulted argument left out would take the element type in its place
-    with pytest.raises(ValueError, match="wgmma_prep_kernel<128>"):
-        _jit.query_instance("wgmma_prep_kernel<128>", "bfloat16")
+    with pytest.raises(ValueError, match="score_wgmma_pairs_kernel<128>"):
+        _jit.query_instance("score_wgmma_pairs_kernel<128>", "bfloat16")
     with pytest.raises(ValueError, match="score_mma_kernel"):
         _jit.query_instance("score_mma_kernel<128, 8>", "float16")
     # every 16-bit query instance the table compiles is one of these names (key_write.cu's
     # element types are the keys', not the query's)
     typed = [n for src, names in _jit.INSTANCES.items() if src != "key_write.cu"
              for n in names if n.endswith(("half_bits>", "bf16_bits>"))]
-    assert len(typed) == 104
+    assert len(typed) == 96
