@@ -196,8 +196,8 @@ _NO_DECODE = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c
 _P_MMA = [("wgmma_m64n64k16(acc, a_frag[u][ks], desc, ks > 0);", "ablate_mma_pair(acc, a_frag[u][ks], ks);"),
           ("wgmma_m64n128k16(acc, a_frag[u][ks], desc, ks > 0);", "ablate_mma_pair(acc, a_frag[u][ks], ks);")]
 _P_LOOP = [(_DECODE, "ablate_decode<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);"),
-           ("weighted_head_sum_mine(half(0), w0, c)", "ablate_xor(half(0))"),
-           ("weighted_head_sum_mine(half(1), w1, c)", "ablate_xor(half(1))"),
+           ("weighted_head_sum_mine<kFmaReluGroups>(half(0), w0, c)", "ablate_xor(half(0))"),
+           ("weighted_head_sum_mine<kFmaReluGroups>(half(1), w1, c)", "ablate_xor(half(1))"),
            ("my_out[s] = score;", f"if ({_NEVER}) my_out[s] = score;"),
            ("count_raw_bin_packed(my_hist, score, s < my_count_n && score == score);",
             f"if ({_NEVER}) count_raw_bin_packed(my_hist, score, s < my_count_n && score == score);")]
