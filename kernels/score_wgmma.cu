@@ -553,15 +553,14 @@ __device__ __forceinline__ void score_pair_segment(
         float mine1 = 0.0f;
         if constexpr (!kLone) mine1 = weighted_head_sum_mine<kFmaReluGroups>(half(1), w1, c);
         // lanes c and c ^ 2 hold the same sums: lanes 0 and 1 store query 0's rows r0 and
-        // r0 + 8, lanes 2 and 3 query 1's (one store and one count a lane)
-        {
-            const int s = s0 + 8 * (c & 1);
-            // an exact -0 folded into +0 (one rounding); a flushed negative product stays -0,
-            // counted one bin below +0 (a lower threshold bin at worst: more candidates)
-            const float score = fmaf(my_second ? mine1 : mine0, gs, 0.0f);
-            my_out[s] = score;
-            count_raw_bin_packed(my_hist, score, s < my_count_n && score == score);  // NaN (key 0) not
-        }
+        // r0 + 8, lanes 2 and 3 query 1's (a lone row's: query 0's again); one store and one
+        // count a lane
+        const int s = s0 + 8 * (c & 1);
+        // an exact -0 folded into +0 (one rounding); a flushed negative product stays -0,
+        // counted one bin below +0 (a lower threshold bin at worst: more candidates)
+        const float score = fmaf(my_second ? mine1 : mine0, gs, 0.0f);
+        my_out[s] = score;
+        count_raw_bin_packed(my_hist, score, s < my_count_n && score == score);  // NaN (key 0) not
     };
     auto decode = [&](const unsigned char* st, int u) {
         decode_sub_tile<kDim>(st, u * kSubTile + 16 * warp + g, c, a_frag[u]);

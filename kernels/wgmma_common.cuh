@@ -22,11 +22,12 @@ constexpr int kMaxBalancedRows = 1024;  // rows the balanced schedule holds in s
 // (score_mma.cu's logic-op decode has values * 2^-14 and scales * 2^6: the products are the
 // same fp16 numbers; the conversion measured 7% faster here)
 constexpr u32 kScaleMul = 0x34003400u;
-// The single-query kernel's epilogue: the head groups (bit j: heads 8j .. 8j + 7) whose ReLU
-// runs on the FMA pipe as 2 ReLU(x) = x + |x|, their weights halved; the other groups take
-// max.NaN on the ALU pipe with whole weights (weighted_head_partials). Half and half keeps
-// the two pipes level (per warp and tile: ALU 217, FMA 222 instructions, where all on the
-// FMA pipe gave 182 and 255; docs/performance.md v109).
+// The wgmma kernels' epilogues (single-query and pair): the head groups (bit j: heads 8j ..
+// 8j + 7) whose ReLU runs on the FMA pipe as 2 ReLU(x) = x + |x|, their weights halved (the
+// query image, PrepToWgmmaImage); the other groups take max.NaN on the ALU pipe with whole
+// weights (weighted_head_partials). Half and half keeps the two pipes level (single-query,
+// per warp and tile: ALU 217, FMA 222 instructions, where all on the FMA pipe gave 182 and
+// 255, docs/performance.md v109; the pair kernel's ALU 544 -> 480, FMA 379 -> 443, v110).
 constexpr u32 kFmaReluGroups = 0xAAu;
 __host__ __device__ constexpr bool fma_relu_head(int h) { return (kFmaReluGroups >> (h >> 3)) & 1u; }
 }  // namespace score_wgmma
@@ -154,11 +155,12 @@ __device__ __forceinline__ void wgmma_m64n192k16_ss(float (&d)[96], u64 desc_a, 
 // pipe, where max.NaN takes the ALU pipe) with the weights given halved (w / 2, by the caller):
 // each product (w / 2) * 2 ReLU(x) is w * ReLU(x) exactly where w / 2 is exact, so the sums are
 // the same bits, with no halving on the epilogue's chain (docs/performance.md v69). The
-// single-query kernel takes it for half its heads (score_wgmma::kFmaReluGroups: its decode's
+// wgmma kernels take it for half their heads (score_wgmma::kFmaReluGroups: their decode's
 // logic ops and conversions load the ALU pipe; all heads so: decode-1M scoring -1.6%, v64; half
-// of them a further -0.2..-1%, v109); the keys-stationary kernel, bound by its epilogue, lost ~4%
-// with all heads so (every instruction of its epilogue then on the FMA pipe), the others
-// gained nothing (docs/performance.md v64).
+// of them a further -0.2..-1%, v109; the pair kernel's half -0.5..-1.9%, v110); the
+// keys-stationary kernel, bound by its epilogue, lost ~4% with all heads so (every instruction
+// of its epilogue then on the FMA pipe), the ws and dense kernels gained nothing
+// (docs/performance.md v64).
 template <u32 kFmaGroups = 0, typename Weights>
 __device__ __forceinline__ float2 weighted_head_partials(const float (&d)[32], Weights weights) {
     // two partial sums per row (even and odd heads) halve the dependent FMA chain
